@@ -1,0 +1,1 @@
+"""Accelerators, instance offers and prices, software stacks; packaged CSV data (see data/SOURCES.md)."""

@@ -1,0 +1,133 @@
+"""One error hierarchy for the whole platform.
+
+Every error carries a stable machine-readable ``code``, a one-line ``message``, a ``hint`` telling the
+user what to do next, and optional structured ``details``. The class decides the HTTP status the API
+answers with and the exit code the CLI ends with, so both surfaces stay consistent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TrainyardError(Exception):
+    """Base of every error trainyard raises on purpose."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+    exit_code: ClassVar[int] = 1
+    default_hint: ClassVar[str] = "This is a bug in trainyard; please report it with the command you ran."
+
+    def __init__(self, message: str, *, hint: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+        self.details: dict[str, Any] = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The API error envelope body (DESIGN §3.5)."""
+        return {"code": self.code, "message": self.message, "hint": self.hint, "details": self.details}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInputError(TrainyardError):
+    """The user's input (a spec, a pools file, a request body) is malformed or out of range."""
+
+    code = "invalid_input"
+    http_status = 422
+    exit_code = 2
+    default_hint = "Fix the field named above and try again."
+
+
+class SpecError(InvalidInputError):
+    """A job spec failed validation; ``details['errors']`` lists every failing field path."""
+
+    code = "invalid_spec"
+    default_hint = "Run `trainyard spec schema` for the allowed fields and values."
+
+
+class UnknownAcceleratorError(InvalidInputError):
+    code = "unknown_accelerator"
+    default_hint = "Run `trainyard catalog accelerators` for the accepted names."
+
+
+class PoolsFileError(InvalidInputError):
+    code = "invalid_pools"
+    default_hint = "Each pool needs name, accelerator, devices_per_node, nodes, market and region."
+
+
+class NotFoundError(TrainyardError):
+    code = "not_found"
+    http_status = 404
+    exit_code = 3
+    default_hint = "Check the identifier; list what exists with the matching `list` command."
+
+
+class ConflictError(TrainyardError):
+    code = "conflict"
+    http_status = 409
+    exit_code = 4
+    default_hint = "Reload the resource and retry the operation."
+
+
+class IllegalTransitionError(ConflictError):
+    code = "illegal_transition"
+    default_hint = "The job is not in a state that allows this operation; see `trainyard jobs get`."
+
+
+class AuthenticationError(TrainyardError):
+    code = "unauthenticated"
+    http_status = 401
+    exit_code = 5
+    default_hint = "Set TRAINYARD_API_KEY (or run `trainyard up` once to create $TRAINYARD_HOME/api_key)."
+
+
+class PermissionDeniedError(TrainyardError):
+    code = "forbidden"
+    http_status = 403
+    exit_code = 5
+    default_hint = "This operation needs an admin key."
+
+
+class PayloadTooLargeError(TrainyardError):
+    code = "payload_too_large"
+    http_status = 413
+    exit_code = 2
+    default_hint = "Send a smaller request body."
+
+
+class QuotaExceededError(TrainyardError):
+    code = "quota_exceeded"
+    http_status = 429
+    exit_code = 6
+    default_hint = "Wait for running jobs to finish or ask an admin to raise the tenant's quota."
+
+
+class InfeasibleError(TrainyardError):
+    """No option satisfies the job's constraints (memory, deadline, budget, escape hatches)."""
+
+    code = "infeasible"
+    http_status = 422
+    exit_code = 7
+    default_hint = "Relax the deadline, budget, allowed accelerators or markets; `trainyard quote` shows why."
+
+
+class ServiceUnavailableError(TrainyardError):
+    code = "unavailable"
+    http_status = 503
+    exit_code = 8
+    default_hint = "Start the platform with `trainyard up` or set TRAINYARD_URL to a running server."
+
+
+class StorageError(TrainyardError):
+    code = "storage_error"
+    http_status = 500
+    exit_code = 9
+    default_hint = "Check that the checkpoint storage URL exists, is writable and has free space."
+
+
+class CheckpointError(StorageError):
+    code = "checkpoint_error"
+    default_hint = "The checkpoint is torn or corrupted; an earlier committed step will be used."

@@ -1,0 +1,37 @@
+"""Settings from ``TRAINYARD_*`` environment variables (DESIGN §3.5). Built once, passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".trainyard")
+    database_url: str | None = None
+    url: str = "http://127.0.0.1:8080"
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    executor: str = "local"
+    ray_address: str | None = None
+    reserved_discount_1y: float = 0.35
+    reserved_discount_3y: float = 0.55
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'trainyard.db'}"
+
+    @property
+    def api_key_path(self) -> Path:
+        return self.home / "api_key"
+
+
+def load_settings() -> Settings:
+    return Settings()
