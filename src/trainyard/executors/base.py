@@ -1,0 +1,138 @@
+"""The executor protocol: how the control plane starts, watches and stops a training gang.
+
+An executor backend (local subprocesses, a Ray cluster) starts ``world_size`` workers for one attempt
+of a job. Workers never talk to the server: each rank appends JSON lines to its own event file in the
+job's ``run_dir`` and the executor tails those files, so a restarted control plane can re-adopt workers
+that kept running. Rank logs go to ``run_dir/rank-<r>.log``.
+
+Event kinds and their ``data``:
+
+- ``started``: ``{rank, pid, host, resumed_from_step}``
+- ``heartbeat``: ``{rank, step, loss, step_time_s, tokens_per_s, memory_gib}``
+- ``checkpoint``: ``{step, path}`` (also ``save_s``, ``bytes``, ``emergency`` when known)
+- ``preempted``: ``{step, checkpoint_step}`` (the step of the emergency checkpoint, or the last one)
+- ``succeeded``: ``{model_path, model_sha256, final_step}``
+- ``failed``: ``{reason, classification: "user" | "infra", traceback_tail}``
+- ``lost``: ``{reason, rank}`` (a rank died or stopped heart-beating; the gang has been torn down)
+- ``log``: ``{rank, message}`` (also checkpoint skips: ``{message, skipped_step, why}``)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+EVENT_KINDS = ("started", "heartbeat", "checkpoint", "preempted", "succeeded", "failed", "lost", "log")
+TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
+CLASSIFICATION_USER = "user"
+CLASSIFICATION_INFRA = "infra"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_id: str
+    attempt: int
+    spec: dict[str, Any]  # JobSpec document (spec.to_document())
+    world_size: int
+    pool: str
+    market: str
+    checkpoint_url: str  # e.g. file:///home/.trainyard/checkpoints ; job dir = <url>/<job_id>
+    checkpoint_interval_s: float | None  # from the placement (cost model) or the spec
+    run_dir: str  # local dir for this job's logs + worker event files
+    notice_s: float = 30.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    rank: int
+    pid: int | None
+    host: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExecutorEvent:
+    job_id: str
+    attempt: int
+    kind: str  # one of EVENT_KINDS
+    data: dict[str, Any]
+    time_s: float  # wall-clock seconds since the epoch when the event happened
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ExecutorEvent:
+        return cls(
+            job_id=str(doc["job_id"]),
+            attempt=int(doc["attempt"]),
+            kind=str(doc["kind"]),
+            data=dict(doc.get("data") or {}),
+            time_s=float(doc["time_s"]),
+        )
+
+
+@runtime_checkable
+class Executor(Protocol):
+    name: str
+
+    def launch(self, req: LaunchRequest) -> list[WorkerInfo]: ...
+
+    def poll(self) -> list[ExecutorEvent]:  # non-blocking; drains events since the last call
+        ...
+
+    def preempt(self, job_id: str, notice_s: float) -> None:  # SIGTERM + notice; worker checkpoints and exits
+        ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def workers(self, job_id: str) -> list[WorkerInfo]: ...
+
+    def adopt(self, job_id: str, attempt: int, run_dir: str, workers: list[WorkerInfo]) -> bool:
+        # after a control-plane restart: resume watching live workers
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+# ---- file names inside run_dir (shared by workers and executors) -----------------------------------
+
+
+def event_file_name(attempt: int, rank: int) -> str:
+    """The JSON-lines event file one rank of one attempt appends to."""
+    return f"events-a{attempt}-r{rank}.jsonl"
+
+
+def rank_log_name(rank: int) -> str:
+    """Per-rank stdout/stderr log (appended across attempts)."""
+    return f"rank-{rank}.log"
+
+
+# ---- restart policy helpers (the service decides restarts; these keep the arithmetic in one place) --
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Infrastructure failures are retried up to ``max_restarts`` times with exponential backoff."""
+
+    max_restarts: int = 3
+    backoff_initial_s: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_max_s: float = 60.0
+
+    def should_restart(self, classification: str, restarts_so_far: int) -> bool:
+        """User-code errors never restart; infrastructure failures and lost gangs do, within the budget."""
+        if classification == CLASSIFICATION_USER:
+            return False
+        return restarts_so_far < self.max_restarts
+
+    def backoff_s(self, restarts_so_far: int) -> float:
+        """Delay before restart number ``restarts_so_far + 1``."""
+        if restarts_so_far < 0:
+            raise ValueError("restarts_so_far must be >= 0")
+        delay = self.backoff_initial_s * math.pow(self.backoff_factor, restarts_so_far)
+        return float(min(self.backoff_max_s, delay))
