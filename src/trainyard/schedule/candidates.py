@@ -1,0 +1,240 @@
+"""Candidate generation: every (pool, device count) a job could run on, priced by the cost model.
+
+Prices, step times, checkpoint intervals and the cost model's own feasibility reasons (memory, escape
+hatches, compile needs, regions, budget, markets) come from ``trainyard.cost.quote.option_for``. On top
+of those the scheduler adds what only it knows: the clock (deadline against *now*, not submission), the
+pool's shape (whole nodes for multi-node gangs, the inter-node network) and the allowed markets.
+
+Pricing is cached per (distinct spec, pool, device count, progress) and predictions per (distinct spec,
+accelerator, device count), so a queue of many copies of a few specs costs a few hundred quotes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from trainyard.catalog.accelerators import load_accelerators
+from trainyard.catalog.pools import Pool
+from trainyard.schedule.types import Candidate, SchedulerConfig
+from trainyard.spec.models import JobSpec
+
+if TYPE_CHECKING:
+    from trainyard.cost.quote import QuoteOption
+
+
+def spec_key(spec: JobSpec) -> str:
+    """Identity of a spec's content (two jobs with equal specs share predictions and quotes)."""
+    return spec.model_dump_json(exclude={"name", "tags"})
+
+
+@dataclass
+class CandidateCache:
+    """In-memory memo of quotes and predictions; the caller may keep one across rounds.
+
+    Keys include the whole pool (its price and availability are part of it), so a price change
+    naturally misses the cache.
+    """
+
+    options: dict[tuple[str, Pool, int, float], QuoteOption] = field(default_factory=dict)
+    predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    device_counts: dict[tuple[str, Pool], list[int]] = field(default_factory=dict)
+    _keys: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    max_entries: int = 500_000
+
+    def key(self, spec: JobSpec) -> str:
+        hit = self._keys.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        k = spec_key(spec)
+        self._keys[id(spec)] = (spec, k)
+        return k
+
+    def trim(self) -> None:
+        if len(self.options) > self.max_entries:
+            self.options.clear()
+            self.predictions.clear()
+            self.device_counts.clear()
+            self._keys.clear()
+
+
+Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]
+
+
+def _prediction_for(spec: JobSpec, key: str, pool: Pool, devices: int, cache: CandidateCache) -> Any:
+    from trainyard.cost import quote as quote_mod
+
+    pk = (key, pool.accelerator, devices)
+    if pk in cache.predictions:
+        return cache.predictions[pk]
+    predict_for = getattr(quote_mod, "prediction_for", None)
+    pred = predict_for(spec, pool.accelerator, devices) if predict_for is not None else None
+    cache.predictions[pk] = pred
+    return pred
+
+
+def price_option(
+    spec: JobSpec, pool: Pool, devices: int, elapsed_fraction: float, cache: CandidateCache
+) -> QuoteOption:
+    """One quote from the cost model, memoised."""
+    from trainyard.cost.quote import option_for
+
+    key = cache.key(spec)
+    ok = (key, pool, devices, round(elapsed_fraction, 6))
+    hit = cache.options.get(ok)
+    if hit is not None:
+        return hit
+    pred = _prediction_for(spec, key, pool, devices, cache)
+    opt = option_for(spec, pool, devices, prediction=pred, elapsed_fraction=elapsed_fraction)
+    cache.options[ok] = opt
+    return opt
+
+
+def device_counts(spec: JobSpec, pool: Pool, cache: CandidateCache) -> list[int]:
+    from trainyard.cost.quote import candidate_device_counts
+
+    # availability does not change which sizes make sense, only whether they fit now
+    shape = pool.model_copy(update={"available_devices": None})
+    k = (cache.key(spec), shape)
+    hit = cache.device_counts.get(k)
+    if hit is None:
+        hit = list(candidate_device_counts(spec, pool))
+        cache.device_counts[k] = hit
+    return hit
+
+
+def _inter_node_gbps(pool: Pool) -> float:
+    if pool.inter_node_gbps is not None:
+        return pool.inter_node_gbps
+    acc = load_accelerators().get(pool.accelerator)
+    return acc.inter_node_gbps if acc is not None else 0.0
+
+
+def _fmt_h(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
+def to_candidate(
+    *,
+    job_id: str,
+    tenant: str,
+    spec: JobSpec,
+    pool: Pool,
+    option: QuoteOption,
+    now_s: float,
+    deadline_abs_s: float | None,
+    config: SchedulerConfig,
+) -> Candidate:
+    """Turn a quote into a scheduler candidate, adding the checks that need the clock or the pool shape."""
+    devices = int(option.devices)
+    n = pool.devices_per_node
+    nodes = max(1, math.ceil(devices / n))
+    reasons: list[str] = []
+    if not option.feasible:
+        reasons.append(option.reason or "the cost model rejected this option")
+    market = str(getattr(option.market, "value", option.market))
+    allowed = [str(getattr(m, "value", m)) for m in spec.objective.markets]
+    if market not in allowed:
+        reasons.append(f"market {market} not allowed (objective.markets: {', '.join(allowed)})")
+    if nodes > pool.nodes:
+        reasons.append(f"needs {nodes} nodes of {n} × {pool.accelerator}; {pool.name} has {pool.nodes}")
+    need_gbps = spec.resources.min_interconnect_gbps
+    if nodes > 1 and need_gbps is not None and _inter_node_gbps(pool) < need_gbps:
+        reasons.append(
+            f"spans {nodes} nodes but {pool.name}'s inter-node network gives {_inter_node_gbps(pool):g} Gbps "
+            f"per device < resources.min_interconnect_gbps {need_gbps:g}"
+        )
+    hours_p90 = float(getattr(option, "expected_hours_p90", 0.0) or option.expected_hours)
+    finish_s = now_s + hours_p90 * 3600.0
+    if deadline_abs_s is not None and finish_s > deadline_abs_s and option.feasible:
+        left_h = max(0.0, (deadline_abs_s - now_s) / 3600.0)
+        reasons.append(
+            f"would finish in ~{_fmt_h(hours_p90)} (p90) but the deadline is {_fmt_h(left_h)} away"
+        )
+    price = float(option.price_usd_per_hour)
+    cost = float(option.expected_cost_usd)
+    objective = cost
+    if market == "reserved":
+        # already paid for: only a token share enters the objective, so reserved capacity fills first
+        objective = cost * config.reserved_cost_factor + 1e-3 * option.expected_hours * devices
+    capacity = nodes * n if nodes > 1 else devices
+    return Candidate(
+        job_id=job_id,
+        tenant=tenant,
+        pool=pool.name,
+        accelerator=pool.accelerator,
+        devices=devices,
+        nodes=nodes,
+        devices_per_node=n,
+        market=market,
+        expected_cost_usd=cost,
+        expected_hours=float(option.expected_hours),
+        expected_hours_p90=hours_p90,
+        step_time_s=float(option.step_time_s),
+        price_usd_per_hour=price,
+        checkpoint_interval_s=float(option.checkpoint_interval_s or 0.0),
+        finish_s=finish_s,
+        feasible=not reasons,
+        reasons=tuple(reasons),
+        capacity_devices=capacity,
+        objective_usd=objective,
+    )
+
+
+def candidates_for(
+    *,
+    job_id: str,
+    tenant: str,
+    spec: JobSpec,
+    pools: Sequence[Pool],
+    now_s: float,
+    deadline_abs_s: float | None,
+    config: SchedulerConfig,
+    cache: CandidateCache,
+    elapsed_fraction: float = 0.0,
+) -> list[Candidate]:
+    """Every (pool, device count) option of one job, feasible or not, in pool order."""
+    out: list[Candidate] = []
+    for pool in pools:
+        for devices in device_counts(spec, pool, cache):
+            opt = price_option(spec, pool, devices, elapsed_fraction, cache)
+            out.append(
+                to_candidate(
+                    job_id=job_id,
+                    tenant=tenant,
+                    spec=spec,
+                    pool=pool,
+                    option=opt,
+                    now_s=now_s,
+                    deadline_abs_s=deadline_abs_s,
+                    config=config,
+                )
+            )
+    return out
+
+
+def fits_now(c: Candidate, pool: Pool) -> bool:
+    """Whether the pool's free capacity could hold this option if nothing else were placed."""
+    free = pool.free_devices
+    whole = free // pool.devices_per_node
+    if c.nodes > 1:
+        return c.nodes <= whole
+    partial = free - whole * pool.devices_per_node
+    return c.devices <= (pool.devices_per_node if whole > 0 else partial)
+
+
+def capacity_reason(c: Candidate, pool: Pool) -> str:
+    free = pool.free_devices
+    whole = free // pool.devices_per_node
+    if c.nodes > 1:
+        return (
+            f"needs {c.nodes} whole {pool.devices_per_node}-device nodes on {pool.name}; "
+            f"{whole} whole node(s) free ({free} devices available)"
+        )
+    return f"needs {c.devices} × {c.accelerator} in one node on {pool.name}; {free} available"
+
+
+def with_objective(c: Candidate, **changes: Any) -> Candidate:
+    return replace(c, **changes)

@@ -1,0 +1,478 @@
+"""One scheduling round: candidates → optimisation → placements with explanations.
+
+``schedule_round`` is the single entry point the control plane calls each round (and the CLI's
+``trainyard schedule`` runs once). It is pure: the clock is the ``now_s`` argument.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from trainyard.catalog.pools import Pool
+from trainyard.schedule.candidates import (
+    CandidateCache,
+    candidates_for,
+    capacity_reason,
+    fits_now,
+    price_option,
+    to_candidate,
+)
+from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
+from trainyard.schedule.solver import PoolCapacity, ProblemJob, Solution, TenantLimit, solve, whole_nodes
+from trainyard.schedule.types import (
+    Alternative,
+    Candidate,
+    Placement,
+    QueuedJob,
+    RoundResult,
+    RunningJob,
+    SchedulerConfig,
+    Unplaced,
+)
+from trainyard.spec.models import Minimize
+
+
+def priority_weight(priority: int) -> float:
+    return float(2 ** max(-3, min(6, priority)))
+
+
+def _fmt_usd(usd: float) -> str:
+    return f"${usd:,.2f}" if usd >= 0.995 else f"${usd:.4f}".rstrip("0").rstrip(".")
+
+
+def _fmt_dur(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _label(c: Candidate) -> str:
+    return f"{c.devices} × {c.accelerator} {c.market} on {c.pool}"
+
+
+def _sort_key(c: Candidate) -> tuple[float, float, str, int]:
+    return (c.objective_usd, c.expected_hours_p90, c.pool, c.devices)
+
+
+def prune(options: Sequence[Candidate], config: SchedulerConfig) -> tuple[Candidate, ...]:
+    """Keep the cheapest options, at most ``max_options_per_pool`` per pool, ``max_options_per_job`` in all."""
+    kept: list[Candidate] = []
+    per_pool: dict[str, int] = defaultdict(int)
+    for c in sorted(options, key=_sort_key):
+        if per_pool[c.pool] >= config.max_options_per_pool:
+            continue
+        kept.append(c)
+        per_pool[c.pool] += 1
+        if len(kept) >= config.max_options_per_job:
+            break
+    return tuple(kept)
+
+
+def waiting_cost_usd(
+    *,
+    priority: int,
+    reference_usd: float,
+    queued_s: float,
+    deadline_abs_s: float | None,
+    needed_s: float,
+    now_s: float,
+    config: SchedulerConfig,
+) -> float:
+    """Dollars we charge the objective for leaving a job queued one more round.
+
+    Grows with time in the queue and with deadline urgency (needed time over time left), scaled by priority.
+    """
+    urgency = 1.0
+    if deadline_abs_s is not None:
+        left_s = max(deadline_abs_s - now_s, 1.0)
+        ratio = min(needed_s / left_s, 1.0)
+        urgency = min(config.max_urgency, 1.0 + config.deadline_urgency * ratio / (1.0 - ratio + 0.05))
+    growth = 1.0 + max(queued_s, 0.0) / 3600.0 / config.wait_growth_h
+    base = config.wait_base_usd + config.wait_cost_share * reference_usd
+    return priority_weight(priority) * urgency * base * growth
+
+
+def _objective_for_job(c: Candidate, minimize: Minimize, config: SchedulerConfig) -> Candidate:
+    if minimize == Minimize.TIME:
+        return replace(c, objective_usd=c.objective_usd + config.time_value_usd_per_hour * c.expected_hours)
+    return c
+
+
+def _infeasible_reason(cands: Sequence[Candidate], pools: Sequence[Pool]) -> str:
+    if not pools:
+        return "no pools to run on"
+    if not cands:
+        return "no pool offers a device count this job can use"
+    per_pool: dict[str, Candidate] = {}
+    for c in cands:
+        # a pool's most generous option (most devices) carries the most telling reason
+        if c.pool not in per_pool or c.devices > per_pool[c.pool].devices:
+            per_pool[c.pool] = c
+    parts = [f"{name}: {c.reasons[0]}" for name, c in per_pool.items() if c.reasons][:3]
+    more = len(per_pool) - len(parts)
+    tail = f" (+{more} more pools)" if more > 0 else ""
+    return f"no feasible option on any of {len(per_pool)} pools — " + "; ".join(parts) + tail
+
+
+def _alternatives(chosen: Candidate, feasible: Sequence[Candidate]) -> tuple[Alternative, ...]:
+    others = sorted(
+        (c for c in feasible if (c.pool, c.devices) != (chosen.pool, chosen.devices)),
+        key=lambda c: (c.expected_cost_usd, c.expected_hours, c.pool, c.devices),
+    )
+    return tuple(
+        Alternative(c.pool, c.devices, c.market, c.expected_cost_usd, c.expected_hours) for c in others[:2]
+    )
+
+
+def _placement_reason(
+    chosen: Candidate, fitting: Sequence[Candidate], feasible: Sequence[Candidate], pools: Mapping[str, Pool]
+) -> str:
+    ranked = sorted(feasible, key=_sort_key)
+    head = (
+        f"{_label(chosen)}: {_fmt_usd(chosen.expected_cost_usd)}, ~{_fmt_dur(chosen.expected_hours * 3600)}"
+    )
+    if chosen.market == "reserved":
+        why = "reserved capacity (already paid for) fits it"
+    elif ranked and ranked[0] is chosen:
+        why = f"cheapest of {len(feasible)} feasible options"
+    elif ranked and not fits_now(ranked[0], pools[ranked[0].pool]):
+        why = f"cheaper {_label(ranked[0])} is full ({capacity_reason(ranked[0], pools[ranked[0].pool])})"
+    elif fitting and sorted(fitting, key=_sort_key)[0] is not chosen:
+        why = "cheaper options taken by higher-value jobs this round"
+    else:
+        why = "best trade of cost and time"
+    extra = ""
+    if chosen.market == "spot" and chosen.checkpoint_interval_s > 0:
+        extra = f"; checkpoint every {_fmt_dur(chosen.checkpoint_interval_s)}"
+    alts = _alternatives(chosen, feasible)
+    alt = ""
+    if alts:
+        alt = "; next: " + ", ".join(f"{a.devices} × {a.pool} {_fmt_usd(a.expected_cost_usd)}" for a in alts)
+    return f"{head} — {why}{extra}{alt}"
+
+
+def schedule_round(
+    jobs: Sequence[QueuedJob],
+    pools: Sequence[Pool],
+    running: Sequence[RunningJob] = (),
+    now_s: float = 0.0,
+    config: SchedulerConfig | None = None,
+    *,
+    cache: CandidateCache | None = None,
+    time_limit_s: float | None = None,
+) -> RoundResult:
+    """Decide placements for the queue (and migrations for running jobs) against live pools.
+
+    ``pools`` carry the current free capacity (``available_devices``, running jobs already excluded) and
+    current prices. Running jobs count against tenant quotas; each may stay, move (when it pays off, with
+    hysteresis) or be forced off spot when it falls behind its deadline.
+    """
+    cfg = config or SchedulerConfig()
+    cache = cache if cache is not None else CandidateCache()
+    pool_by_name = {p.name: p for p in pools}
+    problem: list[ProblemJob] = []
+    info: dict[str, tuple[list[Candidate], list[Candidate]]] = {}  # job -> (all candidates, feasible)
+    unplaced: list[Unplaced] = []
+    kept: list[str] = []
+    base_devices: dict[str, int] = defaultdict(int)
+    base_jobs: dict[str, int] = defaultdict(int)
+    running_by_id: dict[str, RunningJob] = {}
+    forced_reason: dict[str, str] = {}
+
+    for qj in jobs:
+        deadline = qj.deadline_abs_s
+        cands = [
+            _objective_for_job(c, qj.spec.objective.minimize, cfg)
+            for c in candidates_for(
+                job_id=qj.job_id,
+                tenant=qj.tenant,
+                spec=qj.spec,
+                pools=pools,
+                now_s=now_s,
+                deadline_abs_s=deadline,
+                config=cfg,
+                cache=cache,
+            )
+        ]
+        feasible = [c for c in cands if c.feasible]
+        info[qj.job_id] = (cands, feasible)
+        if not feasible:
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(cands, pools)))
+            continue
+        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
+        reference = min(c.objective_usd for c in feasible)
+        wait = waiting_cost_usd(
+            priority=qj.priority,
+            reference_usd=reference,
+            queued_s=now_s - qj.submit_s,
+            deadline_abs_s=deadline,
+            needed_s=min(c.expected_hours_p90 for c in feasible) * 3600.0,
+            now_s=now_s,
+            config=cfg,
+        )
+        problem.append(
+            ProblemJob(
+                job_id=qj.job_id,
+                tenant=qj.tenant,
+                options=prune(fitting, cfg),
+                unplaced_usd=reference + wait,
+                rank_usd=wait,
+            )
+        )
+
+    for rj in running:
+        running_by_id[rj.job_id] = rj
+        base_devices[rj.tenant] += rj.devices
+        base_jobs[rj.tenant] += 1
+        pj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
+        if pj is None:
+            kept.append(rj.job_id)
+        else:
+            problem.append(pj)
+
+    capacities = {
+        p.name: PoolCapacity(
+            p.name, p.free_devices, whole_nodes(p.free_devices, p.devices_per_node), p.devices_per_node
+        )
+        for p in pools
+    }
+    tenants: dict[str, TenantLimit] = {}
+    for tenant, quota in cfg.quotas.items():
+        tenants[tenant] = TenantLimit(
+            None if quota.max_devices is None else quota.max_devices - base_devices[tenant],
+            None if quota.max_jobs is None else quota.max_jobs - base_jobs[tenant],
+        )
+    sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
+
+    placements: list[Placement] = []
+    for pj in problem:
+        idx = sol.choice.get(pj.job_id)
+        if pj.job_id in running_by_id:
+            rj = running_by_id[pj.job_id]
+            chosen = pj.options[idx] if idx is not None else None
+            if chosen is None or chosen.is_stay:
+                kept.append(pj.job_id)
+                continue
+            why = forced_reason.get(pj.job_id)
+            saving = next((o for o in pj.options if o.is_stay), None)
+            head = f"move {rj.pool} → {_label(chosen)}"
+            if why:
+                reason = f"{head}: {why}; moving to on-demand capacity to meet the deadline"
+            else:
+                stay_usd = saving.expected_cost_usd if saving else 0.0
+                reason = (
+                    f"{head}: remaining work {_fmt_usd(stay_usd)} here vs "
+                    f"{_fmt_usd(chosen.expected_cost_usd - chosen.migration_cost_usd)} there, "
+                    f"migration {_fmt_usd(chosen.migration_cost_usd)}"
+                )
+            placements.append(
+                Placement(
+                    job_id=pj.job_id,
+                    tenant=pj.tenant,
+                    pool=chosen.pool,
+                    accelerator=chosen.accelerator,
+                    devices=chosen.devices,
+                    nodes=chosen.nodes,
+                    market=chosen.market,
+                    expected_cost_usd=chosen.expected_cost_usd,
+                    expected_hours=chosen.expected_hours,
+                    checkpoint_interval_s=chosen.checkpoint_interval_s,
+                    reason=reason,
+                    alternatives=tuple(
+                        Alternative(o.pool, o.devices, o.market, o.expected_cost_usd, o.expected_hours)
+                        for o in pj.options
+                        if o is not chosen
+                    )[:2],
+                    migration=True,
+                    from_pool=rj.pool,
+                )
+            )
+            continue
+        cands, feasible = info[pj.job_id]
+        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
+        if idx is None:
+            unplaced.append(
+                Unplaced(
+                    pj.job_id,
+                    pj.tenant,
+                    _unplaced_reason(pj, feasible, fitting, sol, problem, pool_by_name, tenants),
+                )
+            )
+            continue
+        chosen = pj.options[idx]
+        placements.append(
+            Placement(
+                job_id=pj.job_id,
+                tenant=pj.tenant,
+                pool=chosen.pool,
+                accelerator=chosen.accelerator,
+                devices=chosen.devices,
+                nodes=chosen.nodes,
+                market=chosen.market,
+                expected_cost_usd=chosen.expected_cost_usd,
+                expected_hours=chosen.expected_hours,
+                checkpoint_interval_s=chosen.checkpoint_interval_s,
+                reason=_placement_reason(chosen, fitting, feasible, pool_by_name),
+                alternatives=_alternatives(chosen, feasible),
+            )
+        )
+    order = {qj.job_id: i for i, qj in enumerate(jobs)}
+    order.update({rj.job_id: len(jobs) + i for i, rj in enumerate(running)})
+    placements.sort(key=lambda p: order.get(p.job_id, 0))
+    unplaced.sort(key=lambda u: order.get(u.job_id, 0))
+    kept.sort(key=lambda j: order.get(j, 0))
+    return RoundResult(
+        placements=tuple(placements),
+        unplaced=tuple(unplaced),
+        kept=tuple(kept),
+        solve_time_s=sol.wall_time_s,
+        objective_usd=sol.objective_usd,
+        solver_status=sol.status,
+        greedy_objective_usd=sol.greedy_objective_usd,
+    )
+
+
+def _running_problem(
+    rj: RunningJob,
+    pool_by_name: Mapping[str, Pool],
+    pools: Sequence[Pool],
+    now_s: float,
+    cfg: SchedulerConfig,
+    cache: CandidateCache,
+    forced_reason: dict[str, str],
+) -> ProblemJob | None:
+    """The running job's options (stay + moves), or None when it simply keeps its allocation."""
+    current = pool_by_name.get(rj.pool)
+    if current is None:
+        return None  # its pool is not in this round's view; nothing to compare against
+    progress = min(max(rj.progress_fraction, 0.0), 0.999)
+    deadline = rj.deadline_abs_s
+    dwell = now_s - rj.placed_s >= cfg.min_dwell_s
+    maybe_forced = deadline is not None and rj.market == "spot"
+    if not dwell and not maybe_forced:
+        return None
+    stay_quote = price_option(rj.spec, current, rj.devices, progress, cache)
+    stay = to_candidate(
+        job_id=rj.job_id,
+        tenant=rj.tenant,
+        spec=rj.spec,
+        pool=current,
+        option=stay_quote,
+        now_s=now_s,
+        deadline_abs_s=None,
+        config=cfg,
+    )
+    stay = replace(stay, is_stay=True, capacity_devices=0, feasible=True, reasons=())
+    cands = candidates_for(
+        job_id=rj.job_id,
+        tenant=rj.tenant,
+        spec=rj.spec,
+        pools=[p for p in pools if p.name != rj.pool],
+        now_s=now_s,
+        deadline_abs_s=deadline,
+        config=cfg,
+        cache=cache,
+        elapsed_fraction=progress,
+    )
+    movable = [c for c in cands if c.feasible and fits_now(c, pool_by_name[c.pool])]
+    non_spot = [c for c in cands if c.feasible and c.market != "spot"]
+    remaining_od_s = min((c.expected_hours_p90 * 3600.0 for c in non_spot), default=None)
+    check = uniform_progress(rj, now_s, remaining_od_s, cfg)
+    options: list[Candidate] = []
+    restart_s = float(getattr(stay_quote, "restart_s", 0.0) or 0.0)
+    for c in movable:
+        if check.behind and c.market == "spot":
+            continue
+        q = price_option(rj.spec, pool_by_name[c.pool], c.devices, progress, cache)
+        mc = migration_cost(
+            rj.spec,
+            from_accelerator=current.accelerator,
+            from_devices=rj.devices,
+            from_price_usd_per_hour=stay.price_usd_per_hour,
+            to=c,
+            restart_s=float(getattr(q, "restart_s", restart_s) or 0.0),
+            compile_s=float(getattr(q, "compile_s", 0.0) or 0.0),
+            config=cfg,
+        )
+        total = c.expected_cost_usd + mc.usd
+        if check.behind:
+            options.append(
+                replace(c, expected_cost_usd=total, migration_cost_usd=mc.usd, objective_usd=total)
+            )
+        elif dwell and worth_moving(stay.objective_usd, c.objective_usd, mc, cfg):
+            objective = (
+                c.objective_usd + mc.usd * (1.0 + cfg.migration_margin) + cfg.migration_min_savings_usd
+            )
+            options.append(
+                replace(c, expected_cost_usd=total, migration_cost_usd=mc.usd, objective_usd=objective)
+            )
+    if check.behind:
+        forced_reason[rj.job_id] = check.reason
+        # staying is allowed only as a last resort (no on-demand capacity fits)
+        stay = replace(stay, objective_usd=stay.objective_usd + 10.0 * (stay.expected_cost_usd + 1.0) + 1e4)
+    if not options:
+        return None
+    opts = (*prune(options, cfg), stay)
+    return ProblemJob(
+        job_id=rj.job_id,
+        tenant=rj.tenant,
+        options=tuple(sorted(opts, key=_sort_key)),
+        unplaced_usd=None,
+        rank_usd=1e12 if check.behind else 0.0,
+        current_devices=rj.devices,
+    )
+
+
+def _unplaced_reason(
+    pj: ProblemJob,
+    feasible: Sequence[Candidate],
+    fitting: Sequence[Candidate],
+    sol: Solution,
+    problem: Sequence[ProblemJob],
+    pools: Mapping[str, Pool],
+    tenants: Mapping[str, TenantLimit],
+) -> str:
+    cheapest = min(feasible, key=_sort_key)
+    later = f"cheapest feasible later: {_label(cheapest)} at {_fmt_usd(cheapest.expected_cost_usd)}"
+    if not fitting:
+        seen: list[str] = []
+        named: set[str] = set()
+        for c in sorted(feasible, key=_sort_key):
+            if c.pool not in named:
+                named.add(c.pool)
+                seen.append(capacity_reason(c, pools[c.pool]))
+            if len(seen) == 2:
+                break
+        return f"no capacity now: {'; '.join(seen)}; {later}"
+    lim = tenants.get(pj.tenant)
+    if lim is not None:
+        used_dev = 0
+        used_jobs = 0
+        for other in problem:
+            if other.tenant != pj.tenant:
+                continue
+            i = sol.choice.get(other.job_id)
+            if i is None:
+                continue
+            o = other.options[i]
+            used_dev += o.devices - other.current_devices
+            used_jobs += 0 if other.must_place else 1
+        smallest = min(c.devices for c in fitting)
+        if lim.jobs_left is not None and used_jobs >= lim.jobs_left:
+            return f"tenant {pj.tenant} is at its concurrent-job quota; {later}"
+        if lim.devices_left is not None and used_dev + smallest > lim.devices_left:
+            left = max(lim.devices_left - used_dev, 0)
+            return f"tenant {pj.tenant} device quota: {left} devices left, the smallest option needs {smallest}; {later}"
+    best_now = min(fitting, key=_sort_key)
+    if pj.options and best_now.objective_usd >= (pj.unplaced_usd or 0.0):
+        return (
+            f"waiting is cheaper: best option available now is {_label(best_now)} at "
+            f"{_fmt_usd(best_now.expected_cost_usd)}; {later} (full now)"
+        )
+    pools_named = sorted({c.pool for c in pj.options})
+    return (
+        f"the pools that fit it now ({', '.join(pools_named[:4])}) are taken by this round's higher-value "
+        f"placements; {later}"
+    )
