@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trainyard import __version__
-from trainyard.cli import spec_cmd
+from trainyard.cli import schedule_cmd, spec_cmd
 
 app = typer.Typer(
     name="trainyard",
@@ -15,6 +15,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(spec_cmd.app, name="spec")
+app.command("schedule")(schedule_cmd.schedule)
 
 
 @app.command("version")

@@ -34,13 +34,14 @@ def spec_key(spec: JobSpec) -> str:
 class CandidateCache:
     """In-memory memo of quotes and predictions; the caller may keep one across rounds.
 
-    Keys include the whole pool (its price and availability are part of it), so a price change
-    naturally misses the cache.
+    Keys include every priced field of the pool (not its free capacity), so a price change naturally
+    misses the cache while a capacity change does not.
     """
 
-    options: dict[tuple[str, Pool, int, float], QuoteOption] = field(default_factory=dict)
+    options: dict[tuple[str, tuple[Any, ...], int, float], QuoteOption] = field(default_factory=dict)
     predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
-    device_counts: dict[tuple[str, Pool], list[int]] = field(default_factory=dict)
+    device_counts: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)
+    eligible: dict[tuple[Any, ...], str] = field(default_factory=dict)
     _keys: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     max_entries: int = 500_000
 
@@ -57,47 +58,71 @@ class CandidateCache:
             self.options.clear()
             self.predictions.clear()
             self.device_counts.clear()
+            self.eligible.clear()
             self._keys.clear()
 
 
 Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]
 
 
-def _prediction_for(spec: JobSpec, key: str, pool: Pool, devices: int, cache: CandidateCache) -> Any:
-    from trainyard.cost import quote as quote_mod
+_PRICE_FIELDS = tuple(f for f in Pool.model_fields if f != "available_devices")
 
-    pk = (key, pool.accelerator, devices)
-    if pk in cache.predictions:
-        return cache.predictions[pk]
-    predict_for = getattr(quote_mod, "prediction_for", None)
-    pred = predict_for(spec, pool.accelerator, devices) if predict_for is not None else None
-    cache.predictions[pk] = pred
-    return pred
+
+def pool_price_key(pool: Pool) -> tuple[Any, ...]:
+    """Everything about a pool that changes a quote (its free capacity does not)."""
+    return tuple(getattr(pool, f) for f in _PRICE_FIELDS)
+
+
+def _predict_fn(cache: CandidateCache, key: str) -> Callable[[JobSpec, Any, int], Any]:
+    """The cost model's predictor, memoised per (distinct spec, accelerator, device count)."""
+    from trainyard.predict import predict
+
+    def cached(spec: JobSpec, accelerator: Any, devices: int) -> Any:
+        pk = (key, accelerator.name, devices)
+        hit = cache.predictions.get(pk)
+        if hit is None:
+            hit = predict(spec, accelerator, devices)
+            cache.predictions[pk] = hit
+        return hit
+
+    return cached
 
 
 def price_option(
     spec: JobSpec, pool: Pool, devices: int, elapsed_fraction: float, cache: CandidateCache
 ) -> QuoteOption:
-    """One quote from the cost model, memoised."""
+    """One quote from the cost model (``trainyard.cost.quote.option_for``), memoised."""
     from trainyard.cost.quote import option_for
 
     key = cache.key(spec)
-    ok = (key, pool, devices, round(elapsed_fraction, 6))
+    ok = (key, pool_price_key(pool), devices, round(elapsed_fraction, 6))
     hit = cache.options.get(ok)
     if hit is not None:
         return hit
-    pred = _prediction_for(spec, key, pool, devices, cache)
-    opt = option_for(spec, pool, devices, prediction=pred, elapsed_fraction=elapsed_fraction)
+    opt = option_for(
+        spec, pool, devices, elapsed_fraction=elapsed_fraction, predict_fn=_predict_fn(cache, key)
+    )
     cache.options[ok] = opt
     return opt
+
+
+def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:
+    """Why the pool can never serve the spec ('' when it can), memoised."""
+    from trainyard.cost.quote import eligibility_reason
+
+    k = (cache.key(spec), pool.name, pool.accelerator, pool.market, pool.region, pool.cloud)
+    hit = cache.eligible.get(k)
+    if hit is None:
+        hit = eligibility_reason(spec, pool)
+        cache.eligible[k] = hit
+    return hit
 
 
 def device_counts(spec: JobSpec, pool: Pool, cache: CandidateCache) -> list[int]:
     from trainyard.cost.quote import candidate_device_counts
 
-    # availability does not change which sizes make sense, only whether they fit now
-    shape = pool.model_copy(update={"available_devices": None})
-    k = (cache.key(spec), shape)
+    # availability and price do not change which sizes make sense, only whether they fit now
+    k = (cache.key(spec), pool.devices_per_node, pool.nodes, pool.whole_nodes_only)
     hit = cache.device_counts.get(k)
     if hit is None:
         hit = list(candidate_device_counts(spec, pool))
@@ -136,19 +161,19 @@ def to_candidate(
         reasons.append(option.reason or "the cost model rejected this option")
     market = str(getattr(option.market, "value", option.market))
     allowed = [str(getattr(m, "value", m)) for m in spec.objective.markets]
-    if market not in allowed:
-        reasons.append(f"market {market} not allowed (objective.markets: {', '.join(allowed)})")
-    if nodes > pool.nodes:
+    if not reasons and market not in allowed:
+        reasons.append(f"objective.markets: {market} is not in {', '.join(allowed)}")
+    if not reasons and nodes > pool.nodes:
         reasons.append(f"needs {nodes} nodes of {n} × {pool.accelerator}; {pool.name} has {pool.nodes}")
     need_gbps = spec.resources.min_interconnect_gbps
-    if nodes > 1 and need_gbps is not None and _inter_node_gbps(pool) < need_gbps:
+    if not reasons and nodes > 1 and need_gbps is not None and _inter_node_gbps(pool) < need_gbps:
         reasons.append(
             f"spans {nodes} nodes but {pool.name}'s inter-node network gives {_inter_node_gbps(pool):g} Gbps "
             f"per device < resources.min_interconnect_gbps {need_gbps:g}"
         )
     hours_p90 = float(getattr(option, "expected_hours_p90", 0.0) or option.expected_hours)
     finish_s = now_s + hours_p90 * 3600.0
-    if deadline_abs_s is not None and finish_s > deadline_abs_s and option.feasible:
+    if deadline_abs_s is not None and finish_s > deadline_abs_s and not reasons:
         left_h = max(0.0, (deadline_abs_s - now_s) / 3600.0)
         reasons.append(
             f"would finish in ~{_fmt_h(hours_p90)} (p90) but the deadline is {_fmt_h(left_h)} away"
@@ -198,7 +223,20 @@ def candidates_for(
     """Every (pool, device count) option of one job, feasible or not, in pool order."""
     out: list[Candidate] = []
     for pool in pools:
-        for devices in device_counts(spec, pool, cache):
+        counts = device_counts(spec, pool, cache)
+        why = eligibility(spec, pool, cache)
+        if why or not counts:
+            out.append(
+                _never(
+                    job_id,
+                    tenant,
+                    pool,
+                    counts[0] if counts else pool.devices_per_node,
+                    why or _no_counts(spec, pool),
+                )
+            )
+            continue
+        for devices in counts:
             opt = price_option(spec, pool, devices, elapsed_fraction, cache)
             out.append(
                 to_candidate(
@@ -213,6 +251,41 @@ def candidates_for(
                 )
             )
     return out
+
+
+def _no_counts(spec: JobSpec, pool: Pool) -> str:
+    lo, hi = spec.resources.min_devices or 1, spec.resources.max_devices
+    rng = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+    return (
+        f"resources: the job needs {rng} devices; {pool.name} offers {pool.devices_per_node} per node "
+        f"× {pool.nodes} node(s)"
+    )
+
+
+def _never(job_id: str, tenant: str, pool: Pool, devices: int, reason: str) -> Candidate:
+    """A pool that can never serve the job (escape hatches, markets, regions, memory, device range)."""
+    n = pool.devices_per_node
+    nodes = max(1, math.ceil(devices / n))
+    return Candidate(
+        job_id=job_id,
+        tenant=tenant,
+        pool=pool.name,
+        accelerator=pool.accelerator,
+        devices=devices,
+        nodes=nodes,
+        devices_per_node=n,
+        market=pool.market.value,
+        expected_cost_usd=0.0,
+        expected_hours=0.0,
+        expected_hours_p90=0.0,
+        step_time_s=0.0,
+        price_usd_per_hour=0.0,
+        checkpoint_interval_s=0.0,
+        finish_s=math.inf,
+        feasible=False,
+        reasons=(reason,),
+        capacity_devices=nodes * n if nodes > 1 else devices,
+    )
 
 
 def fits_now(c: Candidate, pool: Pool) -> bool:

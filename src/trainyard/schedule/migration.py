@@ -106,13 +106,15 @@ def uniform_progress(
             True,
             required,
             slack,
-            f"deadline slack on on-demand is {slack / 60:.0f} min (< {config.deadline_safety_s / 60:.0f} min safety)",
+            f"deadline slack on on-demand is {slack / 60:.0f} min "
+            f"(< {config.deadline_safety_s / 60:.0f} min safety)",
         )
     if job.progress_fraction + config.uniform_progress_tolerance < required:
         return ProgressCheck(
             True,
             required,
             slack,
-            f"behind uniform progress: {job.progress_fraction:.0%} done, {required:.0%} of the deadline window spent",
+            f"behind uniform progress: {job.progress_fraction:.0%} done, "
+            f"{required:.0%} of the deadline window spent",
         )
     return ProgressCheck(False, required, slack, "")

@@ -57,7 +57,7 @@ def _sort_key(c: Candidate) -> tuple[float, float, str, int]:
 
 
 def prune(options: Sequence[Candidate], config: SchedulerConfig) -> tuple[Candidate, ...]:
-    """Keep the cheapest options, at most ``max_options_per_pool`` per pool, ``max_options_per_job`` in all."""
+    """Keep the cheapest options: ``max_options_per_pool`` per pool, ``max_options_per_job`` in all."""
     kept: list[Candidate] = []
     per_pool: dict[str, int] = defaultdict(int)
     for c in sorted(options, key=_sort_key):
@@ -464,7 +464,10 @@ def _unplaced_reason(
             return f"tenant {pj.tenant} is at its concurrent-job quota; {later}"
         if lim.devices_left is not None and used_dev + smallest > lim.devices_left:
             left = max(lim.devices_left - used_dev, 0)
-            return f"tenant {pj.tenant} device quota: {left} devices left, the smallest option needs {smallest}; {later}"
+            return (
+                f"tenant {pj.tenant} device quota: {left} devices left, "
+                f"the smallest option needs {smallest}; {later}"
+            )
     best_now = min(fitting, key=_sort_key)
     if pj.options and best_now.objective_usd >= (pj.unplaced_usd or 0.0):
         return (

@@ -91,7 +91,8 @@ class SchedulerConfig:
     # Jobs whose objective.minimize is "time" value an hour of wall time at this many dollars.
     time_value_usd_per_hour: float = 100.0
     # Waiting cost of leaving a job unplaced this round, in dollars:
-    #   weight(priority) × urgency × (wait_base_usd + wait_cost_share × reference cost) × (1 + queued_h / wait_growth_h)
+    #   weight(priority) × urgency × (wait_base_usd + wait_cost_share × reference cost)
+    #   × (1 + queued_h / wait_growth_h)
     wait_base_usd: float = 1.0
     wait_cost_share: float = 0.05
     wait_growth_h: float = 1.0
