@@ -30,6 +30,9 @@ class Pool(BaseModel):
     interruption_rate_per_hour: Annotated[float, Field(ge=0, le=1000)] | None = None
     notice_s: Annotated[float, Field(ge=0, le=86400)] | None = None
     inter_node_gbps: Annotated[float, Field(gt=0, le=1e7)] | None = None
+    # True when the pool rents whole instances only (catalog offers, TPU slices): an allocation is a
+    # multiple of devices_per_node. False (the default) lets a job take a power-of-two share of one node.
+    whole_nodes_only: bool = False
 
     @field_validator("accelerator")
     @classmethod
