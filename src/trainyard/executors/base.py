@@ -28,6 +28,13 @@ TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
 CLASSIFICATION_USER = "user"
 CLASSIFICATION_INFRA = "infra"
 
+# Worker process exit codes (events carry the details; exit codes are the fallback when a worker's
+# terminal event is missing).
+EXIT_OK = 0
+EXIT_USER_ERROR = 65
+EXIT_INFRA_ERROR = 70
+EXIT_PREEMPTED = 75
+
 
 @dataclass(frozen=True)
 class LaunchRequest:
@@ -105,6 +112,24 @@ class Executor(Protocol):
 def event_file_name(attempt: int, rank: int) -> str:
     """The JSON-lines event file one rank of one attempt appends to."""
     return f"events-a{attempt}-r{rank}.jsonl"
+
+
+def launch_file_name(attempt: int) -> str:
+    """The LaunchRequest of one attempt, as JSON, read by every rank at start-up."""
+    return f"launch-a{attempt}.json"
+
+
+def notice_file_name(attempt: int) -> str:
+    """Written by the executor before it delivers a preemption notice: ``{"deadline_time_s": ...}``."""
+    return f"notice-a{attempt}.json"
+
+
+def launch_request_to_dict(req: LaunchRequest) -> dict[str, Any]:
+    return asdict(req)
+
+
+def launch_request_from_dict(doc: dict[str, Any]) -> LaunchRequest:
+    return LaunchRequest(**doc)
 
 
 def rank_log_name(rank: int) -> str:

@@ -1,0 +1,404 @@
+"""Versioned, sharded, atomically committed checkpoints (DESIGN §3.4).
+
+Layout: ``<storage>/<job_id>/step-<N>/`` holds the shards written by ``torch.distributed.checkpoint``
+(one ``__<rank>_<i>.distcp`` file per writing rank plus ``.metadata``) and ``manifest.json``, written
+LAST by an atomic rename. The manifest records the step, world size, precision policy, layout, the
+sha256 and size of every other file, the config and code hashes, every rank's RNG state and the
+data-loader position. A step directory without a manifest does not exist for loading; one whose files
+do not match their recorded sha256 is skipped with an event and never loaded.
+
+Saving is asynchronous by default: the state is staged (copied) in memory while training waits, then
+written by a background thread; rank 0 hashes the files and commits the manifest once every rank's
+shards are durable. Retention keeps the last ``keep_last`` committed steps plus the best (lowest-loss)
+one. A second root (``fallback_url``, a local directory) receives an emergency save when the primary
+storage fails, and loading considers both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainyard.runtime.storage import atomic_write_bytes, join_url, sha256_file, url_to_fs
+
+MANIFEST = "manifest.json"
+FORMAT = "trainyard-checkpoint/1"
+STEP_RE = re.compile(r"^step-(\d+)$")
+REQUIRED_FIELDS = ("format", "job_id", "step", "world_size", "precision", "layout", "files")
+
+EmitFn = Callable[..., Any]
+
+warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+class CheckpointWriteError(RuntimeError):
+    """The checkpoint storage refused a write (unwritable, full, gone)."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    url: str  # the step directory
+    manifest: dict[str, Any]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.manifest["world_size"])
+
+
+@dataclass
+class SaveResult:
+    step: int
+    url: str
+    bytes_written: int
+    stage_s: float  # the time training waited (staging; the whole save when synchronous)
+    total_s: float  # from the save call to the committed manifest
+    emergency: bool = False
+    files: dict[str, Any] = field(default_factory=dict)
+
+
+def code_hash() -> str:
+    """sha256 over the runtime's source files: which code wrote a checkpoint."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for p in sorted(root.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def config_hash(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _noop_emit(kind: str, **data: Any) -> None:
+    return None
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        storage_url: str,
+        job_id: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        keep_last: int = 3,
+        keep_best: bool = True,
+        process_group: Any = None,
+        emit: EmitFn | None = None,
+        fallback_url: str | None = None,
+    ):
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1")
+        self.storage_url = storage_url
+        self.job_id = job_id
+        self.rank = rank
+        self.world_size = world_size
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.pg = process_group
+        self.emit: EmitFn = emit or _noop_emit
+        self.job_url = join_url(storage_url, job_id)
+        self.fallback_job_url = join_url(fallback_url, job_id) if fallback_url else None
+        self.commit_delay_s = float(os.environ.get("TRAINYARD_CHECKPOINT_COMMIT_DELAY_S", "0") or 0)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
+        self._pending: Future[SaveResult] | None = None
+        self.last_save: SaveResult | None = None
+        self._code_hash = code_hash()
+
+    # ---- listing and verification ---------------------------------------------------------------
+    def roots(self) -> list[str]:
+        return [self.job_url] + ([self.fallback_job_url] if self.fallback_job_url else [])
+
+    def step_url(self, step: int, root: str | None = None) -> str:
+        return join_url(root or self.job_url, f"step-{step}")
+
+    @staticmethod
+    def list_step_dirs(job_url: str) -> list[tuple[int, str]]:
+        """(step, url) of every ``step-N`` directory under a job URL, newest first."""
+        fs, root = url_to_fs(job_url)
+        try:
+            entries = fs.ls(root, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for e in entries:
+            m = STEP_RE.match(str(e).rstrip("/").rsplit("/", 1)[-1])
+            if m:
+                out.append((int(m.group(1)), join_url(job_url, f"step-{m.group(1)}")))
+        return sorted(out, reverse=True)
+
+    @staticmethod
+    def read_manifest(step_url: str) -> dict[str, Any] | None:
+        fs, path = url_to_fs(step_url)
+        try:
+            with fs.open(f"{path}/{MANIFEST}", "rb") as fh:
+                doc = json.loads(fh.read())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ValueError:
+            return {"_unreadable": True}
+        return doc if isinstance(doc, dict) else {"_unreadable": True}
+
+    @staticmethod
+    def verify(step_url: str) -> tuple[bool, str, dict[str, Any] | None]:
+        """(ok, why, manifest): the manifest parses, names every field, and every file matches its sha256."""
+        manifest = CheckpointManager.read_manifest(step_url)
+        if manifest is None:
+            return False, "torn: no manifest.json (the write never committed)", None
+        if manifest.get("_unreadable"):
+            return False, "corrupt: manifest.json is not valid JSON", None
+        missing = [f for f in REQUIRED_FIELDS if f not in manifest]
+        if missing:
+            return False, f"corrupt: manifest lacks {', '.join(missing)}", None
+        if manifest["format"] != FORMAT:
+            return False, f"unknown checkpoint format {manifest['format']!r}", None
+        fs, path = url_to_fs(step_url)
+        for rel, info in sorted(manifest["files"].items()):
+            try:
+                digest, size = sha256_file(fs, f"{path}/{rel}")
+            except FileNotFoundError:
+                return False, f"corrupt: {rel} is missing", manifest
+            if size != info["bytes"]:
+                return False, f"corrupt: {rel} has {size} bytes, the manifest says {info['bytes']}", manifest
+            if digest != info["sha256"]:
+                return False, f"corrupt: sha256 of {rel} does not match the manifest", manifest
+        return True, "ok", manifest
+
+    def committed(self) -> list[CheckpointRef]:
+        """Steps with a manifest in the primary root (not hash-verified), newest first."""
+        out = []
+        for step, url in self.list_step_dirs(self.job_url):
+            man = self.read_manifest(url)
+            if man is not None and not man.get("_unreadable"):
+                out.append(CheckpointRef(step, url, man))
+        return out
+
+    def latest_valid(self, *, report: bool = True) -> CheckpointRef | None:
+        """The newest step whose manifest verifies, across the primary and fallback roots.
+
+        Torn or corrupted steps are skipped (with a ``log`` event when ``report``), never loaded.
+        """
+        candidates: list[tuple[int, int, str]] = []
+        for prio, root in enumerate(self.roots()):
+            candidates.extend((step, -prio, url) for step, url in self.list_step_dirs(root))
+        for step, _prio, url in sorted(candidates, reverse=True):
+            ok, why, manifest = self.verify(url)
+            if ok and manifest is not None:
+                return CheckpointRef(step, url, manifest)
+            if report:
+                self.emit(
+                    "log",
+                    message=f"skipping checkpoint step {step}: {why}",
+                    skipped_step=step,
+                    why=why,
+                    path=url,
+                )
+        return None
+
+    def remove_newer_than(self, step: int) -> None:
+        """Delete step directories above ``step`` in the primary root (torn or failed-verification
+        leftovers of an earlier attempt), so the steps this attempt writes start from clean directories."""
+        fs, _ = url_to_fs(self.job_url)
+        for s, url in self.list_step_dirs(self.job_url):
+            if s > step:
+                self._delete_step(fs, url)
+                self.emit("log", message=f"removed unusable checkpoint directory step-{s}", removed_step=s)
+
+    # ---- saving ----------------------------------------------------------------------------------
+    def _ensure_dir(self, url: str) -> None:
+        fs, path = url_to_fs(url)
+        try:
+            fs.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointWriteError(f"cannot create {url}: {exc.__class__.__name__}: {exc}") from exc
+
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        *,
+        blocking: bool = False,
+        emergency: bool = False,
+        root: str | None = None,
+    ) -> Future[SaveResult]:
+        """Save ``state`` (a DCP state dict) as ``step``; ``meta`` goes into the manifest.
+
+        Returns a future; with ``blocking`` it is already done. Only one save is in flight at a time:
+        a new save first waits for the previous one.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        self.wait()
+        url = self.step_url(step, root)
+        t0 = time.perf_counter()
+        try:
+            self._ensure_dir(url)
+            writer = FsspecWriter(url, sync_files=True)
+            if blocking:
+                dcp.save(state, storage_writer=writer, process_group=self.pg)
+                upload: Future[Any] = Future()
+                upload.set_result(None)
+            else:
+                upload = dcp.async_save(state, storage_writer=writer, process_group=self.pg)  # type: ignore[assignment]
+        except CheckpointWriteError:
+            raise
+        except Exception as exc:
+            raise CheckpointWriteError(f"writing {url} failed: {exc.__class__.__name__}: {exc}") from exc
+        stage_s = time.perf_counter() - t0
+
+        def finish() -> SaveResult:
+            try:
+                upload.result()
+            except Exception as exc:
+                raise CheckpointWriteError(f"writing {url} failed: {_root_cause(exc)}") from exc
+            result = SaveResult(step, url, 0, stage_s, 0.0, emergency)
+            if self.rank == 0:
+                self._commit(url, step, meta, result)
+                with contextlib.suppress(Exception):
+                    self.apply_retention(current_step=step, root=root)
+            result.total_s = time.perf_counter() - t0
+            if self.rank == 0:
+                self.emit(
+                    "checkpoint",
+                    step=step,
+                    path=url,
+                    save_s=round(result.total_s, 6),
+                    stall_s=round(stage_s, 6),
+                    bytes=result.bytes_written,
+                    emergency=emergency,
+                )
+            self.last_save = result
+            return result
+
+        if blocking:
+            fut: Future[SaveResult] = Future()
+            try:
+                fut.set_result(finish())
+            except Exception as exc:
+                fut.set_exception(exc)
+                raise
+            return fut
+        self._pending = self._pool.submit(finish)
+        return self._pending
+
+    def _commit(self, url: str, step: int, meta: dict[str, Any], result: SaveResult) -> None:
+        fs, path = url_to_fs(url)
+        files: dict[str, Any] = {}
+        for full in sorted(fs.find(path)):
+            rel = str(full)[len(path) :].lstrip("/")
+            if rel == MANIFEST or ".tmp-" in rel:
+                continue
+            digest, size = sha256_file(fs, full)
+            files[rel] = {"sha256": digest, "bytes": size}
+        if not files:
+            raise CheckpointWriteError(f"{url} holds no shard files after the save")
+        result.bytes_written = sum(f["bytes"] for f in files.values())
+        result.files = files
+        manifest = {
+            "format": FORMAT,
+            "job_id": self.job_id,
+            "step": step,
+            "world_size": self.world_size,
+            "files": files,
+            "code_hash": self._code_hash,
+            "created_time_s": time.time(),
+            "emergency": result.emergency,
+            **meta,
+        }
+        manifest.setdefault("precision", {})
+        manifest.setdefault("layout", {"format": "torch-dcp"})
+        if self.commit_delay_s > 0:  # drills: widen the window between the shards and the commit
+            time.sleep(self.commit_delay_s)
+        try:
+            atomic_write_bytes(
+                fs, f"{path}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode()
+            )
+        except OSError as exc:
+            raise CheckpointWriteError(f"committing {url}/{MANIFEST} failed: {exc}") from exc
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save (if any) has committed; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        return pending.result()
+
+    @property
+    def save_in_flight(self) -> bool:
+        return self._pending is not None and not self._pending.done()
+
+    def apply_retention(self, *, current_step: int, root: str | None = None) -> list[int]:
+        """Keep the last ``keep_last`` committed steps and the best one; delete older and torn ones."""
+        job_url = root or self.job_url
+        fs, _ = url_to_fs(job_url)
+        committed: list[tuple[int, str, float]] = []
+        torn: list[tuple[int, str]] = []
+        for step, url in self.list_step_dirs(job_url):
+            if step > current_step:
+                continue
+            man = self.read_manifest(url)
+            if man is None or man.get("_unreadable"):
+                if step < current_step:
+                    torn.append((step, url))
+                continue
+            loss = man.get("loss")
+            committed.append((step, url, float(loss) if isinstance(loss, int | float) else float("inf")))
+        keep = {s for s, _, _ in committed[: self.keep_last]}
+        if self.keep_best and committed:
+            keep.add(min(committed, key=lambda c: (c[2], -c[0]))[0])
+        removed = []
+        for step, url, _ in committed:
+            if step not in keep:
+                self._delete_step(fs, url)
+                removed.append(step)
+        for step, url in torn:
+            self._delete_step(fs, url)
+            removed.append(step)
+        return removed
+
+    @staticmethod
+    def _delete_step(fs: Any, url: str) -> None:
+        _, path = url_to_fs(url)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(f"{path}/{MANIFEST}")  # uncommit first: a half-deleted step is torn, never loadable
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(path, recursive=True)
+
+    # ---- loading ---------------------------------------------------------------------------------
+    def load(self, ref: CheckpointRef, state: dict[str, Any]) -> None:
+        """Load ``ref`` into ``state`` in place (DCP reshards across world sizes, casts dtypes)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        dcp.load(state, storage_reader=FsspecReader(ref.url), process_group=self.pg)
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = exc
+    while seen.__cause__ is not None or seen.__context__ is not None:
+        seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+    msg = str(exc).strip().splitlines()
+    head = msg[0] if msg else exc.__class__.__name__
+    if seen is exc:
+        return f"{exc.__class__.__name__}: {head}"
+    return f"{seen.__class__.__name__}: {seen} ({head})"

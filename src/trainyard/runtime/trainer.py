@@ -1,0 +1,537 @@
+"""The training loop that runs inside each worker process.
+
+Data parallel over ``world_size`` ranks (gloo on loopback): after backward, every rank's gradients are
+packed into one flat fp32 buffer in a fixed parameter order and summed with a single all-reduce, so the
+arithmetic is the same on every run with the same world size. Three extra slots ride in that buffer: the
+loss sum, "a preemption notice arrived" and "rank 0 says checkpoint now", so every rank takes those
+decisions after the same step without extra collectives.
+
+Exact resume: the checkpoint of step ``s`` holds the parameters and optimizer state after ``s`` steps,
+every rank's RNG state and the sampler position (a function of ``s``); the learning-rate schedule is a
+function of the step. On CPU with a fixed thread count, a resumed run therefore replays exactly the
+floating-point operations of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainyard.executors.base import LaunchRequest, notice_file_name
+from trainyard.runtime.checkpoint import (
+    CheckpointManager,
+    CheckpointRef,
+    CheckpointWriteError,
+    SaveResult,
+    config_hash,
+)
+from trainyard.runtime.data import Sampler, build_dataset, mlm_mask
+from trainyard.runtime.determinism import capture_rng_state, restore_rng_state, seed_everything
+from trainyard.runtime.modeling import BuiltModel, PrecisionPolicy, build_model, forward_loss, policy_for
+from trainyard.spec.models import JobSpec, Method, Optimizer
+
+EmitFn = Callable[..., Any]
+
+GRAD_CLIP_NORM = 1.0
+DEFAULT_HEARTBEAT_S = 1.0
+MAX_CHECKPOINT_FAILURES = 2
+
+
+class PreemptionNotice:
+    """SIGTERM handler state: when the notice arrived and when the machine goes away."""
+
+    def __init__(self, notice_s: float, run_dir: str | None = None, attempt: int = 0):
+        self.notice_s = notice_s
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self.received_at: float | None = None
+        self.deadline: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received_at is not None:
+            return
+        now = time.time()
+        deadline = now + self.notice_s
+        if self.run_dir is not None:
+            try:
+                import json
+
+                doc = json.loads((Path(self.run_dir) / notice_file_name(self.attempt)).read_text())
+                deadline = float(doc["deadline_time_s"])
+            except (OSError, ValueError, KeyError):
+                pass
+        self.received_at, self.deadline = now, deadline
+
+    @property
+    def pending(self) -> bool:
+        return self.received_at is not None
+
+    def remaining_s(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.time()
+
+
+@dataclass
+class Outcome:
+    kind: str  # "succeeded" | "preempted" | "failed"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def rss_gib() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Trainer:
+    def __init__(
+        self,
+        req: LaunchRequest,
+        rank: int,
+        *,
+        emit: EmitFn,
+        notice: PreemptionNotice,
+        process_group: Any = None,
+        checkpoint_group: Any = None,
+        heartbeat_s: float | None = None,
+        checkpoint_every_steps: int | None = None,
+        fallback_url: str | None = None,
+    ):
+        self.req = req
+        self.rank = rank
+        self.world_size = req.world_size
+        self.emit = emit
+        self.notice = notice
+        self.pg = process_group
+        self.spec = JobSpec.model_validate(req.spec)
+        self.policy: PrecisionPolicy = policy_for(
+            req.env.get("TRAINYARD_PRECISION") or self.spec.workload.precision
+        )
+        self.total_steps = self.spec.total_steps
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else DEFAULT_HEARTBEAT_S
+        self.interval_s = req.checkpoint_interval_s
+        if self.interval_s is None:
+            self.interval_s = self.spec.checkpoint.interval_s
+        self.every_steps = checkpoint_every_steps
+        self.ckpt = CheckpointManager(
+            req.checkpoint_url,
+            req.job_id,
+            rank=rank,
+            world_size=self.world_size,
+            keep_last=self.spec.checkpoint.keep_last,
+            process_group=checkpoint_group,
+            emit=emit,
+            fallback_url=fallback_url,
+        )
+        self.config_hash = config_hash(req.spec)
+        self.step = 0
+        self.last_loss: float | None = None
+        self.last_ckpt_step: int | None = None
+        self.ckpt_failures = 0
+        self.resumed_from: int | None = None
+        self.pending_step: int | None = None
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def setup(self) -> None:
+        seed = self.spec.workload.seed
+        seed_everything(seed, self.rank)
+        self.built: BuiltModel = build_model(self.spec)
+        self.model = self.built.model.to(self.policy.torch_param_dtype)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.param_numel = sum(p.numel() for p in self.params)
+        lr = self.spec.workload.learning_rate
+        if self.spec.workload.optimizer == Optimizer.SGD:
+            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
+        else:  # adamw; adafactor runs as AdamW on CPU
+            self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.01, foreach=False)
+        self.dataset = build_dataset(
+            self.spec.workload.dataset,
+            vocab_size=self.built.vocab_size,
+            seq_len=self.spec.workload.seq_len,
+            seed=seed,
+            tokenizer_path=self.built.tokenizer_path,
+        )
+        self.sampler = Sampler(self.dataset, self.spec.workload.global_batch, self.rank, self.world_size)
+        local = len(self.sampler.indices(0))
+        self.micro_batch = min(local, self.spec.workload.micro_batch or local)
+        self.warmup_steps = max(1, min(100, self.total_steps // 10))
+        self.tokens_per_rank_step = local * self.spec.workload.seq_len
+
+    def _state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        opts = StateDictOptions(ignore_frozen_params=self.spec.workload.method == Method.LORA)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def _apply_state(self, state: dict[str, Any], *, with_optim: bool) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        opts = StateDictOptions(strict=False)
+        if with_optim:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=opts,
+            )
+        else:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(self.model, state["model"], options=opts)
+
+    def resume(self) -> CheckpointRef | None:
+        """Load the newest checkpoint that verifies (rank 0 chooses; every rank loads the same step)."""
+        ref = self.ckpt.latest_valid() if self.rank == 0 else None
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            box: list[Any] = [None if ref is None else (ref.step, ref.url, ref.manifest)]
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+            ref = None if box[0] is None else CheckpointRef(*box[0])
+        if self.rank == 0:
+            self.ckpt.remove_newer_than(ref.step if ref is not None else -1)
+        if ref is None:
+            return None
+        man = ref.manifest
+        same_optim = man.get("layout", {}).get("optimizer") == self.spec.workload.optimizer.value
+        state = self._state_dict()
+        if not same_optim:
+            state = {"model": state["model"]}
+        self.ckpt.load(ref, state)
+        self._apply_state(state, with_optim=same_optim)
+        self.step = int(man["step"])
+        self.last_ckpt_step = self.step
+        self.last_loss = man.get("loss")
+        converted = []
+        if int(man["world_size"]) != self.world_size:
+            converted.append(f"world size {man['world_size']} → {self.world_size}")
+        saved_policy = man.get("precision", {}).get("name")
+        if saved_policy and saved_policy != self.policy.name:
+            converted.append(f"precision {saved_policy} → {self.policy.name}")
+        if not same_optim:
+            converted.append("optimizer state reset (different optimizer)")
+        rngs = man.get("rng") or {}
+        if int(man["world_size"]) == self.world_size and str(self.rank) in rngs:
+            restore_rng_state(rngs[str(self.rank)])
+        if converted and self.rank == 0:
+            self.emit("log", message=f"converted checkpoint step {self.step} on load: {'; '.join(converted)}")
+        if self.rank == 0 and man.get("config_hash") not in (None, self.config_hash):
+            self.emit("log", message=f"checkpoint step {self.step} was written under a different job config")
+        self.resumed_from = self.step
+        return ref
+
+    # ---- one optimizer step --------------------------------------------------------------------
+    def _lr(self, step: int) -> float:
+        base = self.spec.workload.learning_rate
+        return base * min(1.0, (step + 1) / self.warmup_steps)
+
+    def train_step(self, step: int, ckpt_flag: bool) -> tuple[float, bool, bool]:
+        """One optimizer step. Returns (global mean loss, preempt agreed, checkpoint agreed)."""
+        indices = self.sampler.indices(step)
+        tokens_np = self.sampler.batch(indices)
+        labels_np = None
+        if self.built.task == "masked-lm":
+            tokens_np, labels_np = mlm_mask(
+                tokens_np, indices, self.spec.workload.seed, self.built.vocab_size
+            )
+        gb = self.spec.workload.global_batch
+        for p in self.params:
+            p.grad = None
+        loss_sum = 0.0
+        for start in range(0, len(indices), self.micro_batch):
+            sl = slice(start, start + self.micro_batch)
+            tokens = torch.from_numpy(np.ascontiguousarray(tokens_np[sl]))
+            labels = None if labels_np is None else torch.from_numpy(np.ascontiguousarray(labels_np[sl]))
+            n = tokens.shape[0]
+            with self.policy.autocast():
+                loss = forward_loss(self.built, tokens, labels)
+            (loss.float() * (n / gb)).backward()
+            loss_sum += float(loss.detach()) * n
+        preempt = self.notice.pending
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            flat = torch.cat(
+                [g.reshape(-1).float() for g in grads]
+                + [torch.tensor([loss_sum, float(preempt), float(ckpt_flag and self.rank == 0)])]
+            )
+            dist.all_reduce(flat, group=self.pg)
+            offset = 0
+            for p, g in zip(self.params, grads, strict=True):
+                k = g.numel()
+                p.grad = flat[offset : offset + k].view_as(p).to(p.dtype)
+                offset += k
+            loss_sum, preempt_v, ckpt_v = flat[offset:].tolist()
+            preempt, ckpt_flag = preempt_v > 0, ckpt_v > 0
+        torch.nn.utils.clip_grad_norm_(self.params, GRAD_CLIP_NORM, foreach=False)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr(step)
+        self.optimizer.step()
+        return loss_sum / gb, preempt, ckpt_flag
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _meta(self, step: int, rngs: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "precision": self.policy.to_dict(),
+            "layout": {
+                "format": "torch-dcp",
+                "replicated": True,
+                "keys": ["model", "optim"],
+                "trainable_only": self.spec.workload.method == Method.LORA,
+                "optimizer": self.spec.workload.optimizer.value,
+                "model": self.built.description,
+            },
+            "config_hash": self.config_hash,
+            "rng": rngs,
+            "data": self.sampler.state(step),
+            "loss": self.last_loss,
+            "total_steps": self.total_steps,
+            "attempt": self.req.attempt,
+        }
+
+    def _gather_rng(self) -> dict[str, Any]:
+        mine = capture_rng_state()
+        if self.world_size == 1:
+            return {"0": mine}
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, mine, group=self.pg)
+        return {str(r): s for r, s in enumerate(out)}
+
+    def _any(self, flag: bool) -> bool:
+        """True on every rank when it is true on any rank."""
+        if self.world_size == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([float(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.pg)
+        return bool(t.item() > 0)
+
+    def _settle_pending(self) -> str | None:
+        """Wait for the in-flight save; every rank learns whether any rank's part of it failed."""
+        error: str | None = None
+        try:
+            self.ckpt.wait()
+        except CheckpointWriteError as exc:
+            error = str(exc)
+        pending, self.pending_step = self.pending_step, None
+        if self._any(error is not None):
+            return error or "another rank failed to write its shards"
+        if pending is not None:
+            self.ckpt_failures = 0
+            self.last_ckpt_step = pending
+        return None
+
+    def checkpoint(
+        self, step: int, *, blocking: bool, emergency: bool = False, root: str | None = None
+    ) -> None:
+        err = self._settle_pending()
+        if err is not None:
+            self._checkpoint_failed(err)
+        rngs = self._gather_rng()
+        try:
+            self.ckpt.save(
+                step,
+                self._state_dict(),
+                self._meta(step, rngs),
+                blocking=blocking,
+                emergency=emergency,
+                root=root,
+            )
+            failed = None
+        except CheckpointWriteError as exc:
+            failed = str(exc)
+        if self._any(failed is not None):
+            self._checkpoint_failed(failed or "another rank failed to write its shards")
+            return
+        if blocking:
+            self.ckpt_failures = 0
+            self.last_ckpt_step = step
+        else:
+            self.pending_step = step
+
+    def _checkpoint_failed(self, error: str) -> None:
+        self.ckpt_failures += 1
+        if self.rank == 0:
+            self.emit(
+                "log",
+                message=f"checkpoint save failed ({self.ckpt_failures}/{MAX_CHECKPOINT_FAILURES}): {error}",
+            )
+        if self.ckpt_failures >= MAX_CHECKPOINT_FAILURES:
+            raise StorageFailure(error)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        self.setup()
+        self.resume()
+        self.emit_started()
+        last_hb = 0.0
+        hb_steps, hb_time = 0, 0.0
+        last_ckpt_t = time.monotonic()
+        while self.step < self.total_steps:
+            due = False
+            if self.rank == 0:
+                if self.interval_s is not None and time.monotonic() - last_ckpt_t >= self.interval_s:
+                    due = True
+                if self.every_steps and (self.step + 1) % self.every_steps == 0:
+                    due = True
+            t0 = time.perf_counter()
+            loss, preempt, due = self.train_step(self.step, due)
+            dt = time.perf_counter() - t0
+            self.step += 1
+            self.last_loss = loss
+            hb_steps += 1
+            hb_time += dt
+            if not math.isfinite(loss):
+                raise TrainingDiverged(f"loss became {loss} at step {self.step}")
+            now = time.monotonic()
+            if hb_steps and (
+                now - last_hb >= self.heartbeat_s or self.step == 1 or self.step == self.total_steps
+            ):
+                mean = hb_time / hb_steps
+                self.emit(
+                    "heartbeat",
+                    rank=self.rank,
+                    step=self.step,
+                    loss=loss,
+                    step_time_s=mean,
+                    tokens_per_s=self.tokens_per_rank_step * self.world_size / mean if mean > 0 else 0.0,
+                    memory_gib=round(rss_gib(), 4),
+                    total_steps=self.total_steps,
+                )
+                last_hb, hb_steps, hb_time = now, 0, 0.0
+            if preempt:
+                return self._preempted()
+            if due and self.step < self.total_steps:
+                self.checkpoint(self.step, blocking=False)
+                last_ckpt_t = time.monotonic()
+        err = self._settle_pending()
+        if err is not None:
+            self._checkpoint_failed(err)
+        if self.last_ckpt_step != self.step:
+            self.checkpoint(self.step, blocking=True)
+        return self._finish()
+
+    def emit_started(self) -> None:
+        self.emit(
+            "started",
+            rank=self.rank,
+            pid=os.getpid(),
+            host=os.uname().nodename,
+            resumed_from_step=self.resumed_from,
+            total_steps=self.total_steps,
+            precision=self.policy.name,
+            world_size=self.world_size,
+            model=self.built.description,
+        )
+
+    def _preempted(self) -> Outcome:
+        err = self._settle_pending()
+        if err is not None:
+            self.ckpt_failures += 1
+        saved: int | None = self.last_ckpt_step if err is None else None
+        if self.last_ckpt_step != self.step:
+            estimate = self._save_estimate_s()
+            fits = self.notice.remaining_s() > estimate * 1.5 + 0.25
+            if self._any(not fits):
+                fits = False
+            if fits:
+                with contextlib.suppress(StorageFailure):
+                    self.checkpoint(self.step, blocking=True, emergency=True)
+                saved = self.last_ckpt_step
+            elif self.rank == 0:
+                self.emit(
+                    "log",
+                    message=f"emergency checkpoint skipped: {estimate:.2f} s save does not fit the notice",
+                )
+        else:
+            saved = self.step
+        self.ckpt.close()
+        return Outcome(
+            "preempted", {"step": self.step, "checkpoint_step": saved, "lost_steps": self.step - (saved or 0)}
+        )
+
+    def _save_estimate_s(self) -> float:
+        last: SaveResult | None = self.ckpt.last_save
+        return 0.0 if last is None else last.total_s
+
+    def _finish(self) -> Outcome:
+        self.ckpt.close()
+        if self.rank != 0:
+            return Outcome("succeeded", {"final_step": self.step})
+        from trainyard.runtime.export import export_model
+
+        model_url, digest = export_model(
+            self.model,
+            self.ckpt.job_url,
+            lora=self.spec.workload.method == Method.LORA,
+            scratch_dir=self.req.run_dir,
+        )
+        return Outcome(
+            "succeeded",
+            {
+                "model_path": model_url,
+                "model_sha256": digest,
+                "final_step": self.step,
+                "loss": self.last_loss,
+            },
+        )
+
+    def fail_to_fallback(self, error: str) -> Outcome:
+        """Primary storage is failing: save the current state to the local fallback, then fail (infra)."""
+        fallback = self.ckpt.fallback_job_url
+        saved = None
+        if fallback is not None:
+            try:
+                self.ckpt.save(
+                    self.step,
+                    self._state_dict(),
+                    self._meta(self.step, self._gather_rng()),
+                    blocking=True,
+                    emergency=True,
+                    root=fallback,
+                )
+                saved = self.ckpt.step_url(self.step, fallback)
+            except CheckpointWriteError as exc:
+                error = f"{error}; the fallback save failed too: {exc}"
+        reason = f"checkpoint storage failed: {error}"
+        if saved:
+            reason += f"; training state at step {self.step} was saved to {saved}"
+        return Outcome(
+            "failed",
+            {
+                "reason": reason,
+                "classification": "infra",
+                "traceback_tail": "",
+                "fallback_checkpoint": saved,
+                "step": self.step,
+            },
+        )
+
+
+class StorageFailure(RuntimeError):
+    """Checkpoint storage failed repeatedly; the job must stop (infrastructure)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite (a user configuration problem: learning rate, precision)."""

@@ -1,0 +1,197 @@
+"""Worker entry point, one process per rank.
+
+``python -m trainyard.runtime.worker --run-dir D --attempt A --rank R``
+
+Reads the attempt's LaunchRequest from ``run_dir/launch-a<A>.json``, joins the gang (gloo on loopback
+when ``world_size > 1``), trains, and reports through its JSON-lines event file. SIGTERM is a
+preemption notice: the step in progress finishes, an emergency checkpoint is written when it fits the
+notice, and the process exits with ``EXIT_PREEMPTED``. Errors are classified: problems in the job's
+own definition or code are ``user`` (not retried), everything else ``infra``.
+
+When the spec has ``entrypoint.command``, the worker replaces itself (same pid) with the user's
+command; the script uses ``trainyard.runtime.init()`` for checkpoints, preemption and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from trainyard.executors.base import (
+    CLASSIFICATION_INFRA,
+    CLASSIFICATION_USER,
+    EXIT_INFRA_ERROR,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    LaunchRequest,
+    launch_file_name,
+    launch_request_from_dict,
+)
+from trainyard.runtime.events import EventWriter
+
+TRACEBACK_TAIL_LINES = 30
+PG_TIMEOUT_S = 120.0
+
+
+def read_launch(run_dir: str, attempt: int) -> LaunchRequest:
+    doc = json.loads((Path(run_dir) / launch_file_name(attempt)).read_text())
+    return launch_request_from_dict(doc)
+
+
+def traceback_tail(lines: int = TRACEBACK_TAIL_LINES) -> str:
+    return "".join(traceback.format_exc().splitlines(keepends=True)[-lines:])
+
+
+def classify(exc: BaseException) -> str:
+    """``user`` for errors in the job's definition, data or code; ``infra`` for the rest."""
+    from pydantic import ValidationError
+
+    from trainyard.errors import InvalidInputError
+    from trainyard.runtime.data import DataError
+    from trainyard.runtime.modeling import ModelBuildError
+    from trainyard.runtime.trainer import TrainingDiverged
+
+    user_types: tuple[type[BaseException], ...] = (
+        DataError,
+        ModelBuildError,
+        InvalidInputError,
+        ValidationError,
+        TrainingDiverged,
+    )
+    return CLASSIFICATION_USER if isinstance(exc, user_types) else CLASSIFICATION_INFRA
+
+
+def entrypoint_env(req: LaunchRequest, rank: int, run_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(req.env)
+    env.update(
+        {
+            "TRAINYARD_RUN_DIR": run_dir,
+            "TRAINYARD_JOB_ID": req.job_id,
+            "TRAINYARD_ATTEMPT": str(req.attempt),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(req.world_size),
+            "TRAINYARD_CHECKPOINT_URL": req.checkpoint_url,
+            "TRAINYARD_NOTICE_S": str(req.notice_s),
+        }
+    )
+    if req.checkpoint_interval_s is not None:
+        env["TRAINYARD_CHECKPOINT_INTERVAL_S"] = str(req.checkpoint_interval_s)
+    return env
+
+
+def init_process_groups(req: LaunchRequest, rank: int) -> tuple[Any, Any]:
+    if req.world_size <= 1:
+        return None, None
+    import torch.distributed as dist
+
+    addr = req.env.get("MASTER_ADDR", "127.0.0.1")
+    port = req.env.get("MASTER_PORT")
+    if not port:
+        raise RuntimeError("MASTER_PORT is not set for a multi-rank launch")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=req.world_size,
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
+    )
+    # checkpoints run their collectives on a group of their own, from a background thread
+    return dist.group.WORLD, dist.new_group(backend="gloo")
+
+
+def run(run_dir: str, attempt: int, rank: int) -> int:
+    req = read_launch(run_dir, attempt)
+    events = EventWriter(run_dir, req.job_id, attempt, rank)
+    from trainyard.runtime.trainer import PreemptionNotice
+
+    notice = PreemptionNotice(req.notice_s, run_dir, attempt)
+    notice.install()
+    entry = (req.spec.get("entrypoint") or {}).get("command")
+    if entry:
+        events.emit("log", rank=rank, message=f"running entrypoint {entry[0]!r}")
+        events.close()
+        try:
+            os.execvpe(entry[0], list(entry), entrypoint_env(req, rank, run_dir))
+        except OSError as exc:
+            events = EventWriter(run_dir, req.job_id, attempt, rank)
+            events.emit(
+                "failed",
+                rank=rank,
+                reason=f"entrypoint {entry[0]!r} could not start: {exc}",
+                classification=CLASSIFICATION_USER,
+                traceback_tail="",
+            )
+            return EXIT_USER_ERROR
+
+    from trainyard.runtime.determinism import configure_determinism
+
+    configure_determinism(int(req.env.get("TRAINYARD_NUM_THREADS", "1")))
+    trainer = None
+    try:
+        from trainyard.runtime.trainer import Outcome, StorageFailure, Trainer
+
+        pg, ckpt_pg = init_process_groups(req, rank)
+        every = req.env.get("TRAINYARD_CHECKPOINT_EVERY_STEPS")
+        trainer = Trainer(
+            req,
+            rank,
+            emit=events.emit,
+            notice=notice,
+            process_group=pg,
+            checkpoint_group=ckpt_pg,
+            heartbeat_s=float(req.env.get("TRAINYARD_HEARTBEAT_S", "1.0")),
+            checkpoint_every_steps=int(every) if every else None,
+            fallback_url=f"file://{Path(run_dir).resolve()}/checkpoints",
+        )
+        try:
+            outcome: Outcome = trainer.run()
+        except StorageFailure as exc:
+            outcome = trainer.fail_to_fallback(str(exc))
+    except Exception as exc:
+        kind = classify(exc)
+        events.emit(
+            "failed",
+            rank=rank,
+            reason=f"{exc.__class__.__name__}: {exc}",
+            classification=kind,
+            traceback_tail=traceback_tail(),
+        )
+        sys.stderr.write(traceback.format_exc())
+        events.close()
+        return EXIT_USER_ERROR if kind == CLASSIFICATION_USER else EXIT_INFRA_ERROR
+    data = {"rank": rank, **outcome.data}
+    events.emit(outcome.kind, **data)
+    events.close()
+    if outcome.kind == "succeeded":
+        return EXIT_OK
+    if outcome.kind == "preempted":
+        return EXIT_PREEMPTED
+    return EXIT_USER_ERROR if outcome.data.get("classification") == CLASSIFICATION_USER else EXIT_INFRA_ERROR
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainyard.runtime.worker", description=__doc__)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    code = run(args.run_dir, args.attempt, args.rank)
+    sys.stdout.write(f"worker rank {args.rank} exiting with {code} after {time.time() - t0:.1f} s\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: process groups and threads are done
+
+
+if __name__ == "__main__":
+    main()
