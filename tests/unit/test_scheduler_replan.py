@@ -1,0 +1,192 @@
+"""Re-planning: price changes, preemptions, deadline pressure, migration hysteresis, the debouncer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_scheduler_round import job, pool, spec
+
+from trainyard.schedule import (
+    CandidateCache,
+    EventKind,
+    Replanner,
+    RunningJob,
+    SchedulerConfig,
+    SchedulerEvent,
+    schedule_round,
+)
+from trainyard.schedule.candidates import candidates_for
+from trainyard.schedule.migration import migration_cost, uniform_progress
+
+CFG = SchedulerConfig(time_limit_s=0.2)
+LONG = {"steps": 20000}
+
+
+def running(s, pool_name: str, *, market: str = "on_demand", placed_s: float = 0.0, progress: float = 0.1,
+            submit_s: float = 0.0, devices: int = 1) -> RunningJob:  # fmt: skip
+    return RunningJob(
+        job_id=s.name,
+        tenant="t",
+        spec=s,
+        submit_s=submit_s,
+        pool=pool_name,
+        devices=devices,
+        market=market,
+        placed_s=placed_s,
+        progress_fraction=progress,
+    )
+
+
+def long_spec(name: str = "r", **over):
+    return spec(name, workload=LONG, measured={"step_time_s": {"a100-80gb": 1.0, "h100": 0.6}}, **over)
+
+
+def test_price_drop_elsewhere_moves_a_running_job_when_savings_beat_migration_cost() -> None:
+    s = long_spec()
+    pools = [pool("dear", "a100-80gb", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)]
+    r = schedule_round([], pools, [running(s, "dear")], now_s=7200.0, config=CFG)
+    (p,) = r.placements
+    assert p.migration and p.from_pool == "dear" and p.pool == "cheap"
+    assert "migration $" in p.reason
+    # the move's expected cost includes the migration cost and is still below staying
+    assert p.expected_cost_usd < 4.0 * 20000 * 0.9 / 3600
+
+
+def test_small_price_difference_does_not_move_the_job() -> None:
+    s = long_spec()
+    # 5 % cheaper: savings over the remaining work do not beat the migration cost × (1 + margin) + floor
+    pools = [pool("dear", "a100-80gb", 1.00, available=3), pool("cheap", "a100-80gb", 0.95)]
+    r = schedule_round([], pools, [running(s, "dear")], now_s=7200.0, config=CFG)
+    assert not r.placements and r.kept == ("r",)
+
+
+def test_minimum_dwell_time_prevents_flapping() -> None:
+    s = long_spec()
+    pools = [pool("dear", "a100-80gb", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)]
+    r = schedule_round([], pools, [running(s, "dear", placed_s=7000.0)], now_s=7200.0, config=CFG)
+    assert not r.placements and r.kept == ("r",)
+    # and once moved, moving back for a tiny gain is refused again by the hysteresis
+    pools = [pool("dear", "a100-80gb", 0.98, available=3), pool("cheap", "a100-80gb", 1.0)]
+    r = schedule_round([], pools, [running(s, "cheap", placed_s=0.0)], now_s=9000.0, config=CFG)
+    assert not r.placements
+
+
+def test_cross_family_move_pays_for_conversion_and_recompile() -> None:
+    s = long_spec()
+    to_tpu = next(
+        c
+        for c in candidates_for(
+            job_id="r",
+            tenant="t",
+            spec=s,
+            pools=[pool("tpu", "tpu-v4", 1.0)],
+            now_s=0.0,
+            deadline_abs_s=None,
+            config=CFG,
+            cache=CandidateCache(),
+        )
+    )
+    same = replace(to_tpu, accelerator="a100-80gb")
+    common = dict(from_accelerator="a100-80gb", from_devices=1, from_price_usd_per_hour=2.0, restart_s=200.0,
+                  config=CFG)  # fmt: skip
+    cross = migration_cost(s, to=to_tpu, compile_s=300.0, **common)
+    within = migration_cost(s, to=same, compile_s=0.0, **common)
+    assert cross.cross_family and not within.cross_family
+    assert cross.parts["conversion"] == CFG.conversion_s and cross.parts["recompile"] == 300.0
+    assert within.parts["conversion"] == 0.0
+    assert cross.usd > within.usd
+
+
+def test_preempted_job_is_requeued_and_placed_on_remaining_capacity() -> None:
+    s = long_spec("p", objective={"deadline": "12h"})
+    spot = pool("spot", "a100-80gb", 0.7, market="spot", interruption_rate_per_hour=0.05)
+    od = pool("od", "a100-80gb", 2.5)
+    before = schedule_round([job(s)], [spot, od], now_s=0.0, config=CFG)
+    assert before.placements[0].pool == "spot"
+    # the spot pool was reclaimed: no devices left there; the job is queued again (it keeps its submit time)
+    planner = Replanner(debounce_s=5.0)
+    planner.planned(0.0)
+    assert planner.observe(SchedulerEvent(EventKind.PREEMPTION, 3600.0, job_id="p", pool="spot"))
+    assert planner.due(3600.0)  # preemptions are urgent: no debounce
+    reclaimed = spot.model_copy(update={"available_devices": 0})
+    after = schedule_round([job(s)], [reclaimed, od], now_s=3600.0, config=CFG)
+    (p,) = after.placements
+    # with a deadline 11 h away and ~6 h of work, waiting for spot is not worth the risk: on-demand now
+    assert p.pool == "od"
+    # the same job without a deadline waits for the (4× cheaper) spot capacity, and says so
+    relaxed = long_spec("p")
+    after = schedule_round([job(relaxed)], [reclaimed, od], now_s=3600.0, config=CFG)
+    (u,) = after.unplaced
+    assert u.reason.startswith("waiting is cheaper") and "spot on spot" in u.reason
+    # ... but not forever: the waiting cost grows with time in the queue
+    later = schedule_round([job(relaxed)], [reclaimed, od], now_s=24 * 3600.0, config=CFG)
+    assert later.placements[0].pool == "od"
+
+
+def test_spot_job_behind_its_deadline_moves_to_on_demand() -> None:
+    s = long_spec("d", objective={"deadline": "12h"})
+    pools = [pool("spot", "a100-80gb", 0.7, market="spot", available=3), pool("od", "a100-80gb", 2.5)]
+    # halfway through the window with only 20 % done: behind the Uniform Progress line
+    behind = running(s, "spot", market="spot", progress=0.2, placed_s=20000.0)
+    r = schedule_round([], pools, [behind], now_s=6 * 3600.0, config=CFG)
+    (p,) = r.placements
+    assert p.pool == "od" and p.market == "on_demand" and p.migration
+    assert "uniform progress" in p.reason or "slack" in p.reason
+    # ahead of the line: stays on spot (on-demand is dearer)
+    ahead = running(s, "spot", market="spot", progress=0.6, placed_s=0.0)
+    r = schedule_round([], pools, [ahead], now_s=6 * 3600.0, config=CFG)
+    assert not r.placements and r.kept == ("d",)
+    # behind but no on-demand capacity: it keeps its spot allocation rather than stopping
+    r = schedule_round(
+        [],
+        [pools[0], pools[1].model_copy(update={"available_devices": 0})],
+        [behind],
+        now_s=6 * 3600.0,
+        config=CFG,
+    )
+    assert not r.placements and r.kept == ("d",)
+
+
+def test_uniform_progress_slack_rule() -> None:
+    s = long_spec("d", objective={"deadline": "10h"})
+    rj = running(s, "spot", market="spot", progress=0.5)
+    # 5 h spent of 10 with half done is on the line; on-demand needs 4.8 h of the 5 h left: slack < safety
+    check = uniform_progress(rj, 5 * 3600.0, remaining_on_demand_s=4.8 * 3600.0, config=CFG)
+    assert check.behind and "slack" in check.reason
+    check = uniform_progress(rj, 5 * 3600.0, remaining_on_demand_s=2.0 * 3600.0, config=CFG)
+    assert not check.behind
+
+
+def test_replanner_debounces_bursts_and_ignores_tiny_price_moves() -> None:
+    rp = Replanner(debounce_s=5.0, max_delay_s=30.0, period_s=300.0, min_price_change=0.05)
+    assert rp.due(0.0)  # never planned
+    rp.planned(0.0)
+    assert not rp.due(1.0)
+    tiny = SchedulerEvent(
+        EventKind.PRICE_CHANGE, 10.0, pool="a", old_price_usd_per_hour=1.0, new_price_usd_per_hour=1.01
+    )
+    assert not rp.observe(tiny) and not rp.due(20.0)
+    for t in (10.0, 13.0, 16.0, 19.0, 22.0, 25.0, 28.0, 31.0, 34.0, 37.0, 40.0):
+        rp.observe(SchedulerEvent(EventKind.ARRIVAL, t, job_id=f"j{t}"))
+        if t < 40.0:
+            assert not rp.due(t + 1.0), t
+    assert rp.due(41.0)  # the burst is capped at max_delay_s after its first event
+    covered = rp.planned(41.0)
+    assert len(covered) == 11 and not rp.due(42.0)
+    big = SchedulerEvent(
+        EventKind.PRICE_CHANGE, 50.0, pool="a", old_price_usd_per_hour=1.0, new_price_usd_per_hour=0.5
+    )
+    assert rp.observe(big)
+    assert not rp.due(52.0) and rp.due(55.0)
+    assert rp.next_due_s() == pytest.approx(55.0)
+    rp.planned(55.0)
+    assert rp.due(55.0 + 300.0)  # periodic round
+
+
+def test_price_change_replans_new_arrivals_onto_the_new_cheapest_pool() -> None:
+    s = long_spec("n")
+    a, b = pool("a", "a100-80gb", 2.0), pool("b", "a100-80gb", 2.5)
+    assert schedule_round([job(s)], [a, b], config=CFG).placements[0].pool == "a"
+    b2 = b.model_copy(update={"price_usd_per_device_hour": 1.5})
+    assert schedule_round([job(s)], [a, b2], config=CFG).placements[0].pool == "b"
