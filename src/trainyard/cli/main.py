@@ -6,6 +6,8 @@ import typer
 
 from trainyard import __version__
 from trainyard.cli import schedule_cmd, spec_cmd
+from trainyard.cli import simulate_cmd
+from trainyard.cli import jobs_cmd, pools_cmd, submit_cmd, tenants_cmd, up_cmd
 
 app = typer.Typer(
     name="trainyard",
@@ -15,7 +17,14 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(spec_cmd.app, name="spec")
+app.command("simulate")(simulate_cmd.simulate)
+app.add_typer(simulate_cmd.trace_app, name="trace")
 app.command("schedule")(schedule_cmd.schedule)
+app.command("up")(up_cmd.up)
+app.command("submit")(submit_cmd.submit)
+app.add_typer(jobs_cmd.app, name="jobs")
+app.add_typer(tenants_cmd.app, name="tenants")
+app.add_typer(pools_cmd.app, name="pools")
 
 
 @app.command("version")
