@@ -15,6 +15,7 @@ command; the script uses ``trainyard.runtime.init()`` for checkpoints, preemptio
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -111,6 +112,7 @@ def init_process_groups(req: LaunchRequest, rank: int) -> tuple[Any, Any]:
 
 def run(run_dir: str, attempt: int, rank: int) -> int:
     req = read_launch(run_dir, attempt)
+    os.environ.update(req.env)
     events = EventWriter(run_dir, req.job_id, attempt, rank)
     from trainyard.runtime.trainer import PreemptionNotice
 
@@ -179,12 +181,49 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
     return EXIT_USER_ERROR if outcome.data.get("classification") == CLASSIFICATION_USER else EXIT_INFRA_ERROR
 
 
+def warm_up() -> None:
+    """Import everything a worker needs (torch, transformers, DCP): the slow part of starting one."""
+    import torch.distributed.checkpoint  # noqa: F401
+    import transformers.models.bert.modeling_bert
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: F401
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: F401
+
+    importlib.import_module("trainyard.runtime.trainer")
+
+
+def standby() -> tuple[str, int, int] | None:
+    """A pre-started worker: warm up, then wait on stdin for ``{"run_dir", "attempt", "rank", "log"}``.
+
+    The executor keeps a few of these so a (re)launch skips the interpreter and import start-up.
+    End of input (the executor went away) ends the process.
+    """
+    warm_up()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    job = json.loads(line)
+    log_fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    return str(job["run_dir"]), int(job["attempt"]), int(job["rank"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainyard.runtime.worker", description=__doc__)
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--attempt", type=int, required=True)
-    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--run-dir")
+    parser.add_argument("--attempt", type=int)
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--standby", action="store_true", help="warm up, then take an assignment from stdin")
     args = parser.parse_args(argv)
+    if args.standby:
+        assignment = standby()
+        if assignment is None:
+            os._exit(0)
+        args.run_dir, args.attempt, args.rank = assignment
+    elif args.run_dir is None or args.attempt is None or args.rank is None:
+        parser.error("--run-dir, --attempt and --rank are required (or --standby)")
     t0 = time.time()
     code = run(args.run_dir, args.attempt, args.rank)
     sys.stdout.write(f"worker rank {args.rank} exiting with {code} after {time.time() - t0:.1f} s\n")

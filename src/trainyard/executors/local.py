@@ -1,0 +1,592 @@
+"""Local executor: a gang is ``world_size`` worker subprocesses on this machine (gloo on loopback).
+
+Each rank runs ``python -m trainyard.runtime.worker`` in its own session and process group, so a
+control plane killed with SIGKILL does not take its workers down and a restarted one can ``adopt``
+them. Rank output goes to ``run_dir/rank-<r>.log``; ``poll()`` tails the ranks' event files.
+
+Failure detection: a rank that exits without a terminal event, or sends no event for
+``heartbeat_timeout_s`` (``startup_timeout_s`` before its first), makes the gang ``lost``: every rank
+is killed and one ``lost`` event is reported. A ``failed`` event from any rank tears the gang down
+too (after ``failure_grace_s`` for the other ranks to report). Exactly one terminal event
+(``succeeded``, ``preempted``, ``failed`` or ``lost``) is reported per attempt, after every rank of
+that attempt has exited; the service decides about restarts (``RestartPolicy``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trainyard.errors import ConflictError, NotFoundError
+from trainyard.executors.base import (
+    CLASSIFICATION_INFRA,
+    CLASSIFICATION_USER,
+    EXIT_PREEMPTED,
+    ExecutorEvent,
+    LaunchRequest,
+    WorkerInfo,
+    event_file_name,
+    launch_file_name,
+    launch_request_to_dict,
+    notice_file_name,
+    rank_log_name,
+)
+from trainyard.runtime.events import EventTail
+
+PASS_THROUGH = ("started", "heartbeat", "checkpoint", "log")
+LOG_TAIL_BYTES = 4000
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def log_tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - n_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Rank:
+    rank: int
+    pid: int
+    proc: subprocess.Popen[bytes] | None  # None when adopted (not our child)
+    tail: EventTail
+    log: IO[bytes] | None = None
+    last_seen_s: float | None = None
+    exit_code: int | None = None
+    exited: bool = False
+    terminal: dict[str, Any] | None = None
+    unreported: str | None = None  # how it died, when it died on its own without a terminal event
+
+    def poll_exit(self) -> bool:
+        if self.exited:
+            return True
+        if self.proc is not None:
+            code = self.proc.poll()
+            if code is not None:
+                self.exited, self.exit_code = True, code
+        elif not pid_alive(self.pid):
+            self.exited = True
+        if self.exited and self.log is not None:
+            self.log.close()
+        return self.exited
+
+
+@dataclass
+class _Gang:
+    job_id: str
+    attempt: int
+    run_dir: Path
+    world_size: int
+    ranks: list[_Rank]
+    started_s: float
+    entrypoint: bool
+    adopted_at_s: float | None = None
+    preempt_deadline_s: float | None = None
+    trigger: tuple[str, dict[str, Any]] | None = None  # first abnormal observation → job outcome
+    teardown_at_s: float | None = None
+    cancelled: bool = False
+    killed: bool = False
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        heartbeat_timeout_s: float = 60.0,
+        startup_timeout_s: float = 300.0,
+        failure_grace_s: float = 3.0,
+        preempt_grace_s: float = 2.0,
+        extra_env: dict[str, str] | None = None,
+        standby_workers: int = 0,
+    ):
+        self.python = python or sys.executable
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.failure_grace_s = failure_grace_s
+        self.preempt_grace_s = preempt_grace_s
+        self.extra_env = dict(extra_env or {})
+        self.host = socket.gethostname()
+        self._gangs: dict[str, _Gang] = {}
+        self._lock = threading.RLock()
+        self.standby_workers = standby_workers
+        self._standby: list[subprocess.Popen[bytes]] = []
+        self._fill_standby()
+
+    # ---- warm standby workers ----------------------------------------------------------------------
+    def _base_env(self) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("OMP_NUM_THREADS", env.get("TRAINYARD_NUM_THREADS", "1"))
+        return env
+
+    def _fill_standby(self) -> None:
+        """Keep ``standby_workers`` pre-started workers (imports done) ready to take a rank."""
+        self._standby = [p for p in self._standby if p.poll() is None]
+        while len(self._standby) < self.standby_workers:
+            self._standby.append(
+                subprocess.Popen(
+                    [self.python, "-m", "trainyard.runtime.worker", "--standby"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=self._base_env(),
+                    start_new_session=True,
+                )
+            )
+
+    def _take_standby(self) -> subprocess.Popen[bytes] | None:
+        while self._standby:
+            proc = self._standby.pop(0)
+            if proc.poll() is None:
+                return proc
+        return None
+
+    def _stop_standby(self) -> None:
+        for proc in self._standby:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()
+            _kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        self._standby = []
+
+    # ---- launch ----------------------------------------------------------------------------------
+    def launch(self, req: LaunchRequest) -> list[WorkerInfo]:
+        with self._lock:
+            if req.job_id in self._gangs:
+                running = self._gangs[req.job_id].attempt
+                raise ConflictError(
+                    f"job {req.job_id} already has a running gang (attempt {running})",
+                    hint="Cancel or wait for the running attempt before launching another.",
+                )
+            if req.world_size < 1:
+                raise ValueError("world_size must be >= 1")
+            run_dir = Path(req.run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            env_extra = dict(req.env)
+            if req.world_size > 1:
+                env_extra.setdefault("MASTER_ADDR", "127.0.0.1")
+                env_extra["MASTER_PORT"] = str(free_port())
+            doc = launch_request_to_dict(req)
+            doc["env"] = env_extra
+            tmp = run_dir / (launch_file_name(req.attempt) + ".tmp")
+            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.replace(run_dir / launch_file_name(req.attempt))
+            env = {**self._base_env(), **env_extra}
+            ranks: list[_Rank] = []
+            try:
+                for r in range(req.world_size):
+                    log_path = run_dir / rank_log_name(r)
+                    with open(log_path, "ab") as fh:
+                        fh.write(f"--- attempt {req.attempt} rank {r} ---\n".encode())
+                    warm = self._take_standby()
+                    if warm is not None:
+                        assert warm.stdin is not None
+                        job = {
+                            "run_dir": str(run_dir),
+                            "attempt": req.attempt,
+                            "rank": r,
+                            "log": str(log_path),
+                        }
+                        try:
+                            warm.stdin.write((json.dumps(job) + "\n").encode())
+                            warm.stdin.close()
+                        except OSError:
+                            warm = None
+                    if warm is not None:
+                        tail = EventTail(run_dir / event_file_name(req.attempt, r))
+                        ranks.append(_Rank(r, warm.pid, warm, tail))
+                        continue
+                    log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
+                    proc = subprocess.Popen(
+                        [
+                            self.python,
+                            "-m",
+                            "trainyard.runtime.worker",
+                            "--run-dir",
+                            str(run_dir),
+                            "--attempt",
+                            str(req.attempt),
+                            "--rank",
+                            str(r),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                    ranks.append(
+                        _Rank(r, proc.pid, proc, EventTail(run_dir / event_file_name(req.attempt, r)), log)
+                    )
+            except OSError:
+                for rk in ranks:
+                    _kill_group(rk.pid, signal.SIGKILL)
+                raise
+            gang = _Gang(
+                job_id=req.job_id,
+                attempt=req.attempt,
+                run_dir=run_dir,
+                world_size=req.world_size,
+                ranks=ranks,
+                started_s=time.time(),
+                entrypoint=bool((req.spec.get("entrypoint") or {}).get("command")),
+            )
+            self._gangs[req.job_id] = gang
+            self._fill_standby()
+            infos = [WorkerInfo(rk.rank, rk.pid, self.host) for rk in ranks]
+            (run_dir / f"workers-a{req.attempt}.json").write_text(json.dumps([w.to_dict() for w in infos]))
+            return infos
+
+    # ---- control ---------------------------------------------------------------------------------
+    def _gang(self, job_id: str) -> _Gang:
+        gang = self._gangs.get(job_id)
+        if gang is None:
+            raise NotFoundError(f"no running gang for job {job_id} on the local executor")
+        return gang
+
+    def preempt(self, job_id: str, notice_s: float) -> None:
+        """Deliver a preemption notice: SIGTERM now, SIGKILL after ``notice_s`` (+ a short grace)."""
+        with self._lock:
+            gang = self._gang(job_id)
+            now = time.time()
+            deadline = now + max(0.0, notice_s)
+            notice = gang.run_dir / notice_file_name(gang.attempt)
+            notice.write_text(json.dumps({"deadline_time_s": deadline, "notice_s": notice_s}))
+            gang.preempt_deadline_s = deadline + self.preempt_grace_s
+            for rk in gang.ranks:
+                if not rk.poll_exit():
+                    _kill_group(rk.pid, signal.SIGTERM)
+
+    def cancel(self, job_id: str) -> None:
+        """Kill every rank now; the attempt ends without a terminal event (the service knows why)."""
+        with self._lock:
+            gang = self._gangs.get(job_id)
+            if gang is None:
+                return
+            gang.cancelled = True
+            self._kill(gang)
+            deadline = time.time() + 10.0
+            while time.time() < deadline and not all(rk.poll_exit() for rk in gang.ranks):
+                time.sleep(0.02)
+            self._gangs.pop(job_id, None)
+
+    def workers(self, job_id: str) -> list[WorkerInfo]:
+        with self._lock:
+            gang = self._gangs.get(job_id)
+            if gang is None:
+                return []
+            return [WorkerInfo(rk.rank, rk.pid, self.host) for rk in gang.ranks if not rk.poll_exit()]
+
+    def adopt(self, job_id: str, attempt: int, run_dir: str, workers: list[WorkerInfo]) -> bool:
+        """Resume watching workers started by an earlier control plane. False when none is alive.
+
+        Events written before adoption are replayed except heartbeats, logs and ``started`` (the earlier
+        control plane saw them); checkpoint events are replayed (idempotent by step), terminal ones too.
+        """
+        with self._lock:
+            if job_id in self._gangs:
+                return True
+            rd = Path(run_dir)
+            local = [w for w in workers if w.host in (self.host, "localhost", "127.0.0.1") and w.pid]
+            alive = [w for w in local if w.pid is not None and pid_alive(w.pid)]
+            have_terminal = False
+            ranks = []
+            for w in sorted(local, key=lambda w: w.rank):
+                assert w.pid is not None
+                rk = _Rank(w.rank, w.pid, None, EventTail(rd / event_file_name(attempt, w.rank)))
+                ranks.append(rk)
+                have_terminal = have_terminal or _has_terminal(rk.tail.path)
+            if not ranks or (not alive and not have_terminal):
+                return False
+            launch: dict[str, Any] = {}
+            with contextlib.suppress(OSError, ValueError):
+                launch = json.loads((rd / launch_file_name(attempt)).read_text())
+            gang = _Gang(
+                job_id=job_id,
+                attempt=attempt,
+                run_dir=rd,
+                world_size=len(ranks),
+                ranks=ranks,
+                started_s=time.time(),
+                entrypoint=bool(((launch.get("spec") or {}).get("entrypoint") or {}).get("command")),
+                adopted_at_s=time.time(),
+            )
+            now = time.time()
+            for rk in ranks:
+                rk.last_seen_s = now
+            self._gangs[job_id] = gang
+            return True
+
+    def shutdown(self, *, kill_workers: bool = False) -> None:
+        """Stop watching. Workers keep running (a later control plane can adopt them) unless
+        ``kill_workers``."""
+        with self._lock:
+            for gang in list(self._gangs.values()):
+                if kill_workers:
+                    self._kill(gang)
+                    deadline = time.time() + 10.0
+                    while time.time() < deadline and not all(rk.poll_exit() for rk in gang.ranks):
+                        time.sleep(0.02)
+                for rk in gang.ranks:
+                    if rk.log is not None and not rk.log.closed:
+                        rk.log.close()
+            self._gangs.clear()
+            self._stop_standby()
+
+    # ---- watching --------------------------------------------------------------------------------
+    def poll(self) -> list[ExecutorEvent]:
+        out: list[ExecutorEvent] = []
+        with self._lock:
+            for job_id in list(self._gangs):
+                gang = self._gangs[job_id]
+                out.extend(self._poll_gang(gang))
+        return out
+
+    def _poll_gang(self, gang: _Gang) -> list[ExecutorEvent]:
+        out: list[ExecutorEvent] = []
+        now = time.time()
+        for rk in gang.ranks:  # exits first: a rank writes its terminal event before it exits
+            rk.poll_exit()
+        for rk in gang.ranks:
+            for doc in rk.tail.read_new():
+                t = float(doc.get("time_s", now))
+                rk.last_seen_s = max(rk.last_seen_s or 0.0, t)
+                kind = doc.get("kind")
+                data = dict(doc.get("data") or {})
+                if kind in PASS_THROUGH:
+                    if gang.adopted_at_s is not None and kind != "checkpoint" and t < gang.adopted_at_s:
+                        continue
+                    out.append(ExecutorEvent(gang.job_id, gang.attempt, str(kind), data, t))
+                elif kind in ("succeeded", "preempted", "failed"):
+                    rk.terminal = doc
+                    if kind == "failed":
+                        gang.failures.append({"rank": rk.rank, **data})
+                        if gang.trigger is None:
+                            gang.trigger = ("failed", data)
+                            gang.teardown_at_s = now + self.failure_grace_s
+        for rk in gang.ranks:
+            if gang.entrypoint and rk.exited and rk.terminal is None and rk.exit_code == 0:
+                rk.terminal = {"kind": "succeeded", "data": {"final_step": None}}
+            if (
+                rk.exited
+                and rk.terminal is None
+                and rk.unreported is None
+                and not gang.killed
+                and gang.preempt_deadline_s is None
+            ):
+                rk.unreported = _describe_exit(rk.exit_code)
+        # abnormal observations (the first one decides the outcome)
+        if gang.trigger is None:
+            for rk in gang.ranks:
+                if rk.exited and rk.terminal is None:
+                    if gang.preempt_deadline_s is not None:
+                        continue  # exiting under a notice; decided below
+                    how = _describe_exit(rk.exit_code)
+                    if gang.entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
+                        tail = log_tail(gang.run_dir / rank_log_name(rk.rank))
+                        gang.trigger = (
+                            "failed",
+                            {
+                                "reason": f"rank {rk.rank} of the entrypoint {how}",
+                                "classification": CLASSIFICATION_USER,
+                                "traceback_tail": tail,
+                                "rank": rk.rank,
+                            },
+                        )
+                    else:
+                        gang.trigger = (
+                            "lost",
+                            {"reason": f"rank {rk.rank} {how} without reporting", "rank": rk.rank},
+                        )
+                    gang.teardown_at_s = now
+                    break
+        if gang.trigger is None and gang.preempt_deadline_s is None:
+            for rk in gang.ranks:
+                if rk.exited:
+                    continue
+                if rk.last_seen_s is None:
+                    if now - gang.started_s > self.startup_timeout_s:
+                        gang.trigger = (
+                            "lost",
+                            {
+                                "reason": f"rank {rk.rank} sent no event within "
+                                f"{self.startup_timeout_s:.0f} s of launch",
+                                "rank": rk.rank,
+                            },
+                        )
+                elif now - rk.last_seen_s > self.heartbeat_timeout_s:
+                    gang.trigger = (
+                        "lost",
+                        {
+                            "reason": f"rank {rk.rank} missed heartbeats for {now - rk.last_seen_s:.0f} s",
+                            "rank": rk.rank,
+                        },
+                    )
+                if gang.trigger is not None:
+                    gang.teardown_at_s = now
+                    break
+        if gang.preempt_deadline_s is not None and now >= gang.preempt_deadline_s and not gang.killed:
+            self._kill(gang)
+        if gang.teardown_at_s is not None and now >= gang.teardown_at_s and not gang.killed:
+            self._kill(gang)
+        if not all(rk.poll_exit() for rk in gang.ranks):
+            return out
+        # every rank is gone: drain late events, then report exactly one terminal event
+        for rk in gang.ranks:
+            for doc in rk.tail.read_new():
+                if doc.get("kind") in ("succeeded", "preempted", "failed") and rk.terminal is None:
+                    rk.terminal = doc
+                    if doc["kind"] == "failed":
+                        gang.failures.append({"rank": rk.rank, **(doc.get("data") or {})})
+                elif doc.get("kind") == "checkpoint":
+                    out.append(
+                        ExecutorEvent(
+                            gang.job_id, gang.attempt, "checkpoint", dict(doc["data"]), float(doc["time_s"])
+                        )
+                    )
+        self._gangs.pop(gang.job_id, None)
+        if gang.cancelled:
+            return out
+        kind, data = self._outcome(gang)
+        out.append(ExecutorEvent(gang.job_id, gang.attempt, kind, data, time.time()))
+        return out
+
+    def _outcome(self, gang: _Gang) -> tuple[str, dict[str, Any]]:
+        user = [f for f in gang.failures if f.get("classification") == CLASSIFICATION_USER]
+        if user:
+            return "failed", _failure(user[0])
+        if (
+            gang.trigger is not None
+            and gang.trigger[0] == "failed"
+            and gang.trigger[1].get("classification") == CLASSIFICATION_USER
+        ):
+            return "failed", _failure(gang.trigger[1])
+        dead = [rk for rk in gang.ranks if rk.unreported is not None and not gang.entrypoint]
+        if dead:
+            # a rank that died first explains the others' errors (peers see connection resets)
+            return "lost", {
+                "reason": f"rank {dead[0].rank} {dead[0].unreported} without reporting",
+                "rank": dead[0].rank,
+            }
+        rank0 = next((rk for rk in gang.ranks if rk.rank == 0), gang.ranks[0])
+        t0 = rank0.terminal
+        if gang.preempt_deadline_s is not None and gang.trigger is None:
+            data = (
+                dict(t0["data"])
+                if t0 is not None and t0["kind"] == "preempted"
+                else {"step": None, "checkpoint_step": None, "forced": True}
+            )
+            return "preempted", data
+        if gang.trigger is not None:
+            kind, data = gang.trigger
+            if kind == "failed":
+                return "failed", _failure(data)
+            return kind, data
+        if gang.failures:
+            return "failed", _failure(gang.failures[0])
+        kinds = {rk.terminal["kind"] if rk.terminal else None for rk in gang.ranks}
+        if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
+            return "succeeded", dict(t0["data"])
+        if t0 is not None and t0["kind"] == "preempted":
+            return "preempted", dict(t0["data"])
+        missing = [rk.rank for rk in gang.ranks if rk.terminal is None]
+        return "lost", {
+            "reason": f"ranks {missing} exited without reporting",
+            "rank": missing[0] if missing else 0,
+        }
+
+    def _kill(self, gang: _Gang) -> None:
+        gang.killed = True
+        for rk in gang.ranks:
+            if not rk.poll_exit():
+                _kill_group(rk.pid, signal.SIGKILL)
+
+    # ---- helpers for callers ---------------------------------------------------------------------
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.05) -> list[ExecutorEvent]:
+        """Poll until ``job_id`` reports a terminal event (or ``timeout_s``); returns every event seen."""
+        events: list[ExecutorEvent] = []
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            batch = self.poll()
+            events.extend(batch)
+            if any(
+                e.job_id == job_id and e.kind in ("succeeded", "preempted", "failed", "lost") for e in batch
+            ):
+                return events
+            if job_id not in self._gangs:
+                return events
+            time.sleep(poll_s)
+        return events
+
+
+def _failure(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "reason": data.get("reason", "unknown failure"),
+        "classification": data.get("classification", CLASSIFICATION_INFRA),
+        "traceback_tail": data.get("traceback_tail", ""),
+        **{k: v for k, v in data.items() if k not in ("reason", "classification", "traceback_tail")},
+    }
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited (status unknown)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _has_terminal(path: Path) -> bool:
+    return any(d.get("kind") in ("succeeded", "preempted", "failed") for d in EventTail(path).read_new())
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
