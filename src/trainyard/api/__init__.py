@@ -1,0 +1,1 @@
+"""The REST API (FastAPI): app factory, routers per resource, auth, error rendering."""

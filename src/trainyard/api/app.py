@@ -1,0 +1,65 @@
+"""The FastAPI app factory. The app holds a :class:`~trainyard.services.platform.Platform`; it does no
+work of its own beyond parsing, auth and rendering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Gauge
+
+from trainyard import __version__
+from trainyard.api.errors import install_error_handlers
+from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
+from trainyard.api.routers import catalog, health, jobs, pools, quotes, tenants
+from trainyard.services.lifecycle import JobState
+from trainyard.services.platform import Platform
+from trainyard.store.repositories import JobRepo
+
+DESCRIPTION = """\
+The trainyard control plane. Every `/v1` route needs `Authorization: Bearer <api key>`; every
+resource belongs to one tenant and another tenant's resource answers 404. Errors are
+`{"error": {"code", "message", "hint", "details"}}`.
+"""
+
+
+def create_app(
+    platform: Platform, *, access_log: bool = True, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    app = FastAPI(
+        title="trainyard",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_tags=[
+            {"name": "jobs", "description": "Submit, follow and cancel training jobs."},
+            {"name": "quotes", "description": "Price a job on every pool before submitting it."},
+            {"name": "pools", "description": "Live capacity the scheduler places jobs on."},
+            {"name": "tenants", "description": "Tenants and API keys (admin)."},
+            {"name": "catalog", "description": "Accelerators and cloud offers."},
+            {"name": "health", "description": "Liveness, readiness, metrics."},
+        ],
+    )
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    jobs_gauge = Gauge("trainyard_jobs", "Jobs by state", ["state"], registry=registry)
+
+    def refresh_gauges() -> None:
+        with platform.db.session() as s:
+            counts = JobRepo(s).counts_by_state()
+        for st in JobState:
+            jobs_gauge.labels(st.value).set(counts.get(st.value, 0))
+
+    app.state.platform = platform
+    app.state.metrics = metrics
+    app.state.refresh_gauges = refresh_gauges
+    install_error_handlers(app)
+    for r in (health.router, jobs.router, quotes.router, pools.router, tenants.router, catalog.router):
+        app.include_router(r)
+    app.add_middleware(
+        ServiceMiddleware, metrics=metrics, max_body_bytes=max_body_bytes, access_log=access_log
+    )
+    return app
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    return app.openapi()

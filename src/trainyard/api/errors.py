@@ -1,0 +1,118 @@
+"""Error rendering: every error leaves the API as ``{"error": {code, message, hint, details}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trainyard.errors import TrainyardError
+
+log = structlog.get_logger("trainyard.api")
+
+_HTTP_CODES = {
+    400: ("bad_request", "Check the request against /openapi.json."),
+    401: ("unauthenticated", "Send Authorization: Bearer <api key>."),
+    403: ("forbidden", "This operation needs an admin key."),
+    404: ("not_found", "Check the URL; the API lives under /v1 (see /openapi.json)."),
+    405: ("method_not_allowed", "See /openapi.json for the methods each route accepts."),
+    406: ("not_acceptable", "Ask for application/json."),
+    413: ("payload_too_large", "Send a smaller request body."),
+    415: ("unsupported_media_type", "Send application/json."),
+}
+
+
+def envelope(
+    status: int,
+    code: str,
+    message: str,
+    hint: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"code": code, "message": message, "hint": hint, "details": details or {}}},
+        headers=headers,
+    )
+
+
+def _field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts: list[str] = []
+    for i, p in enumerate(loc):
+        if i == 0 and p in ("body", "query", "path", "header", "cookie"):
+            continue
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif str(p).startswith(("function-", "literal[", "json-or-python")) or p in ("ParallelismPin",):
+            continue
+        else:
+            parts.append(("." if parts else "") + str(p))
+    where = str(loc[0]) if loc else "body"
+    path = "".join(parts)
+    if where in ("query", "path", "header"):
+        return f"{where}.{path}" if path else where
+    return path or "(body)"
+
+
+def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+    out = []
+    for err in exc.errors():
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            msg = "unknown key"
+        elif kind == "missing":
+            msg = "required"
+        elif kind == "json_invalid":
+            ctx = err.get("ctx") or {}
+            loc = tuple(err.get("loc", ()))
+            where = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+            out.append(
+                {"field": "(body)", "message": f"malformed JSON{where}: {ctx.get('error', 'cannot parse')}"}
+            )
+            continue
+        out.append({"field": _field_path(tuple(err.get("loc", ()))), "message": msg})
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(TrainyardError)
+    async def _trainyard(_req: Request, exc: TrainyardError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+        if exc.http_status >= 500:
+            log.error("request_failed", code=exc.code, message=exc.message)
+        return envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(exc)
+        first = errors[0] if errors else {"field": "(body)", "message": "invalid"}
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return envelope(
+            422,
+            "invalid_input",
+            f"{first['field']}: {first['message']}{more}",
+            "Fix the field named above; /openapi.json describes every request body.",
+            {"errors": errors},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code, hint = _HTTP_CODES.get(exc.status_code, ("http_error", "See /openapi.json."))
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        return envelope(exc.status_code, code, message, hint, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", error_type=type(exc).__name__)
+        return envelope(
+            500,
+            "internal",
+            "internal server error",
+            "This is a bug in trainyard; the server log has the details.",
+        )

@@ -1,0 +1,147 @@
+"""/v1/jobs: submit, list, get, cancel, events, logs."""
+
+from __future__ import annotations
+
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from trainyard.api.auth import CurrentPrincipal
+from trainyard.api.schemas import ErrorEnvelope, EventList, JobDocument, JobList, LogChunk, SubmitJobRequest
+from trainyard.errors import InvalidInputError
+from trainyard.executors.base import rank_log_name
+from trainyard.services.domain import Job
+from trainyard.services.jobs import job_document
+from trainyard.services.lifecycle import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorEnvelope, "description": "Missing or wrong API key"},
+    404: {"model": ErrorEnvelope, "description": "No such job for this tenant"},
+    413: {"model": ErrorEnvelope, "description": "Request body too large"},
+    422: {"model": ErrorEnvelope, "description": "Invalid input; `details.errors` names each field"},
+}
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job-3f2a9c1b7d4e")]
+MAX_LOG_CHUNK_BYTES = 1_048_576
+
+
+def _platform(request: Request) -> Any:
+    return request.app.state.platform
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobDocument,
+    responses={
+        **ERRORS,
+        200: {"model": JobDocument, "description": "Replay of an Idempotency-Key"},
+        409: {"model": ErrorEnvelope, "description": "Idempotency-Key reused with another spec"},
+        429: {"model": ErrorEnvelope, "description": "Tenant quota exceeded"},
+    },
+    summary="Submit a training job",
+)
+def submit_job(
+    body: SubmitJobRequest,
+    request: Request,
+    principal: CurrentPrincipal,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=200,
+            description="Retry-safe submission: the same key returns the same job.",
+        ),
+    ] = None,
+) -> JSONResponse:
+    job, created = _platform(request).jobs.submit(principal, body.spec, idempotency_key)
+    return JSONResponse(
+        job_document(job, []), status_code=201 if created else 200, headers={"Location": f"/v1/jobs/{job.id}"}
+    )
+
+
+@router.get("", response_model=JobList, responses=ERRORS, summary="List jobs, newest first")
+def list_jobs(
+    request: Request,
+    principal: CurrentPrincipal,
+    state: Annotated[list[JobState] | None, Query(description="Only jobs in these states")] = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="next_cursor of the previous page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JSONResponse:
+    page = _platform(request).jobs.list(
+        principal, states=[s.value for s in state] if state else None, name=name, cursor=cursor, limit=limit
+    )
+    return JSONResponse(
+        {"jobs": [job_document(j, include_spec=False) for j in page.jobs], "next_cursor": page.next_cursor}
+    )
+
+
+@router.get("/{job_id}", response_model=JobDocument, responses=ERRORS, summary="One job with its events")
+def get_job(job_id: JobId, request: Request, principal: CurrentPrincipal) -> JSONResponse:
+    job, events = _platform(request).jobs.get_with_events(principal, job_id)
+    return JSONResponse(job_document(job, events))
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobDocument,
+    responses={**ERRORS, 409: {"model": ErrorEnvelope, "description": "The job already finished"}},
+    summary="Cancel a job",
+)
+def cancel_job(job_id: JobId, request: Request, principal: CurrentPrincipal) -> JSONResponse:
+    job = _platform(request).jobs.cancel(principal, job_id)
+    return JSONResponse(job_document(job, []))
+
+
+@router.get("/{job_id}/events", response_model=EventList, responses=ERRORS, summary="The job's event log")
+def job_events(
+    job_id: JobId,
+    request: Request,
+    principal: CurrentPrincipal,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Only events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> JSONResponse:
+    events = _platform(request).jobs.events(principal, job_id, after_id=after, limit=limit)
+    return JSONResponse(
+        {"events": [e.to_dict() for e in events], "next_after": events[-1].id if events else after}
+    )
+
+
+def _read_log(job: Job, rank: int, offset: int, limit_bytes: int) -> dict[str, Any]:
+    text, next_offset = "", offset
+    if job.run_dir:
+        path = FsPath(job.run_dir) / rank_log_name(rank)
+        if path.is_file():
+            with path.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read(limit_bytes)
+            next_offset = offset + len(chunk)
+            text = chunk.decode("utf-8", errors="replace")
+    return {"job_id": job.id, "rank": rank, "offset": offset, "next_offset": next_offset, "text": text}
+
+
+@router.get("/{job_id}/logs", response_model=LogChunk, responses=ERRORS, summary="A chunk of one rank's log")
+async def job_logs(
+    job_id: JobId,
+    request: Request,
+    principal: CurrentPrincipal,
+    rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit_bytes: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK_BYTES)] = 65536,
+) -> JSONResponse:
+    platform = _platform(request)
+    job = await run_in_threadpool(platform.jobs.get, principal, job_id)
+    if rank >= max(1, job.placement.devices if job.placement else 1) and rank != 0:
+        raise InvalidInputError(
+            f"rank {rank} does not exist for this job",
+            details={"errors": [{"field": "query.rank", "message": "no such rank"}]},
+        )
+    return JSONResponse(await run_in_threadpool(_read_log, job, rank, offset, limit_bytes))

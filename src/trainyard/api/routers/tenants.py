@@ -1,0 +1,65 @@
+"""/v1/tenants (admin) and /v1/whoami."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse
+
+from trainyard.api.auth import AdminPrincipal, CurrentPrincipal
+from trainyard.api.schemas import ErrorEnvelope, TenantCreate, TenantCreated, TenantDoc, TenantList, WhoAmI
+from trainyard.services.domain import Tenant, iso
+
+router = APIRouter(tags=["tenants"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorEnvelope},
+    403: {"model": ErrorEnvelope},
+    404: {"model": ErrorEnvelope},
+    409: {"model": ErrorEnvelope},
+    422: {"model": ErrorEnvelope},
+}
+
+
+def _doc(t: Tenant) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "name": t.name,
+        "created_at": iso(t.created_at_s),
+        "max_queued_jobs": t.max_queued_jobs,
+        "max_active_devices": t.max_active_devices,
+    }
+
+
+@router.post(
+    "/v1/tenants",
+    status_code=201,
+    response_model=TenantCreated,
+    responses=ERRORS,
+    summary="Create a tenant and its first API key (admin); the key is shown once",
+)
+def create_tenant(body: TenantCreate, request: Request, _p: AdminPrincipal) -> JSONResponse:
+    tenant, key = request.app.state.platform.tenants.create(
+        body.name,
+        admin=body.admin,
+        max_queued_jobs=body.max_queued_jobs,
+        max_active_devices=body.max_active_devices,
+    )
+    return JSONResponse({"id": tenant.id, "name": tenant.name, "api_key": key}, status_code=201)
+
+
+@router.get("/v1/tenants", response_model=TenantList, responses=ERRORS, summary="All tenants (admin)")
+def list_tenants(request: Request, _p: AdminPrincipal) -> JSONResponse:
+    return JSONResponse({"tenants": [_doc(t) for t in request.app.state.platform.tenants.list()]})
+
+
+@router.get("/v1/tenants/{name}", response_model=TenantDoc, responses=ERRORS, summary="One tenant (admin)")
+def get_tenant(
+    name: Annotated[str, Path(min_length=1, max_length=63)], request: Request, _p: AdminPrincipal
+) -> JSONResponse:
+    return JSONResponse(_doc(request.app.state.platform.tenants.get(name)))
+
+
+@router.get("/v1/whoami", response_model=WhoAmI, responses=ERRORS, summary="The tenant behind this key")
+def whoami(principal: CurrentPrincipal) -> JSONResponse:
+    return JSONResponse({"tenant": principal.tenant_name, "admin": principal.admin})

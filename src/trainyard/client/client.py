@@ -1,0 +1,264 @@
+"""A typed httpx client for the REST API (used by the CLI, the tests and users' scripts).
+
+Connection errors (server not up yet, refused, reset before a response) are retried with exponential
+backoff; an HTTP answer is never retried, and error envelopes become the matching TrainyardError.
+Submissions always carry an Idempotency-Key, so a retried submission cannot create a second job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainyard import errors as E
+
+_BY_CODE: dict[str, type[E.TrainyardError]] = {}
+for _cls in (
+    E.InvalidInputError,
+    E.SpecError,
+    E.UnknownAcceleratorError,
+    E.PoolsFileError,
+    E.NotFoundError,
+    E.ConflictError,
+    E.IllegalTransitionError,
+    E.AuthenticationError,
+    E.PermissionDeniedError,
+    E.PayloadTooLargeError,
+    E.QuotaExceededError,
+    E.InfeasibleError,
+    E.ServiceUnavailableError,
+    E.StorageError,
+    E.CheckpointError,
+):
+    _BY_CODE[_cls.code] = _cls
+
+_BY_STATUS: dict[int, type[E.TrainyardError]] = {
+    400: E.InvalidInputError,
+    401: E.AuthenticationError,
+    403: E.PermissionDeniedError,
+    404: E.NotFoundError,
+    409: E.ConflictError,
+    413: E.PayloadTooLargeError,
+    422: E.InvalidInputError,
+    429: E.QuotaExceededError,
+    503: E.ServiceUnavailableError,
+}
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def resolve_api_key(explicit: str | None = None, home: str | Path | None = None) -> str | None:
+    """TRAINYARD_API_KEY, else $TRAINYARD_HOME/api_key (written by `trainyard up`)."""
+    if explicit:
+        return explicit
+    env = os.environ.get("TRAINYARD_API_KEY")
+    if env:
+        return env.strip()
+    base = (
+        Path(home)
+        if home is not None
+        else Path(os.environ.get("TRAINYARD_HOME") or Path.home() / ".trainyard")
+    )
+    try:
+        text = (base / "api_key").read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
+def _error_from(resp: httpx.Response) -> E.TrainyardError:
+    try:
+        body = resp.json()
+        err = body["error"]
+        code, message = str(err.get("code", "")), str(err.get("message", resp.reason_phrase))
+        hint, details = err.get("hint"), err.get("details") or {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, message, hint, details = "", f"HTTP {resp.status_code} from the server", None, {}
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(resp.status_code) or E.TrainyardError
+    exc = cls(message, hint=hint, details=details)
+    return exc
+
+
+class TrainyardClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = (url or os.environ.get("TRAINYARD_URL") or "http://127.0.0.1:8080").rstrip("/")
+        self.api_key = resolve_api_key(api_key)
+        self.retries = retries
+        self.backoff_s = backoff_s
+        headers = {"User-Agent": "trainyard-client"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> TrainyardClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._http.request(method, path, **kwargs)
+                break
+            except (
+                httpx.ConnectError,
+                httpx.ConnectTimeout,
+                httpx.RemoteProtocolError,
+                httpx.ReadError,
+                httpx.WriteError,
+            ) as exc:
+                # Refused/unreachable: nothing was sent, always safe to retry. A connection dropped after
+                # sending is retried only when resending cannot act twice (reads, Idempotency-Key).
+                sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                resendable = method in ("GET", "HEAD", "PUT", "DELETE") or "Idempotency-Key" in (
+                    kwargs.get("headers") or {}
+                )
+                if attempt >= self.retries or (sent and not resendable):
+                    raise E.ServiceUnavailableError(
+                        f"cannot reach the trainyard server at {self.url} ({type(exc).__name__})"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        key = idempotency_key or str(uuid.uuid4())
+        return self.request("POST", "/v1/jobs", json={"spec": spec}, headers={"Idempotency-Key": key})
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/jobs/{job_id}")
+
+    def list_jobs(
+        self,
+        *,
+        states: list[str] | None = None,
+        name: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if states:
+            params["state"] = states
+        if name:
+            params["name"] = name
+        if cursor:
+            params["cursor"] = cursor
+        return self.request("GET", "/v1/jobs", params=params)
+
+    def iter_jobs(self, *, states: list[str] | None = None, page_size: int = 200) -> Iterator[dict[str, Any]]:
+        cursor = None
+        while True:
+            page = self.list_jobs(states=states, cursor=cursor, limit=page_size)
+            yield from page["jobs"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def job_events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        return self.request("GET", f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit})
+
+    def job_logs(
+        self, job_id: str, *, rank: int = 0, offset: int = 0, limit_bytes: int = 65536
+    ) -> dict[str, Any]:
+        return self.request(
+            "GET",
+            f"/v1/jobs/{job_id}/logs",
+            params={"rank": rank, "offset": offset, "limit_bytes": limit_bytes},
+        )
+
+    def wait(self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
+        """Poll until the job reaches a terminal state; returns the final job document."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            doc = self.get_job(job_id)
+            if doc["state"] in TERMINAL_STATES:
+                return doc
+            if deadline is not None and time.monotonic() > deadline:
+                raise E.ServiceUnavailableError(
+                    f"job {job_id} still {doc['state']} after {timeout_s:.0f} s",
+                    hint="Keep following it with `trainyard jobs events --follow`.",
+                )
+            time.sleep(poll_s)
+
+    # ---- quotes, pools, tenants, catalog -------------------------------------------------------
+    def quote(
+        self, spec: dict[str, Any], *, pools: list[dict[str, Any]] | None = None, include_catalog: bool = True
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"spec": spec, "include_catalog": include_catalog}
+        if pools is not None:
+            body["pools"] = pools
+        return self.request("POST", "/v1/quotes", json=body)
+
+    def list_pools(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/pools")
+
+    def get_pool(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/pools/{name}")
+
+    def put_pool(self, pool: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PUT", f"/v1/pools/{pool['name']}", json=pool)
+
+    def patch_pool(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", f"/v1/pools/{name}", json=changes)
+
+    def delete_pool(self, name: str) -> None:
+        self.request("DELETE", f"/v1/pools/{name}")
+
+    def create_tenant(
+        self,
+        name: str,
+        *,
+        admin: bool = False,
+        max_queued_jobs: int | None = None,
+        max_active_devices: int | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "admin": admin}
+        if max_queued_jobs is not None:
+            body["max_queued_jobs"] = max_queued_jobs
+        if max_active_devices is not None:
+            body["max_active_devices"] = max_active_devices
+        return self.request("POST", "/v1/tenants", json=body)
+
+    def list_tenants(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/tenants")
+
+    def whoami(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/whoami")
+
+    def catalog(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/catalog")
+
+    def healthz(self) -> dict[str, Any]:
+        return self.request("GET", "/healthz")
+
+    def readyz(self) -> dict[str, Any]:
+        return self.request("GET", "/readyz")

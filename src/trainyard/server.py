@@ -1,0 +1,141 @@
+"""`trainyard up`: the API, the control loop (admission, scheduling, executor events) and the executor in
+one process, on embedded defaults. SIGINT/SIGTERM stop it gracefully: in-flight requests finish, the
+loop stops between ticks, and the database is closed. Workers of running jobs are left to the executor's
+shutdown policy; a restart reconciles them (adopts live ones, requeues the rest).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+from trainyard.errors import InvalidInputError, ServiceUnavailableError
+from trainyard.settings import Settings
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Structured JSON logs on stderr. Request logs carry method, route, status and tenant, never headers."""
+    shared: list[Any] = [
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.JSONRenderer(),
+            ],
+            foreign_pre_chain=shared,
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("alembic", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+_BACKENDS = {
+    "local": ("trainyard.executors.local", "LocalExecutor"),
+    "ray": ("trainyard.executors.ray", "RayExecutor"),
+}
+
+
+def make_executor(settings: Settings, name: str | None = None) -> Any:
+    """The executor backend named by ``name`` (or TRAINYARD_EXECUTOR): ``local``, ``ray`` or ``none``."""
+    import importlib
+
+    which = (name or settings.executor or "local").lower()
+    if which == "none":
+        return None
+    if which not in _BACKENDS:
+        raise InvalidInputError(f"unknown executor {which!r}", hint="Use one of: local, ray, none.")
+    module_name, class_name = _BACKENDS[which]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ServiceUnavailableError(
+            f"the {which} executor is not available in this installation ({exc})",
+            hint="Start with --executor none to accept and queue jobs without running them.",
+        ) from exc
+    return _construct(getattr(module, class_name), settings)
+
+
+def _construct(cls: Any, settings: Settings) -> Any:
+    try:
+        return cls(settings=settings)
+    except TypeError:
+        return cls()
+
+
+def default_schedule_round() -> Any:
+    """The queue-wide optimiser when it is installed, else the greedy cheapest-feasible round."""
+    try:
+        from trainyard.services.scheduler_adapter import OptimizerRound
+    except ImportError:
+        return None
+    try:
+        return OptimizerRound()
+    except Exception:
+        return None
+
+
+def serve(
+    settings: Settings, *, host: str, port: int, executor: str | None = None, loop_interval_s: float = 0.5
+) -> None:
+    import uvicorn
+
+    from trainyard.api.app import create_app
+    from trainyard.services.platform import Platform, PlatformOptions
+
+    configure_logging()
+    log = structlog.get_logger("trainyard.server")
+    options = PlatformOptions(
+        executor=make_executor(settings, executor),
+        schedule_round=default_schedule_round(),
+        loop_interval_s=loop_interval_s,
+    )
+    platform = Platform(settings, options)
+    try:
+        platform.start()
+        app = create_app(platform)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=10,
+        )
+        server = uvicorn.Server(config)
+        platform.start_loop()
+        log.info(
+            "listening",
+            url=f"http://{host}:{port}",
+            home=str(settings.home),
+            database=platform.db.dialect,
+            api_key_file=str(settings.api_key_path),
+            executor=getattr(options.executor, "name", "none"),
+        )
+        server.run()
+    finally:
+        platform.close()
+        log.info("stopped")

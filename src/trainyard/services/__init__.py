@@ -1,0 +1,1 @@
+"""Use cases of the control plane: tenants, jobs, pools, scheduling, execution, reconciliation."""

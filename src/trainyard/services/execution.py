@@ -1,0 +1,404 @@
+"""The supervisor: turns placements into launches and executor events into job state and events.
+
+It runs in the control loop (one thread). Every change it makes to a job happens in one transaction
+that re-reads the job under a row lock, so a concurrent cancel from the API is never overwritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import Session
+
+from trainyard.catalog.pools import Pool
+from trainyard.executors.base import (
+    CLASSIFICATION_INFRA,
+    Executor,
+    ExecutorEvent,
+    LaunchRequest,
+    RestartPolicy,
+    WorkerInfo,
+)
+from trainyard.services.domain import Job, Placement
+from trainyard.services.jobs import JobService
+from trainyard.services.lifecycle import ACTIVE_STATES, JobState
+from trainyard.services.pools import PoolService
+from trainyard.services.scheduling import GreedyCheapestRound, QueuedJobView, RoundResult, ScheduleRound
+from trainyard.store.db import Database
+from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
+
+log = structlog.get_logger("trainyard.supervisor")
+
+HEARTBEAT_EVENT_EVERY_S = 10.0
+DEFAULT_NOTICE_S = 30.0
+
+
+def attempt_cost_usd(
+    placement: Placement | None, started_s: float | None, ended_s: float
+) -> tuple[float, float]:
+    """(device-seconds, dollars) of one attempt: devices × wall seconds × price per device-hour."""
+    if placement is None or started_s is None:
+        return 0.0, 0.0
+    device_s = max(0.0, ended_s - started_s) * placement.devices
+    return device_s, device_s * placement.price_usd_per_device_hour / 3600.0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        db: Database,
+        jobs: JobService,
+        pools: PoolService,
+        executor: Executor,
+        *,
+        runs_dir: Path,
+        checkpoint_url: str,
+        schedule_round: ScheduleRound | None = None,
+        restart_policy: RestartPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.jobs = jobs
+        self.pools = pools
+        self.executor = executor
+        self.runs_dir = runs_dir
+        self.checkpoint_url = checkpoint_url
+        self.schedule_round: ScheduleRound = schedule_round or GreedyCheapestRound()
+        self.restart_policy = restart_policy or RestartPolicy()
+        self.clock = clock
+        self._last_heartbeat_event: dict[str, float] = {}
+        self.last_round: RoundResult | None = None
+
+    # ---- one tick of the control loop ----------------------------------------------------------
+    def tick(self) -> None:
+        self.jobs.admit_pending()
+        self.schedule_once()
+        self.poll_once()
+        self.sweep_cancelled()
+
+    # ---- scheduling ----------------------------------------------------------------------------
+    def free_pools(self) -> list[Pool]:
+        pools = self.pools.pools()
+        with self.db.session() as s:
+            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
+        used: dict[str, int] = {}
+        for j in active:
+            if j.placement is not None:
+                used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
+        out = []
+        for p in pools:
+            free = max(0, p.free_devices - used.get(p.name, 0))
+            out.append(p.model_copy(update={"available_devices": free}))
+        return out
+
+    def schedule_once(self, limit: int = 500) -> RoundResult | None:
+        with self.db.session() as s:
+            queued = JobRepo(s).list(states=[JobState.QUEUED.value], limit=limit, newest_first=False)
+            if not queued:
+                return None
+            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
+            tenants = {t.id: t for t in TenantRepo(s).list()}
+        in_use: dict[str, int] = {}
+        for j in active:
+            if j.placement is not None:
+                in_use[j.tenant_id] = in_use.get(j.tenant_id, 0) + j.placement.devices
+        views = [
+            QueuedJobView(
+                job_id=j.id,
+                tenant_id=j.tenant_id,
+                spec=j.spec,
+                submitted_at_s=j.created_at_s,
+                quote=list(j.quote or []),
+                attempt=j.attempt,
+                tenant_devices_in_use=in_use.get(j.tenant_id, 0),
+                tenant_max_active_devices=tenants[j.tenant_id].max_active_devices
+                if j.tenant_id in tenants
+                else None,
+            )
+            for j in queued
+        ]
+        result = self.schedule_round(views, self.free_pools(), self.clock())
+        self.last_round = result
+        pools = {p.name: p for p in self.pools.pools()}
+        for job_id, placement in result.placements.items():
+            self._start(job_id, placement, pools.get(placement.pool))
+        return result
+
+    def _start(self, job_id: str, placement: Placement, pool: Pool | None) -> None:
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id, for_update=True)
+            if job is None or job.state != JobState.QUEUED:
+                return
+            attempt = job.attempt + 1
+            run_dir = self.runs_dir / job.id  # one dir per job; event files carry the attempt
+            now = self.clock()
+            self.jobs.transition(
+                s,
+                job,
+                JobState.STARTING,
+                f"placed on {placement.pool} ({placement.devices} devices)",
+                attempt=attempt,
+                placement=placement,
+                run_dir=str(run_dir),
+                attempt_started_at_s=now,
+                workers=[],
+            )
+            EventRepo(s).append(job.id, "placement", {"attempt": attempt, **placement.to_dict()}, now)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = job.spec
+        storage = (spec.get("checkpoint") or {}).get("storage") or self.checkpoint_url
+        interval = placement.checkpoint_interval_s
+        if interval is None:
+            from trainyard.spec.models import parse_duration_s
+
+            pinned = (spec.get("checkpoint") or {}).get("interval", "auto")
+            interval = None if pinned == "auto" else parse_duration_s(pinned)
+        req = LaunchRequest(
+            job_id=job.id,
+            attempt=attempt,
+            spec=spec,
+            world_size=placement.devices,
+            pool=placement.pool,
+            market=placement.market,
+            checkpoint_url=storage,
+            checkpoint_interval_s=interval,
+            run_dir=str(run_dir),
+            notice_s=(pool.notice_s if pool is not None and pool.notice_s is not None else DEFAULT_NOTICE_S),
+        )
+        try:
+            workers = self.executor.launch(req)
+        except Exception as exc:  # any launch failure is an infrastructure failure of this attempt
+            log.warning("launch_failed", job_id=job.id, attempt=attempt, error=str(exc)[:500])
+            self._end_attempt_with_failure(
+                job.id, attempt, f"launch failed: {exc}"[:1000], CLASSIFICATION_INFRA
+            )
+            return
+        with self.db.session() as s:
+            current = JobRepo(s).get(job.id, for_update=True)
+            if current is None or current.attempt != attempt:
+                return
+            docs = [w.to_dict() for w in workers]
+            JobRepo(s).update(job.id, workers=docs, updated_at_s=self.clock())
+            EventRepo(s).append(job.id, "workers", {"attempt": attempt, "workers": docs}, self.clock())
+        log.info("launched", job_id=job.id, attempt=attempt, pool=placement.pool, devices=placement.devices)
+
+    # ---- executor events -----------------------------------------------------------------------
+    def poll_once(self) -> int:
+        events = self.executor.poll()
+        for ev in events:
+            try:
+                self.apply_event(ev)
+            except Exception:
+                log.exception("event_apply_failed", job_id=ev.job_id, kind=ev.kind)
+        return len(events)
+
+    def apply_event(self, ev: ExecutorEvent) -> None:
+        with self.db.session() as s:
+            job = JobRepo(s).get(ev.job_id, for_update=True)
+            if job is None or ev.attempt != job.attempt:
+                return  # unknown job or a stale attempt's late event
+            handler = getattr(self, f"_on_{ev.kind}", None)
+            if handler is None:
+                EventRepo(s).append(job.id, ev.kind, {"attempt": ev.attempt, **ev.data}, ev.time_s)
+                return
+            handler(s, job, ev)
+
+    def _ensure_running(self, s: Session, job: Job, reason: str) -> Job:
+        if job.state == JobState.STARTING:
+            self.jobs.transition(s, job, JobState.RUNNING, reason)
+            refreshed = JobRepo(s).get(job.id)
+            assert refreshed is not None
+            return refreshed
+        return job
+
+    def _on_started(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state in (JobState.STARTING, JobState.RUNNING):
+            rank = ev.data.get("rank")
+            workers = [w for w in job.workers if w.get("rank") != rank]
+            workers.append({"rank": rank, "pid": ev.data.get("pid"), "host": ev.data.get("host")})
+            workers.sort(key=lambda w: (w.get("rank") is None, w.get("rank")))
+            JobRepo(s).update(job.id, workers=workers)
+            EventRepo(s).append(job.id, "started", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+            self._ensure_running(s, job, "workers started")
+
+    def _on_heartbeat(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state not in ACTIVE_STATES:
+            return
+        job = self._ensure_running(s, job, "first heartbeat")
+        progress = {**job.progress, **{k: v for k, v in ev.data.items() if k != "rank"}, "time_s": ev.time_s}
+        JobRepo(s).update(job.id, progress=progress)
+        last = self._last_heartbeat_event.get(job.id, 0.0)
+        if ev.time_s - last >= HEARTBEAT_EVENT_EVERY_S:
+            self._last_heartbeat_event[job.id] = ev.time_s
+            EventRepo(s).append(job.id, "heartbeat", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+
+    def _on_checkpoint(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        entry = {"step": ev.data.get("step"), "path": ev.data.get("path"), "attempt": ev.attempt}
+        JobRepo(s).update(job.id, checkpoints=[*job.checkpoints, entry])
+        EventRepo(s).append(job.id, "checkpoint", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+
+    def _close_attempt(self, s: Session, job: Job, ended_s: float) -> dict[str, Any]:
+        device_s, usd = attempt_cost_usd(job.placement, job.attempt_started_at_s, ended_s)
+        if job.attempt_started_at_s is None:
+            return {}
+        EventRepo(s).append(
+            job.id,
+            "cost",
+            {
+                "attempt": job.attempt,
+                "device_s": round(device_s, 3),
+                "usd": round(usd, 6),
+                "price_usd_per_device_hour": job.placement.price_usd_per_device_hour
+                if job.placement
+                else 0.0,
+                "pool": job.placement.pool if job.placement else None,
+            },
+            ended_s,
+        )
+        return {"cost_usd": job.cost_usd + usd, "attempt_started_at_s": None}
+
+    def _requeue(self, s: Session, job: Job, reason: str, ended_s: float, data: dict[str, Any]) -> None:
+        closing = self._close_attempt(s, job, ended_s)
+        if job.state in ACTIVE_STATES:
+            self.jobs.transition(s, job, JobState.PREEMPTED, reason, data=data, **closing)
+            job = JobRepo(s).get(job.id)  # type: ignore[assignment]
+        self.jobs.transition(s, job, JobState.QUEUED, "back in the queue; resumes from its last checkpoint")
+
+    def _on_preempted(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state not in ACTIVE_STATES:
+            return
+        EventRepo(s).append(job.id, "preempted", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+        self._requeue(s, job, "preempted", ev.time_s, {"attempt": ev.attempt})
+
+    def _on_succeeded(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state not in ACTIVE_STATES:
+            return
+        job = self._ensure_running(s, job, "workers started")
+        result = {
+            "model_version": ev.data.get("model_version") or f"{job.name}@{job.id}",
+            "model_sha256": ev.data.get("model_sha256"),
+            "model_path": ev.data.get("model_path"),
+            "final_step": ev.data.get("final_step"),
+        }
+        closing = self._close_attempt(s, job, ev.time_s)
+        self.jobs.transition(s, job, JobState.SUCCEEDED, "training finished", result=result, **closing)
+
+    def _on_failed(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state not in ACTIVE_STATES:
+            return
+        reason = str(ev.data.get("reason") or "the job failed")[:2000]
+        classification = str(ev.data.get("classification") or CLASSIFICATION_INFRA)
+        EventRepo(s).append(job.id, "failed", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+        self._fail_or_restart(s, job, reason, classification, ev.time_s)
+
+    def _on_lost(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if job.state not in ACTIVE_STATES:
+            return
+        EventRepo(s).append(job.id, "lost", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+        self._fail_or_restart(
+            s, job, f"workers lost: {ev.data.get('reason', '')}", CLASSIFICATION_INFRA, ev.time_s
+        )
+
+    def _fail_or_restart(
+        self, s: Session, job: Job, reason: str, classification: str, ended_s: float
+    ) -> None:
+        restarts_so_far = max(0, job.attempt - 1)
+        if self.restart_policy.should_restart(classification, restarts_so_far):
+            self._requeue(
+                s,
+                job,
+                f"{classification} failure, restarting: {reason}",
+                ended_s,
+                {"classification": classification},
+            )
+            return
+        closing = self._close_attempt(s, job, ended_s)
+        self.jobs.transition(
+            s,
+            job,
+            JobState.FAILED,
+            f"{classification} failure: {reason}",
+            data={"classification": classification},
+            **closing,
+        )
+
+    def _end_attempt_with_failure(self, job_id: str, attempt: int, reason: str, classification: str) -> None:
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id, for_update=True)
+            if job is None or job.attempt != attempt or job.state not in ACTIVE_STATES:
+                return
+            restarts_so_far = max(0, job.attempt - 1)
+            closing = self._close_attempt(s, job, self.clock())
+            if self.restart_policy.should_restart(classification, restarts_so_far):
+                self.jobs.transition(s, job, JobState.QUEUED, reason, **closing)
+            else:
+                self.jobs.transition(s, job, JobState.FAILED, reason, **closing)
+
+    # ---- cancellation ----------------------------------------------------------------------------
+    def sweep_cancelled(self) -> int:
+        """Stop the workers of jobs cancelled while they held capacity, and charge the attempt."""
+        with self.db.session() as s:
+            cancelled = [
+                j
+                for j in JobRepo(s).list(states=[JobState.CANCELLED.value], limit=100_000)
+                if j.attempt_started_at_s is not None
+            ]
+        for job in cancelled:
+            try:
+                self.executor.cancel(job.id)
+            except Exception as exc:
+                log.warning("cancel_failed", job_id=job.id, error=str(exc)[:500])
+            with self.db.session() as s:
+                current = JobRepo(s).get(job.id, for_update=True)
+                if current is None or current.attempt_started_at_s is None:
+                    continue
+                closing = self._close_attempt(s, current, self.clock())
+                JobRepo(s).update(job.id, **closing)
+        return len(cancelled)
+
+    # ---- reconciliation on start ---------------------------------------------------------------
+    def reconcile(self) -> dict[str, int]:
+        """After a restart (clean or kill -9): adopt live workers, requeue the rest. Idempotent."""
+        counts = {"adopted": 0, "requeued": 0, "cancelled_stopped": 0}
+        with self.db.session() as s:
+            active = JobRepo(s).list(
+                states=[JobState.STARTING.value, JobState.RUNNING.value, JobState.PREEMPTED.value],
+                limit=100_000,
+            )
+        for job in active:
+            adopted = False
+            if job.state in ACTIVE_STATES and job.run_dir and job.workers:
+                workers = [
+                    WorkerInfo(rank=int(w["rank"]), pid=w.get("pid"), host=str(w.get("host") or ""))
+                    for w in job.workers
+                    if w.get("rank") is not None
+                ]
+                try:
+                    adopted = bool(self.executor.adopt(job.id, job.attempt, job.run_dir, workers))
+                except Exception as exc:
+                    log.warning("adopt_failed", job_id=job.id, error=str(exc)[:500])
+            with self.db.session() as s:
+                current = JobRepo(s).get(job.id, for_update=True)
+                if current is None or current.state != job.state or current.attempt != job.attempt:
+                    continue
+                if adopted:
+                    EventRepo(s).append(
+                        job.id, "adopted", {"attempt": job.attempt, "workers": job.workers}, self.clock()
+                    )
+                    counts["adopted"] += 1
+                    continue
+                last_seen = float(current.progress.get("time_s") or current.updated_at_s)
+                if current.state == JobState.PREEMPTED:
+                    self.jobs.transition(
+                        s, current, JobState.QUEUED, "requeued after a control-plane restart"
+                    )
+                else:
+                    self._requeue(s, current, "workers gone after a control-plane restart", last_seen, {})
+                counts["requeued"] += 1
+        self.sweep_cancelled()
+        log.info("reconciled", **counts)
+        return counts

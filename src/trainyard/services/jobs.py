@@ -1,0 +1,301 @@
+"""Jobs: submission (idempotent), reads, cancellation, admission and every state change.
+
+State changes go through :meth:`JobService.transition` inside the caller's transaction, which checks
+the one transition table (:mod:`trainyard.services.lifecycle`) and appends a ``state`` event, so the
+event log and the job row never disagree.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from trainyard.errors import ConflictError, InvalidInputError, NotFoundError, TrainyardError
+from trainyard.services.domain import Job, JobEvent, Principal, iso
+from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transition
+from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
+from trainyard.spec.models import JobSpec
+from trainyard.store.db import Database
+from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
+from trainyard.tenancy.quotas import check_queue_quota
+
+OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
+MAX_PAGE = 500
+
+
+def new_job_id() -> str:
+    return f"job-{secrets.token_hex(6)}"
+
+
+def spec_digest(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"s:{seq}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not raw.startswith("s:"):
+            raise ValueError
+        seq = int(raw[2:])
+        if seq < 0:
+            raise ValueError
+        return seq
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInputError(
+            "cursor is not one this server issued",
+            hint="Pass the next_cursor value from the previous page unchanged.",
+            details={"errors": [{"field": "cursor", "message": "invalid cursor"}]},
+        ) from None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+def job_document(
+    job: Job, events: Sequence[JobEvent] | None = None, *, include_spec: bool = True
+) -> dict[str, Any]:
+    """The job document of DESIGN §3.3 (``jobs get --json``), plus a few descriptive extras."""
+    result = None
+    if job.result is not None:
+        result = {
+            "model_version": job.result.get("model_version"),
+            "model_sha256": job.result.get("model_sha256"),
+            **{k: v for k, v in job.result.items() if k not in ("model_version", "model_sha256")},
+        }
+    doc: dict[str, Any] = {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state.value,
+        "placement": job.placement.to_dict() if job.placement else None,
+        "cost_usd": round(job.cost_usd, 6),
+        "checkpoints": [{"step": c.get("step"), "path": c.get("path")} for c in job.checkpoints],
+        "workers": [{"rank": w.get("rank"), "pid": w.get("pid"), "host": w.get("host")} for w in job.workers],
+        "events": [e.to_dict() for e in events] if events is not None else [],
+        "result": result,
+        "attempt": job.attempt,
+        "reason": job.reason,
+        "progress": job.progress,
+        "quote": job.quote,
+        "created_at": iso(job.created_at_s),
+        "updated_at": iso(job.updated_at_s),
+    }
+    if include_spec:
+        doc["spec"] = job.spec
+    return doc
+
+
+class JobService:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        quoter: QuoteFn | None = None,
+        live_pools: Callable[[], list[Any]] | None = None,
+        clock: Callable[[], float] = time.time,
+        with_catalog: bool = True,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self._quoter = quoter
+        self._live_pools = live_pools
+        self.with_catalog = with_catalog
+
+    # ---- submission ----------------------------------------------------------------------------
+    def submit(
+        self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]:
+        """Store a new job in ``pending``; returns (job, created). A repeated Idempotency-Key with the same
+        spec returns the first job; with a different spec it is a conflict."""
+        doc = spec.to_document()
+        digest = spec_digest(doc)
+        if idempotency_key is not None:
+            found = self._by_key(principal, idempotency_key, digest)
+            if found is not None:
+                return found, False
+        now = self.clock()
+        job = Job(
+            id=new_job_id(),
+            seq=0,
+            tenant_id=principal.tenant_id,
+            name=spec.name,
+            state=JobState.PENDING,
+            spec=doc,
+            created_at_s=now,
+            updated_at_s=now,
+            idempotency_key=idempotency_key,
+            spec_sha256=digest,
+        )
+        try:
+            with self.db.session() as s:
+                tenant = TenantRepo(s).by_id(principal.tenant_id) if principal else None
+                if tenant is not None and tenant.max_queued_jobs is not None:
+                    open_jobs = JobRepo(s).count(tenant_id=tenant.id, states=OPEN_STATES)
+                    check_queue_quota(tenant.name, open_jobs, tenant.max_queued_jobs)
+                stored = JobRepo(s).add(job)
+                EventRepo(s).append(
+                    job.id, "state", {"from": None, "to": "pending", "reason": "submitted"}, now
+                )
+            return stored, True
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            found = self._by_key(principal, idempotency_key, digest)
+            if found is None:
+                raise
+            return found, False
+
+    def _by_key(self, principal: Principal, key: str, digest: str) -> Job | None:
+        with self.db.session() as s:
+            existing = JobRepo(s).by_idempotency_key(principal.tenant_id, key)
+        if existing is not None and existing.spec_sha256 != digest:
+            raise ConflictError(
+                "this Idempotency-Key was already used with a different job spec",
+                hint="Use a new Idempotency-Key for a different job, or resend the original spec.",
+                details={"job_id": existing.id},
+            )
+        return existing
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def get(self, principal: Principal, job_id: str) -> Job:
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id, tenant_id=principal.tenant_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r}", hint="List your jobs with `trainyard jobs list`.")
+        return job
+
+    def get_with_events(
+        self, principal: Principal, job_id: str, limit: int = 1000
+    ) -> tuple[Job, list[JobEvent]]:
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id, tenant_id=principal.tenant_id)
+            if job is None:
+                raise NotFoundError(f"no job {job_id!r}", hint="List your jobs with `trainyard jobs list`.")
+            return job, EventRepo(s).list(job_id, limit=limit)
+
+    def list(
+        self,
+        principal: Principal,
+        *,
+        states: Sequence[str] | None = None,
+        name: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        limit = max(1, min(limit, MAX_PAGE))
+        before = decode_cursor(cursor) if cursor else None
+        with self.db.session() as s:
+            jobs = JobRepo(s).list(
+                tenant_id=principal.tenant_id, states=states, name=name, before_seq=before, limit=limit + 1
+            )
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return JobPage(jobs=jobs, next_cursor=encode_cursor(jobs[-1].seq) if more and jobs else None)
+
+    def events(
+        self, principal: Principal, job_id: str, *, after_id: int = 0, limit: int = 1000
+    ) -> builtins.list[JobEvent]:
+        with self.db.session() as s:
+            if JobRepo(s).get(job_id, tenant_id=principal.tenant_id) is None:
+                raise NotFoundError(f"no job {job_id!r}", hint="List your jobs with `trainyard jobs list`.")
+            return EventRepo(s).list(job_id, after_id=after_id, limit=max(1, min(limit, 5000)))
+
+    # ---- cancellation --------------------------------------------------------------------------
+    def cancel(self, principal: Principal, job_id: str) -> Job:
+        """Cancel a job that has not finished; the supervisor stops its workers on its next tick."""
+        with self.db.session() as s:
+            repo = JobRepo(s)
+            job = repo.get(job_id, tenant_id=principal.tenant_id, for_update=True)
+            if job is None:
+                raise NotFoundError(f"no job {job_id!r}", hint="List your jobs with `trainyard jobs list`.")
+            self.transition(s, job, JobState.CANCELLED, "cancelled by the user")
+            out = repo.get(job_id)
+        assert out is not None
+        return out
+
+    # ---- state changes (inside the caller's transaction) ---------------------------------------
+    def transition(
+        self,
+        s: Session,
+        job: Job,
+        target: JobState,
+        reason: str,
+        *,
+        data: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        check_transition(job.state, target, job_id=job.id)
+        now = self.clock()
+        JobRepo(s).update(job.id, state=target, updated_at_s=now, reason=reason, **fields)
+        EventRepo(s).append(
+            job.id,
+            "state",
+            {"from": job.state.value, "to": target.value, "reason": reason, **(data or {})},
+            now,
+        )
+
+    # ---- admission: pending → queued (quoted) or failed (nothing can run it) -------------------
+    def admit_pending(self, limit: int = 200) -> int:
+        with self.db.session() as s:
+            pending = JobRepo(s).list(states=[JobState.PENDING.value], limit=limit, newest_first=False)
+        if not pending:
+            return 0
+        live = self._live_pools() if self._live_pools is not None else []
+        pools = quote_pools(live, with_catalog=self.with_catalog)
+        cache: dict[str, builtins.list[dict[str, Any]] | TrainyardError] = {}
+        for job in pending:
+            if job.spec_sha256 not in cache:
+                cache[job.spec_sha256] = self._quote_doc(job.spec, pools)
+            q = cache[job.spec_sha256]
+            with self.db.session() as s:
+                current = JobRepo(s).get(job.id, for_update=True)
+                if current is None or current.state != JobState.PENDING:
+                    continue
+                now = self.clock()
+                if isinstance(q, TrainyardError):
+                    self.transition(s, current, JobState.FAILED, f"rejected at admission: {q.message}")
+                    continue
+                EventRepo(s).append(job.id, "quote", {"options": len(q), "best": q[0] if q else None}, now)
+                feasible = [o for o in q if o.get("feasible")]
+                if feasible:
+                    self.transition(s, current, JobState.QUEUED, "admitted", quote=q)
+                else:
+                    reasons = sorted({str(o.get("reason")) for o in q if o.get("reason")})[:5]
+                    self.transition(
+                        s,
+                        current,
+                        JobState.FAILED,
+                        "infeasible: no option satisfies the job's constraints"
+                        + (f" ({'; '.join(reasons)})" if reasons else ""),
+                        quote=q,
+                    )
+        return len(pending)
+
+    def _quote_doc(
+        self, spec_doc: dict[str, Any], pools: builtins.list[Any]
+    ) -> builtins.list[dict[str, Any]] | TrainyardError:
+        from trainyard.services.quoting import cost_quote
+        from trainyard.spec.loader import spec_from_dict
+
+        try:
+            spec = spec_from_dict(spec_doc)
+            options = (self._quoter or cost_quote)(spec, pools)
+        except TrainyardError as exc:
+            return exc
+        return stored_quote(options)

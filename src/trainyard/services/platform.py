@@ -1,0 +1,131 @@
+"""The composition root: one database, the services over it, and the control loop.
+
+``Platform.open(settings)`` upgrades the schema, creates the embedded defaults (tenant ``default`` with
+an admin key file, the ``local-cpu`` pool) and, when an executor is given, reconciles jobs left by a
+previous run. ``start_loop()`` runs admission, scheduling and executor polling in a background thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from trainyard.executors.base import Executor
+from trainyard.services.execution import Supervisor
+from trainyard.services.jobs import JobService
+from trainyard.services.pools import PoolService, local_cpu_pool
+from trainyard.services.quoting import QuoteFn
+from trainyard.services.scheduling import ScheduleRound
+from trainyard.services.tenants import TenantService
+from trainyard.settings import Settings
+from trainyard.store.db import Database
+
+log = structlog.get_logger("trainyard.platform")
+
+
+@dataclass
+class PlatformOptions:
+    executor: Executor | None = None
+    schedule_round: ScheduleRound | None = None
+    quoter: QuoteFn | None = None
+    with_catalog: bool = True  # quotes also price the packaged cloud catalog
+    register_local_pool: bool = True
+    cpu_count: int | None = None
+    loop_interval_s: float = 0.5
+    clock: Callable[[], float] = time.time
+
+
+class Platform:
+    def __init__(self, settings: Settings, options: PlatformOptions | None = None) -> None:
+        self.settings = settings
+        self.options = options or PlatformOptions()
+        self.home = Path(settings.home)
+        self.db = Database(settings.resolved_database_url)
+        clock = self.options.clock
+        self.tenants = TenantService(self.db, clock)
+        self.pools = PoolService(self.db, clock)
+        self.jobs = JobService(
+            self.db,
+            quoter=self.options.quoter,
+            live_pools=self.pools.pools,
+            clock=clock,
+            with_catalog=self.options.with_catalog,
+        )
+        self.supervisor: Supervisor | None = None
+        if self.options.executor is not None:
+            self.supervisor = Supervisor(
+                self.db,
+                self.jobs,
+                self.pools,
+                self.options.executor,
+                runs_dir=self.home / "runs",
+                checkpoint_url=(self.home / "checkpoints").resolve().as_uri(),
+                schedule_round=self.options.schedule_round,
+                clock=clock,
+            )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = False
+
+    @classmethod
+    def open(cls, settings: Settings, options: PlatformOptions | None = None) -> Platform:
+        p = cls(settings, options)
+        p.start()
+        return p
+
+    def start(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.db.upgrade()
+        _, wrote = self.tenants.ensure_default(self.settings.api_key_path)
+        if wrote:
+            log.info("default_tenant_key_written", path=str(self.settings.api_key_path))
+        if self.options.register_local_pool:
+            self.pools.ensure_local(local_cpu_pool(self.options.cpu_count))
+        if self.supervisor is not None:
+            self.supervisor.reconcile()
+        self.ready = True
+
+    # ---- control loop ----------------------------------------------------------------------------
+    def tick(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.tick()
+        else:
+            self.jobs.admit_pending()
+
+    def start_loop(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run_loop, name="trainyard-control-loop", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("control_loop_tick_failed")
+            elapsed = time.monotonic() - started
+            self._stop.wait(max(0.0, self.options.loop_interval_s - elapsed))
+
+    def stop_loop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop_loop()
+        if self.options.executor is not None:
+            try:
+                self.options.executor.shutdown()
+            except Exception:
+                log.exception("executor_shutdown_failed")
+        self.db.dispose()
+        self.ready = False

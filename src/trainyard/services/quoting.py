@@ -1,0 +1,58 @@
+"""Quotes for the control plane: live pools plus the packaged catalog, priced by trainyard.cost.quote."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from trainyard.catalog.pools import Pool
+from trainyard.spec.models import JobSpec
+
+MAX_STORED_FEASIBLE = 40
+MAX_STORED_INFEASIBLE = 10
+
+
+class Quoter(Protocol):
+    def __call__(self, spec: JobSpec, pools: Sequence[Pool]) -> list[Any]: ...
+
+
+def cost_quote(spec: JobSpec, pools: Sequence[Pool]) -> list[Any]:
+    """Interface A: ``trainyard.cost.quote.quote(spec, pools)``."""
+    from trainyard.cost.quote import quote
+
+    return list(quote(spec, list(pools)))
+
+
+def catalog_pools() -> list[Pool]:
+    """The packaged cloud catalog turned into pools (cached by the catalog)."""
+    from trainyard.catalog.offers import catalog_pools as packaged
+
+    return list(packaged())
+
+
+def option_document(opt: Any) -> dict[str, Any]:
+    """One stored quote option: the §3.3 keys plus the pool name and node count."""
+    doc = dict(opt.to_contract())
+    doc["pool"] = getattr(opt, "pool", None)
+    doc["nodes"] = getattr(opt, "nodes", None)
+    return doc
+
+
+def stored_quote(options: Sequence[Any]) -> list[dict[str, Any]]:
+    """What we keep with the job: the best feasible options and a few infeasible ones with reasons."""
+    feasible = [option_document(o) for o in options if o.feasible][:MAX_STORED_FEASIBLE]
+    infeasible = [option_document(o) for o in options if not o.feasible][:MAX_STORED_INFEASIBLE]
+    return feasible + infeasible
+
+
+def quote_pools(live: Sequence[Pool], with_catalog: bool = True) -> list[Pool]:
+    """Pools a quote considers: every live pool at full capacity (occupancy is the scheduler's business)
+    plus, optionally, the catalog offers whose names do not clash with a live pool."""
+    pools = [p.model_copy(update={"available_devices": None}) for p in live]
+    if with_catalog:
+        names = {p.name for p in pools}
+        pools += [p for p in catalog_pools() if p.name not in names]
+    return pools
+
+
+QuoteFn = Callable[[JobSpec, Sequence[Pool]], list[Any]]

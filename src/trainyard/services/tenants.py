@@ -1,0 +1,169 @@
+"""Tenants and API keys: create (the key is returned once), authenticate (constant-time), bootstrap."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.exc import IntegrityError
+
+from trainyard.errors import AuthenticationError, ConflictError, InvalidInputError, NotFoundError
+from trainyard.services.domain import ApiKeyRecord, Principal, Tenant
+from trainyard.store.db import Database
+from trainyard.store.repositories import ApiKeyRepo, TenantRepo
+from trainyard.tenancy import keys
+
+TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")
+DEFAULT_TENANT = "default"
+AUTH_CACHE_TTL_S = 30.0
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+class TenantService:
+    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.clock = clock
+        # key sha256 -> (principal, expires_at_s); saves a database round trip per request.
+        self._auth_cache: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    # ---- tenants -----------------------------------------------------------------------------
+    def create(
+        self,
+        name: str,
+        *,
+        admin: bool = False,
+        max_queued_jobs: int | None = None,
+        max_active_devices: int | None = None,
+    ) -> tuple[Tenant, str]:
+        """Create a tenant and its first API key; the plaintext key is returned here and never again."""
+        if not TENANT_NAME_RE.match(name):
+            raise InvalidInputError(
+                f"tenant name {name!r} is not allowed",
+                hint="Use 1-63 lowercase letters, digits and dashes, starting with a letter or digit.",
+                details={"errors": [{"field": "name", "message": "must match ^[a-z0-9][a-z0-9-]{0,62}$"}]},
+            )
+        now = self.clock()
+        tenant = Tenant(
+            id=_new_id("tn"),
+            name=name,
+            created_at_s=now,
+            max_queued_jobs=max_queued_jobs,
+            max_active_devices=max_active_devices,
+        )
+        try:
+            with self.db.session() as s:
+                if TenantRepo(s).by_name(name) is not None:
+                    raise ConflictError(f"tenant {name!r} already exists", hint="Pick another name.")
+                TenantRepo(s).add(tenant)
+                plaintext = self._add_key(s, tenant.id, admin=admin, now=now)
+        except IntegrityError:
+            raise ConflictError(f"tenant {name!r} already exists", hint="Pick another name.") from None
+        return tenant, plaintext
+
+    def create_key(self, tenant_name: str, *, admin: bool = False) -> str:
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(tenant_name)
+            if tenant is None:
+                raise NotFoundError(f"no tenant named {tenant_name!r}")
+            return self._add_key(s, tenant.id, admin=admin, now=self.clock())
+
+    def _add_key(self, s: object, tenant_id: str, *, admin: bool, now: float) -> str:
+        new = keys.generate_key()
+        ApiKeyRepo(s).add(  # type: ignore[arg-type]
+            ApiKeyRecord(
+                id=_new_id("key"),
+                tenant_id=tenant_id,
+                prefix=new.prefix,
+                key_sha256=new.sha256,
+                admin=admin,
+                created_at_s=now,
+            )
+        )
+        return new.plaintext
+
+    def list(self) -> builtins.list[Tenant]:
+        with self.db.session() as s:
+            return TenantRepo(s).list()
+
+    def get(self, name: str) -> Tenant:
+        with self.db.session() as s:
+            t = TenantRepo(s).by_name(name)
+        if t is None:
+            raise NotFoundError(f"no tenant named {name!r}")
+        return t
+
+    # ---- authentication ------------------------------------------------------------------------
+    def authenticate(self, presented: str | None) -> Principal:
+        if not presented:
+            raise AuthenticationError("missing API key (send Authorization: Bearer <key>)")
+        prefix = keys.key_prefix(presented)
+        if prefix is None:
+            raise AuthenticationError("invalid API key")
+        digest = keys.hash_key(presented)
+        now = self.clock()
+        with self._lock:
+            hit = self._auth_cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        principal: Principal | None = None
+        with self.db.session() as s:
+            for rec in ApiKeyRepo(s).by_prefix(prefix):
+                if keys.verify(presented, rec.key_sha256):
+                    tenant = TenantRepo(s).by_id(rec.tenant_id)
+                    if tenant is not None:
+                        principal = Principal(
+                            tenant_id=tenant.id, tenant_name=tenant.name, key_id=rec.id, admin=rec.admin
+                        )
+        if principal is None:
+            raise AuthenticationError("invalid API key")
+        with self._lock:
+            if len(self._auth_cache) > 10_000:
+                self._auth_cache.clear()
+            self._auth_cache[digest] = (principal, now + AUTH_CACHE_TTL_S)
+        return principal
+
+    # ---- embedded defaults ---------------------------------------------------------------------
+    def ensure_default(self, key_path: Path) -> tuple[Tenant, bool]:
+        """Create the ``default`` tenant with an admin key written to ``key_path`` (mode 0600) on first start.
+
+        Returns the tenant and whether a new key was written. When the tenant exists but the key file is
+        gone, a fresh admin key is issued and written (the old one keeps working).
+        """
+        with self.db.session() as s:
+            existing = TenantRepo(s).by_name(DEFAULT_TENANT)
+        if existing is not None and key_path.exists():
+            return existing, False
+        if existing is None:
+            try:
+                tenant, plaintext = self.create(DEFAULT_TENANT, admin=True)
+            except ConflictError:  # another process created it first
+                tenant = self.get(DEFAULT_TENANT)
+                plaintext = self.create_key(DEFAULT_TENANT, admin=True)
+        else:
+            tenant, plaintext = existing, self.create_key(DEFAULT_TENANT, admin=True)
+        write_key_file(key_path, plaintext)
+        return tenant, True
+
+
+def write_key_file(path: Path, plaintext: str) -> None:
+    """Write a key readable by the owner only (0600), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (plaintext + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)

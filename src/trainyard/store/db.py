@@ -1,0 +1,146 @@
+"""Engines, sessions and schema upgrades for SQLite (default) and PostgreSQL.
+
+SQLite runs in WAL mode with a busy timeout, and every transaction starts with ``BEGIN IMMEDIATE`` so
+that concurrent writers queue on the lock instead of failing with "database is locked" on upgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from trainyard.errors import InvalidInputError, ServiceUnavailableError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+HEAD_REVISION = "0001_initial"
+
+
+def make_engine(url: str, *, pool_size: int = 16) -> Engine:
+    """An engine for ``url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError with the URL inside; keep it out of logs
+        raise InvalidInputError(
+            "TRAINYARD_DATABASE_URL is not a database URL",
+            hint="Use sqlite:///path/to/trainyard.db or postgresql+psycopg://user@host:5432/db.",
+        ) from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            pool_size=pool_size,
+            max_overflow=pool_size,
+        )
+        _configure_sqlite(engine)
+        return engine
+    if backend == "postgresql":
+        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    raise InvalidInputError(
+        f"database backend {backend!r} is not supported",
+        hint="Use sqlite:///path/to/trainyard.db or postgresql+psycopg://user@host:5432/db.",
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("trainyard.store") / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (idempotent; runs on every start)."""
+    from alembic import command
+
+    cfg = alembic_config(engine)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    except Exception as exc:
+        from sqlalchemy.exc import OperationalError
+
+        if isinstance(exc, OperationalError):
+            raise ServiceUnavailableError(
+                f"cannot reach the database ({engine.dialect.name})",
+                hint="Check TRAINYARD_DATABASE_URL and that the database server is running.",
+            ) from exc
+        raise
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def table_names(engine: Engine) -> list[str]:
+    return sorted(inspect(engine).get_table_names())
+
+
+class Database:
+    """An engine plus a session factory; ``session()`` is one transaction (commit on success)."""
+
+    def __init__(self, url: str, *, pool_size: int = 16) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size=pool_size)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def upgrade(self) -> None:
+        upgrade(self.engine)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions.begin() as s:
+            yield s
+
+    def ping(self) -> bool:
+        from sqlalchemy import text
+
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+                conn.rollback()
+            return True
+        except Exception:
+            return False
+
+    def dispose(self) -> None:
+        self.engine.dispose()

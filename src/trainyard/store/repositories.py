@@ -1,0 +1,265 @@
+"""Repositories: the only code that touches ORM rows. Every method takes the caller's Session (one
+transaction per use case) and returns domain objects from :mod:`trainyard.services.domain`."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
+from trainyard.services.lifecycle import JobState
+from trainyard.store.models import ApiKeyRow, JobEventRow, JobRow, PoolRow, TenantRow
+
+
+def _tenant(row: TenantRow) -> Tenant:
+    return Tenant(
+        id=row.id,
+        name=row.name,
+        created_at_s=row.created_at_s,
+        max_queued_jobs=row.max_queued_jobs,
+        max_active_devices=row.max_active_devices,
+    )
+
+
+def _job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        seq=row.seq,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        state=JobState(row.state),
+        spec=row.spec,
+        created_at_s=row.created_at_s,
+        updated_at_s=row.updated_at_s,
+        attempt=row.attempt,
+        placement=Placement.from_dict(row.placement) if row.placement else None,
+        quote=row.quote,
+        cost_usd=row.cost_usd,
+        checkpoints=list(row.checkpoints or []),
+        workers=list(row.workers or []),
+        result=row.result,
+        reason=row.reason or "",
+        progress=dict(row.progress or {}),
+        attempt_started_at_s=row.attempt_started_at_s,
+        run_dir=row.run_dir,
+        idempotency_key=row.idempotency_key,
+        spec_sha256=row.spec_sha256,
+    )
+
+
+class TenantRepo:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def add(self, tenant: Tenant) -> Tenant:
+        self.s.add(
+            TenantRow(
+                id=tenant.id,
+                name=tenant.name,
+                created_at_s=tenant.created_at_s,
+                max_queued_jobs=tenant.max_queued_jobs,
+                max_active_devices=tenant.max_active_devices,
+            )
+        )
+        self.s.flush()
+        return tenant
+
+    def by_name(self, name: str) -> Tenant | None:
+        row = self.s.scalars(select(TenantRow).where(TenantRow.name == name)).first()
+        return _tenant(row) if row else None
+
+    def by_id(self, tenant_id: str) -> Tenant | None:
+        row = self.s.get(TenantRow, tenant_id)
+        return _tenant(row) if row else None
+
+    def list(self) -> builtins.list[Tenant]:
+        return [_tenant(r) for r in self.s.scalars(select(TenantRow).order_by(TenantRow.name))]
+
+
+class ApiKeyRepo:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def add(self, key: ApiKeyRecord) -> None:
+        self.s.add(
+            ApiKeyRow(
+                id=key.id,
+                tenant_id=key.tenant_id,
+                prefix=key.prefix,
+                key_sha256=key.key_sha256,
+                admin=key.admin,
+                revoked=key.revoked,
+                created_at_s=key.created_at_s,
+            )
+        )
+        self.s.flush()
+
+    def by_prefix(self, prefix: str) -> list[ApiKeyRecord]:
+        rows = self.s.scalars(
+            select(ApiKeyRow).where(ApiKeyRow.prefix == prefix, ApiKeyRow.revoked.is_(False))
+        )
+        return [
+            ApiKeyRecord(
+                id=r.id,
+                tenant_id=r.tenant_id,
+                prefix=r.prefix,
+                key_sha256=r.key_sha256,
+                admin=r.admin,
+                created_at_s=r.created_at_s,
+                revoked=r.revoked,
+            )
+            for r in rows
+        ]
+
+
+class JobRepo:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def add(self, job: Job) -> Job:
+        row = JobRow(
+            id=job.id,
+            tenant_id=job.tenant_id,
+            name=job.name,
+            state=job.state.value,
+            spec=job.spec,
+            spec_sha256=job.spec_sha256,
+            idempotency_key=job.idempotency_key,
+            created_at_s=job.created_at_s,
+            updated_at_s=job.updated_at_s,
+            attempt=job.attempt,
+            placement=None,
+            quote=job.quote,
+            cost_usd=0.0,
+            checkpoints=[],
+            workers=[],
+            result=None,
+            reason=job.reason,
+            progress={},
+            attempt_started_at_s=None,
+            run_dir=None,
+        )
+        self.s.add(row)
+        self.s.flush()
+        return _job(row)
+
+    def get(self, job_id: str, *, tenant_id: str | None = None, for_update: bool = False) -> Job | None:
+        q = select(JobRow).where(JobRow.id == job_id)
+        if tenant_id is not None:
+            q = q.where(JobRow.tenant_id == tenant_id)
+        if for_update:
+            q = q.with_for_update()
+        row = self.s.scalars(q).first()
+        return _job(row) if row else None
+
+    def by_idempotency_key(self, tenant_id: str, key: str) -> Job | None:
+        row = self.s.scalars(
+            select(JobRow).where(JobRow.tenant_id == tenant_id, JobRow.idempotency_key == key)
+        ).first()
+        return _job(row) if row else None
+
+    def list(
+        self,
+        *,
+        tenant_id: str | None = None,
+        states: Sequence[str] | None = None,
+        name: str | None = None,
+        before_seq: int | None = None,
+        after_seq: int | None = None,
+        limit: int = 50,
+        newest_first: bool = True,
+    ) -> builtins.list[Job]:
+        q = select(JobRow)
+        if tenant_id is not None:
+            q = q.where(JobRow.tenant_id == tenant_id)
+        if states:
+            q = q.where(JobRow.state.in_(list(states)))
+        if name is not None:
+            q = q.where(JobRow.name == name)
+        if before_seq is not None:
+            q = q.where(JobRow.seq < before_seq)
+        if after_seq is not None:
+            q = q.where(JobRow.seq > after_seq)
+        q = q.order_by(JobRow.seq.desc() if newest_first else JobRow.seq.asc()).limit(limit)
+        return [_job(r) for r in self.s.scalars(q)]
+
+    def count(self, *, tenant_id: str | None = None, states: Sequence[str] | None = None) -> int:
+        q = select(func.count()).select_from(JobRow)
+        if tenant_id is not None:
+            q = q.where(JobRow.tenant_id == tenant_id)
+        if states:
+            q = q.where(JobRow.state.in_(list(states)))
+        return int(self.s.scalar(q) or 0)
+
+    def counts_by_state(self) -> dict[str, int]:
+        rows = self.s.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
+        return {state: int(n) for state, n in rows}
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        if "state" in fields and isinstance(fields["state"], JobState):
+            fields["state"] = fields["state"].value
+        if "placement" in fields and isinstance(fields["placement"], Placement):
+            fields["placement"] = fields["placement"].to_dict()
+        self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**fields))
+
+
+class EventRepo:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def append(self, job_id: str, kind: str, data: dict[str, Any], time_s: float) -> None:
+        self.s.add(JobEventRow(job_id=job_id, kind=kind, data=data, time_s=time_s))
+
+    def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
+        q = (
+            select(JobEventRow)
+            .where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
+            .order_by(JobEventRow.id)
+            .limit(limit)
+        )
+        return [
+            JobEvent(id=r.id, job_id=r.job_id, kind=r.kind, data=r.data, time_s=r.time_s)
+            for r in self.s.scalars(q)
+        ]
+
+
+class PoolRepo:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def upsert(self, name: str, doc: dict[str, Any], source: str, now_s: float) -> PoolRecord:
+        row = self.s.get(PoolRow, name, with_for_update=True)
+        if row is None:
+            row = PoolRow(name=name, doc=doc, source=source, updated_at_s=now_s)
+            self.s.add(row)
+        else:
+            row.doc = doc
+            row.source = source
+            row.updated_at_s = now_s
+        self.s.flush()
+        return PoolRecord(name=row.name, doc=row.doc, source=row.source, updated_at_s=row.updated_at_s)
+
+    def get(self, name: str) -> PoolRecord | None:
+        row = self.s.get(PoolRow, name)
+        return (
+            PoolRecord(name=row.name, doc=row.doc, source=row.source, updated_at_s=row.updated_at_s)
+            if row
+            else None
+        )
+
+    def list(self) -> builtins.list[PoolRecord]:
+        return [
+            PoolRecord(name=r.name, doc=r.doc, source=r.source, updated_at_s=r.updated_at_s)
+            for r in self.s.scalars(select(PoolRow).order_by(PoolRow.name))
+        ]
+
+    def delete(self, name: str) -> bool:
+        row = self.s.get(PoolRow, name)
+        if row is None:
+            return False
+        self.s.delete(row)
+        return True

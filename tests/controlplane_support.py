@@ -1,0 +1,153 @@
+"""Shared helpers for the control-plane tests: databases (SQLite and a throw-away PostgreSQL database),
+a platform + in-process API client, free ports and a real `trainyard up` subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=5"
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_SPEC: dict[str, Any] = {
+    "apiVersion": "trainyard/v1",
+    "kind": "TrainingJob",
+    "name": "tiny-cpu",
+    "model": {"architecture": "decoder", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256},
+    "workload": {"seq_len": 64, "global_batch": 4, "steps": 20, "precision": "fp32"},
+    "requirements": {"allow": ["cpu"]},
+}
+
+
+def tiny_spec(name: str = "tiny-cpu", **workload: Any) -> dict[str, Any]:
+    doc = {**TINY_SPEC, "name": name}
+    doc["workload"] = {**TINY_SPEC["workload"], **workload}
+    return doc
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A uniquely named PostgreSQL database, dropped afterwards. Unreachable server → the test FAILS."""
+    import psycopg
+
+    name = f"trainyard_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is required for this test and is unreachable: {exc}")
+    try:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@contextmanager
+def database_url(kind: str, tmp: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp / 'trainyard.db'}"
+    elif kind == "postgresql":
+        with postgres_database() as url:
+            yield url
+    else:
+        raise ValueError(kind)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`trainyard up` as a real subprocess on 127.0.0.1:<free port> with its own TRAINYARD_HOME."""
+
+    def __init__(
+        self, home: Path, *, database_url: str | None = None, executor: str = "none", port: int | None = None
+    ) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "TRAINYARD_HOME": str(home)}
+        self.env.pop("TRAINYARD_API_KEY", None)
+        if database_url:
+            self.env["TRAINYARD_DATABASE_URL"] = database_url
+        self.executor = executor
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = home / f"server-{self.port}.log"
+
+    def start(self, timeout_s: float = 60.0) -> ServerProcess:
+        import httpx
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainyard.cli.main",
+                "up",
+                "--port",
+                str(self.port),
+                "--executor",
+                self.executor,
+                "--loop-interval-s",
+                "0.2",
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(ROOT),
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"trainyard up exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"trainyard up did not become ready in {timeout_s} s:\n{self.log_text()}")
+
+    @property
+    def api_key(self) -> str:
+        return (self.home / "api_key").read_text().strip()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except OSError:
+            return ""
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError("trainyard up did not stop on SIGTERM") from None
+
+    def cli_env(self) -> dict[str, str]:
+        return {**self.env, "TRAINYARD_URL": self.url}
