@@ -463,6 +463,19 @@ class MeasuredSpec(_Strict):
         return out
 
 
+class EntrypointSpec(_Strict):
+    """Escape hatch: run the user's own training script (it uses ``trainyard.runtime.init()``)."""
+
+    command: Annotated[list[str], Field(min_length=1)]
+
+    @field_validator("command", mode="after")
+    @classmethod
+    def _nonempty_program(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the first element of command must name the program to run")
+        return v
+
+
 class JobSpec(_Strict):
     """A training or fine-tuning job, described without naming chips."""
 
@@ -477,6 +490,7 @@ class JobSpec(_Strict):
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     measured: MeasuredSpec = Field(default_factory=MeasuredSpec)
+    entrypoint: EntrypointSpec | None = None
 
     @field_validator("tags", mode="before")
     @classmethod
