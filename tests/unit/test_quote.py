@@ -28,8 +28,16 @@ def _spec(**over: Any):
 
 
 def _pool(**over: Any) -> Pool:
-    base = dict(name="p", accelerator="a100-80gb", devices_per_node=8, nodes=2, market="on_demand",
-                price_usd_per_device_hour=2.0, cloud="aws", region="us-east-1")  # fmt: skip
+    base = dict(
+        name="p",
+        accelerator="a100-80gb",
+        devices_per_node=8,
+        nodes=2,
+        market="on_demand",
+        price_usd_per_device_hour=2.0,
+        cloud="aws",
+        region="us-east-1",
+    )
     base.update(over)
     return Pool(**base)
 

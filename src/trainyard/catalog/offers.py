@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from trainyard.catalog.names import ACCELERATOR_FAMILY, normalize_accelerator_name
 from trainyard.catalog.pools import Pool
@@ -158,7 +159,7 @@ class Offer:
             return self.reserved_usd_per_hour(reserved_discount)
         return self.spot_usd_per_hour
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "cloud": self.cloud,
             "region": self.region,

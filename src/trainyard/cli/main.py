@@ -6,6 +6,7 @@ import typer
 
 from trainyard import __version__
 from trainyard.cli import schedule_cmd, spec_cmd
+from trainyard.cli import catalog_cmd, quote_cmd
 from trainyard.cli import simulate_cmd
 from trainyard.cli import jobs_cmd, pools_cmd, submit_cmd, tenants_cmd, up_cmd
 
@@ -17,6 +18,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(spec_cmd.app, name="spec")
+app.add_typer(catalog_cmd.app, name="catalog")
+app.command("quote")(quote_cmd.quote_command)
 app.command("simulate")(simulate_cmd.simulate)
 app.add_typer(simulate_cmd.trace_app, name="trace")
 app.command("schedule")(schedule_cmd.schedule)

@@ -60,15 +60,16 @@ class CostParams:
     host_copy_gb_per_s: float = 10.0  # device→host staging per device (PCIe Gen4 x16, pinned memory)
     storage_write_gb_per_s: float | None = None  # None: from the checkpoint URL scheme
     storage_read_gb_per_s: float | None = None
-    on_demand_interval_s: float = 1800.0  # `auto` without preemption: a save every 30 min bounds failures
-    # Young/Daly intervals are rounded to whole minutes below 10 min and to 5 min above: the expected
-    # overhead is flat near the optimum (τ = x·τ* raises the interval-dependent part by (x + 1/x)/2 - 1,
-    # under 1 % for x within ±13 %), and round intervals are what operators read and compare.
+    # Intervals come from a grid: whole minutes below 10 min, 5-minute steps above (round numbers are
+    # what operators read and compare; the expected overhead is flat near the optimum: τ = x·τ* raises
+    # the interval-dependent part by (x + 1/x)/2 - 1, under 1 % for x within ±13 %). The grid point
+    # with the least expected overhead is chosen, capped at 30 min: hardware fails on every market, and
+    # without preemption (λ = 0) the cap is the interval.
     interval_granularity_s: float = 60.0
     interval_coarse_granularity_s: float = 300.0
     interval_coarse_above_s: float = 600.0
     min_interval_s: float = 60.0
-    max_interval_s: float = 6 * 3600.0
+    max_interval_s: float = 1800.0
     deadline_quantile: float = 0.9  # pessimistic percentile used for deadlines on spot
     provisioning_s: dict[str, float] = field(default_factory=lambda: dict(PROVISIONING_S))
     reserved_discount: float = 0.35
@@ -141,22 +142,42 @@ def young_daly_interval_s(checkpoint_s: float, rate_per_s: float) -> float:
     return math.sqrt(2.0 * max(checkpoint_s, 0.0) / rate_per_s)
 
 
+def interval_grid_neighbours(tau_s: float, params: CostParams = DEFAULT_PARAMS) -> list[float]:
+    """The grid points around ``tau_s`` (clamped to [min_interval_s, max_interval_s])."""
+    lo_s, hi_s = params.min_interval_s, params.max_interval_s
+    if tau_s >= hi_s:
+        return [hi_s]
+    if tau_s <= lo_s:
+        return [lo_s]
+    g = (
+        params.interval_coarse_granularity_s
+        if tau_s >= params.interval_coarse_above_s
+        else params.interval_granularity_s
+    )
+    down, up = math.floor(tau_s / g) * g, math.ceil(tau_s / g) * g
+    if tau_s < params.interval_coarse_above_s <= up:
+        up = params.interval_coarse_above_s
+    return sorted({min(max(t, lo_s), hi_s) for t in (down, up)})
+
+
 def choose_interval_s(
     pinned_s: float | None, checkpoint_s: float, rate_per_s: float, params: CostParams = DEFAULT_PARAMS
 ) -> float:
-    """The spec's pinned interval, else Young/Daly rounded (see CostParams), else the on-demand default."""
+    """The spec's pinned interval, else the grid point nearest Young/Daly with the least overhead.
+
+    Because the interval-dependent overhead ``C/τ + λτ/2`` is convex in τ, the best grid point is one of
+    the two around τ* = √(2C/λ); choosing it makes the overhead non-decreasing in λ. With λ = 0 the
+    interval is the cap (``max_interval_s``).
+    """
     if pinned_s is not None:
         return pinned_s
     if rate_per_s <= 0:
-        return params.on_demand_interval_s
-    tau = young_daly_interval_s(checkpoint_s, rate_per_s)
-    g = (
-        params.interval_coarse_granularity_s
-        if tau >= params.interval_coarse_above_s
-        else params.interval_granularity_s
+        return params.max_interval_s
+    tau = min(young_daly_interval_s(checkpoint_s, rate_per_s), params.max_interval_s)
+    return min(
+        interval_grid_neighbours(tau, params),
+        key=lambda t: checkpoint_s / t + rate_per_s * t / 2.0,
     )
-    tau = round(tau / g) * g if g > 0 else tau
-    return min(max(tau, params.min_interval_s), params.max_interval_s)
 
 
 def overhead_fraction(interval_s: float, checkpoint_s: float, rate_per_s: float, restart_s: float) -> float:

@@ -452,9 +452,12 @@ def quote(
             options.append(
                 _infeasible(
                     spec, pool, pool.devices_per_node,
-                    f"resources: the job needs {rng} devices; pool {pool.name} offers "
-                    f"{pool.devices_per_node} per node x {pool.nodes} node(s)"
-                    + (" (whole instances only)" if pool.whole_nodes_only else ""),
+                    f"resources: the job needs {rng} devices; "
+                    + (
+                        f"the offer rents whole instances of {pool.devices_per_node}"
+                        if pool.whole_nodes_only
+                        else f"the pool has {pool.nodes} node(s) of {pool.devices_per_node}"
+                    ),
                 )
             )  # fmt: skip
             continue

@@ -1,0 +1,128 @@
+"""`trainyard quote SPEC [--pools POOLS] [--json]`: every option priced and ranked."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainyard.catalog.pools import load_pools
+from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cost.model import CostParams
+from trainyard.cost.money import format_duration_s, format_usd
+from trainyard.cost.quote import QuoteOption, quote
+from trainyard.settings import load_settings
+from trainyard.spec import JobSpec, load_spec
+
+
+def _where(o: QuoteOption) -> str:
+    return f"{o.cloud}/{o.region}" if o.cloud else o.region
+
+
+def quote_table(
+    spec: JobSpec, options: Sequence[QuoteOption], limit: int | None, title: str, width: int = 140
+) -> Table:
+    """Feasible options, ranked. Below 120 columns the table keeps only what ranks them."""
+    feasible = [o for o in options if o.feasible]
+    shown = feasible if limit is None else feasible[:limit]
+    rank_by = "expected hours" if spec.objective.minimize.value == "time" else "expected cost"
+    wide = width >= 120
+    t = Table(title=title, caption=f"ranked by {rank_by}; $/step includes checkpoint and preemption overhead",
+              header_style="bold", pad_edge=False)  # fmt: skip
+    cols = [("#", "right"), ("accelerator", "left"), ("dev", "right"), ("market", "left"), ("offer", "left")]
+    if wide:
+        cols += [("s/step", "right"), ("$/h", "right")]
+    cols += [("$/step", "right"), ("hours", "right")]
+    if wide:
+        cols += [("p90 h", "right")]
+    cols += [("expected $", "right")]
+    if wide:
+        cols += [("preempt $", "right")]
+    cols += [("ckpt", "right")]
+    for col, just in cols:
+        t.add_column(col, justify=just, no_wrap=col != "offer")  # type: ignore[arg-type]
+    for i, o in enumerate(shown, 1):
+        where = f"{o.cloud} {o.region}" if o.cloud else o.region
+        offer = f"{where} {o.instance_type}" if o.instance_type and o.pool.count("/") == 3 else o.pool
+        row = [str(i), o.accelerator, str(o.devices), o.market.replace("_", "-"), offer]
+        step = f"{o.step_time_s:.3g}" + ("*" if o.step_time_source.startswith("measured") else "")
+        if wide:
+            row += [step, format_usd(o.price_usd_per_hour)]
+        row += [format_usd(o.usd_per_step), f"{o.expected_hours:,.1f}"]
+        if wide:
+            row += [f"{o.expected_hours_p90:,.1f}"]
+        row += [format_usd(o.expected_cost_usd)]
+        if wide:
+            row += [format_usd(o.preemption_overhead_usd) if o.preemption_overhead_usd else "-"]
+        row += [format_duration_s(o.checkpoint_interval_s)]
+        t.add_row(*row)
+    return t
+
+
+def infeasible_table(options: Sequence[QuoteOption], limit: int = 10) -> tuple[Table | None, int]:
+    """Infeasible options grouped by accelerator and reason (most common first)."""
+    groups: Counter[tuple[str, str]] = Counter((o.accelerator, o.reason) for o in options if not o.feasible)
+    if not groups:
+        return None, 0
+    t = Table(title="Not feasible", header_style="bold", title_justify="left")
+    t.add_column("accelerator")
+    t.add_column("options", justify="right")
+    t.add_column("why")
+    for (acc, reason), n in groups.most_common(limit):
+        t.add_row(acc, str(n), reason)
+    return t, max(0, len(groups) - limit)
+
+
+def print_quote(
+    spec: JobSpec, options: Sequence[QuoteOption], *, limit: int | None, out: Console, title: str
+) -> None:
+    feasible = sum(o.feasible for o in options)
+    out.print(quote_table(spec, options, limit, title, width=out.width))
+    if limit is not None and feasible > limit:
+        out.print(f"[dim]{feasible - limit} more feasible options: --limit N, --all or --json[/]")
+    if feasible == 0:
+        out.print("[bold red]no feasible option[/]: relax the constraints named below")
+    table, more = infeasible_table(options)
+    if table is not None:
+        out.print(table)
+        if more:
+            out.print(f"[dim]{more} more reasons: --json lists every option[/]")
+    if any(o.feasible and o.step_time_source.startswith("measured") for o in options) and out.width >= 120:
+        out.print("[dim]* measured step time (measured.step_time_s)[/]")
+
+
+def quote_command(
+    spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
+    pools_path: Path | None = typer.Option(
+        None, "--pools", help="POOLS file (DESIGN §3.4); without it the packaged catalog is quoted."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print {options: [...]} as one JSON document."),
+    limit: int = typer.Option(20, "--limit", min=1, help="Feasible rows shown in the table."),
+    show_all: bool = typer.Option(False, "--all", help="Show every feasible row."),
+) -> None:
+    """Price the job on every pool × device count × market, cheapest first, with reasons for the rest."""
+    _run(spec_path, pools_path, as_json, None if show_all else limit)
+
+
+@handle_errors
+def _run(spec_path: Path, pools_path: Path | None, as_json: bool, limit: int | None) -> None:
+    spec = load_spec(spec_path)
+    pools = load_pools(pools_path) if pools_path is not None else None
+    settings = load_settings()
+    params = CostParams(reserved_discount=settings.reserved_discount_1y)
+    options = quote(spec, pools, params=params, now=datetime.now(UTC))
+    if as_json:
+        print_json({"options": [o.to_contract() for o in options]})
+        return
+    src = str(pools_path) if pools_path else "the packaged catalog"
+    print_quote(spec, options, limit=limit, out=wide_console(), title=f"Quote for {spec.name} on {src}")
+
+
+def wide_console() -> Console:
+    """The terminal's console, or a 140-column one when output goes to a file or a pipe."""
+    return console if console.is_terminal else Console(width=140)
