@@ -1,5 +1,6 @@
 """Step-time and memory prediction per accelerator type and device count (pure)."""
 
-from trainyard.predict.model import Prediction, predict
+from trainyard.predict.model import Prediction, predict, predict_many
+from trainyard.predict.params import Calibration, EfficiencyParams, default_calibration
 
-__all__ = ["Prediction", "predict"]
+__all__ = ["Calibration", "EfficiencyParams", "Prediction", "default_calibration", "predict", "predict_many"]

@@ -1,8 +1,13 @@
-"""Predictor interface and a first analytic model.
+"""The predictor's entry point: step time, memory, plan and uncertainty per accelerator and device count.
 
-``predict(spec, accelerator, devices)`` is the one entry point the cost model, the scheduler and the CLI
-use. This first version is a constant-efficiency roofline (training FLOPs over peak x efficiency) with a
-memory-fit check; the calibrated, plan-aware model replaces the internals behind the same interface.
+``predict(spec, accelerator, devices)`` is what the cost model, the scheduler and the CLI call. It
+1. turns the spec into per-token workload math (:mod:`trainyard.predict.workload`),
+2. enumerates the parallelism plans the device count and topology allow, honouring the spec's pins,
+3. evaluates memory and step time of every plan (:mod:`trainyard.predict.engine`) with the efficiency
+   parameters calibrated for the accelerator's (family, stack, precision) (:mod:`trainyard.predict.params`),
+4. returns the fastest plan that fits, or ``fits: false`` with the reason and the smallest device count
+   that fits.
+Pure: no I/O besides the packaged calibration data.
 """
 
 from __future__ import annotations
@@ -11,10 +16,26 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainyard.catalog.accelerators import Accelerator
-from trainyard.spec.models import JobSpec, Method, Optimizer, Precision
+import numpy as np
 
-GIB = 1024**3
+from trainyard.catalog.accelerators import Accelerator
+from trainyard.predict import engine
+from trainyard.predict.engine import GIB, Hardware, Pins, Topology
+from trainyard.predict.params import (
+    FAST_DOMAIN_DEVICES,
+    HEADROOM_FRACTION,
+    WORKSPACE_GIB,
+    Calibration,
+    EfficiencyParams,
+    default_calibration,
+    stack_of,
+)
+from trainyard.predict.workload import Workload, compute_dtype, training_flops_per_step, workload_of
+from trainyard.spec.models import ActivationCheckpointing, JobSpec, ParallelismPin
+
+__all__ = ["Prediction", "predict", "predict_many", "training_flops_per_step"]
+
+MAX_SEARCH_DEVICES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -32,8 +53,13 @@ class Prediction:
     step_time_p90_s: float = 0.0
     compile_time_s: float = 0.0
     min_devices_to_fit: int | None = None
-    source: str = "analytic"  # "analytic", "calibrated", "family-fallback", "measured"
+    source: str = "analytic"  # "calibrated", "family-fallback", "prior", "measured"
     notes: list[str] = field(default_factory=list)
+    hfu: float = 0.0  # hardware FLOPs utilisation (includes recomputation)
+    model_flops_per_step: float = 0.0
+    memory_capacity_gib: float = 0.0  # usable memory per device (after workspace and headroom)
+    breakdown: dict[str, float] = field(default_factory=dict)  # compute_s, comm_exposed_s, bubble_s
+    calibration_key: str = ""
 
     def to_contract(self) -> dict[str, Any]:
         """The DESIGN §3.3 `predict --json` document."""
@@ -53,75 +79,323 @@ class Prediction:
         return asdict(self)
 
 
-def _compute_dtype(spec: JobSpec) -> str:
-    return {
-        Precision.FP32: "fp32",
-        Precision.BF16_MIXED: "bf16",
-        Precision.FP16_MIXED: "fp16",
-        Precision.FP8_MIXED: "fp8",
-    }[spec.workload.precision]
+@dataclass(frozen=True)
+class _Context:
+    w: Workload
+    acc: Accelerator
+    params: EfficiencyParams
+    hw: Hardware
+    node: int
+    fast_domain: int
+    intra_gbs: float
+    inter_gbs: float
+    tp_cap: int
+    pins: Pins
 
 
-def training_flops_per_step(spec: JobSpec) -> float:
-    """6·N_active per token (2 forward + 4 backward), LoRA ≈ 4·N, plus causal attention."""
-    n_active = spec.model.active_params
-    per_token = (4.0 if spec.workload.method == Method.LORA else 6.0) * n_active
-    if not spec.model.is_custom:
-        assert spec.model.n_blocks and spec.model.d_model
-        per_token += 6.0 * spec.model.n_blocks * spec.model.d_model * spec.workload.seq_len
-    return per_token * spec.tokens_per_step
+def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
+    wl = spec.workload
+    tensor = pipeline = None
+    fsdp: bool | None = None
+    if isinstance(wl.parallelism, ParallelismPin):
+        tensor, pipeline, fsdp = wl.parallelism.tensor, wl.parallelism.pipeline, wl.parallelism.fsdp
+    ck = None
+    if wl.activation_checkpointing != ActivationCheckpointing.AUTO:
+        ck = engine.CK_NAMES.index(wl.activation_checkpointing.value)
+    pins = Pins(tensor=tensor, pipeline=pipeline, fsdp=fsdp, micro_batch=wl.micro_batch, checkpointing=ck)
+    if override:
+        scope = override.get("fsdp_scope")
+        pins = Pins(
+            tensor=override.get("tensor", pins.tensor),
+            pipeline=override.get("pipeline", pins.pipeline),
+            fsdp=override.get("fsdp", pins.fsdp),
+            micro_batch=override.get("micro_batch", pins.micro_batch),
+            checkpointing=(
+                engine.CK_NAMES.index(override["activation_checkpointing"])
+                if "activation_checkpointing" in override
+                else pins.checkpointing
+            ),
+            virtual_stages=int(override.get("virtual_stages", 1)),
+            context=int(override.get("context", 1)),
+            fsdp_scope=engine.FSDP_NAMES.index(scope) if scope else None,
+        )
+    return pins
 
 
-def _state_bytes_per_param(spec: JobSpec) -> tuple[float, float]:
-    """(bytes for every weight, extra bytes per trainable weight: grads + master + optimizer)."""
-    p = spec.workload.precision
-    weight = 4.0 if p == Precision.FP32 else 2.0
-    grad = weight
-    master = 0.0 if p == Precision.FP32 else 4.0
-    opt = {Optimizer.ADAMW: 8.0, Optimizer.SGD: 4.0, Optimizer.ADAFACTOR: 0.1}[spec.workload.optimizer]
-    return weight, grad + master + opt
+def _hardware(acc: Accelerator, dtype: str, calibration: Calibration, params: EfficiencyParams) -> Hardware:
+    over = calibration.peaks_override.get(acc.name, {})
+    peak = over.get(f"{dtype}_flops") or over.get("fp32_flops") if over else None
+    peak_flops = float(peak) if peak else acc.peak_flops(dtype)
+    bw = float(over.get("mem_bw_bytes_s", acc.mem_bw_gbs * 1e9)) if over else acc.mem_bw_gbs * 1e9
+    mem_gib = float(over.get("memory_gib", acc.memory_gib)) if over else acc.memory_gib
+    usable = mem_gib * (1 - HEADROOM_FRACTION) - WORKSPACE_GIB.get(acc.family, 1.5)
+    attn_peak = peak_flops
+    if dtype == "fp8":
+        attn_peak = float(over.get("bf16_flops", 0.0)) if over else 0.0
+        attn_peak = attn_peak or acc.peak_flops("bf16")
+    return Hardware(
+        peak_flops=peak_flops,
+        attn_peak_flops=attn_peak,
+        mem_bw_bytes_s=bw,
+        memory_bytes=max(0.0, usable) * GIB,
+    )
 
 
-def predict(spec: JobSpec, accelerator: Accelerator, devices: int) -> Prediction:
+def _topology(ctx: _Context, devices: int) -> Topology:
+    return Topology(
+        devices=devices,
+        devices_per_node=ctx.node,
+        fast_domain=ctx.fast_domain,
+        intra_gbs=ctx.intra_gbs,
+        inter_gbs=ctx.inter_gbs,
+        tp_limit=max(1, min(ctx.tp_cap, devices)),
+    )
+
+
+def _candidates(ctx: _Context, devices: int) -> tuple[Topology, dict[str, np.ndarray]]:
+    topo = _topology(ctx, devices)
+    sh = ctx.w.shape
+    return topo, engine.enumerate_candidates(topo, ctx.w.global_batch, sh.n_blocks, sh.n_heads, ctx.pins)
+
+
+def _fits_at(ctx: _Context, devices: int) -> bool:
+    topo, cand = _candidates(ctx, devices)
+    if not cand:
+        return False
+    ev = engine.evaluate(ctx.w, cand, topo, ctx.hw, ctx.params, ctx.pins)
+    return bool((ev.memory_bytes <= ctx.hw.memory_bytes).any())
+
+
+def _min_devices(ctx: _Context, start: int) -> int | None:
+    """Smallest device count above ``start`` found to fit (doubling, then bisection), or None."""
+    lo, n = start, start + 1
+    while n <= MAX_SEARCH_DEVICES and not _fits_at(ctx, n):
+        lo, n = n, n * 2
+    if n > MAX_SEARCH_DEVICES:
+        return None
+    hi = n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_at(ctx, mid):
+            hi = mid
+        else:
+            lo = mid
+    # Device counts that divide poorly can fail where a slightly larger one fits; the answer is verified.
+    return hi
+
+
+def _context(
+    spec: JobSpec,
+    accelerator: Accelerator,
+    *,
+    devices_per_node: int | None,
+    inter_node_gbps: float | None,
+    calibration: Calibration,
+    stack: str | None,
+    plan: dict[str, Any] | None,
+    fast_domain_devices: int | None = None,
+) -> tuple[_Context, list[str], str, str]:
+    w = workload_of(spec)
+    dtype = compute_dtype(spec.workload.precision)
+    notes: list[str] = []
+    if not accelerator.supports_dtype(dtype):
+        notes.append(f"{accelerator.name} has no {dtype} speed-up; timed at its fallback precision peak")
+    st = stack_of(accelerator, stack)
+    params, note = calibration.lookup(accelerator.family, st, dtype, accelerator.name)
+    if note:
+        notes.append(note)
+    source = "calibrated" if not note else ("prior" if params.key.startswith("prior") else "family-fallback")
+    node = devices_per_node or accelerator.max_devices_per_node
+    fast = fast_domain_devices or max(node, FAST_DOMAIN_DEVICES.get(accelerator.name, node))
+    tp_cap = 16 if accelerator.family == "google-tpu" else node
+    if accelerator.family == "aws-trainium":
+        tp_cap = min(node, 16)
+    hw = _hardware(accelerator, dtype, calibration, params)
+    ctx = _Context(
+        w=w,
+        acc=accelerator,
+        params=params,
+        hw=hw,
+        node=node,
+        fast_domain=fast,
+        intra_gbs=accelerator.intra_node_gbs / 2.0,
+        inter_gbs=(inter_node_gbps if inter_node_gbps is not None else accelerator.inter_node_gbps) / 8.0,
+        tp_cap=max(tp_cap, (plan or {}).get("tensor", 1)),
+        pins=_pins_from_spec(spec, plan),
+    )
+    return ctx, notes, source, st
+
+
+def _infeasible_reason(ctx: _Context, devices: int) -> str:
+    pins = ctx.pins
+    if pins.tensor is not None and pins.tensor > ctx.tp_cap:
+        return (
+            f"tensor parallel {pins.tensor} exceeds the {ctx.tp_cap} devices of one {ctx.acc.name} node "
+            "(tensor parallel stays inside a node's fast interconnect)"
+        )
+    if pins.tensor is not None and ctx.w.shape.n_heads % pins.tensor:
+        return f"tensor parallel {pins.tensor} does not divide the {ctx.w.shape.n_heads} attention heads"
+    tp, pp = pins.tensor or 1, pins.pipeline or 1
+    if devices % (tp * pp * pins.context):
+        return f"{devices} devices are not a multiple of tensor {tp} x pipeline {pp}"
+    if pins.pipeline is not None and pins.pipeline > ctx.w.shape.n_blocks:
+        return f"pipeline {pins.pipeline} exceeds the {ctx.w.shape.n_blocks} layers"
+    return (
+        f"global_batch {ctx.w.global_batch} cannot keep {devices} devices busy with the allowed "
+        "tensor/pipeline degrees (data parallel degree would exceed the batch)"
+    )
+
+
+def predict(
+    spec: JobSpec,
+    accelerator: Accelerator,
+    devices: int,
+    *,
+    devices_per_node: int | None = None,
+    inter_node_gbps: float | None = None,
+    calibration: Calibration | None = None,
+    stack: str | None = None,
+    plan: dict[str, Any] | None = None,
+    fast_domain_devices: int | None = None,
+    search_min_devices: bool = True,
+) -> Prediction:
+    """Predict step time, memory and the parallelism plan of ``spec`` on ``devices`` × ``accelerator``.
+
+    ``devices_per_node`` / ``inter_node_gbps`` describe the pool's topology (defaults from the catalog);
+    ``calibration`` replaces the packaged one (e.g. after feedback or local profiles); ``stack`` names a
+    non-default software stack (e.g. ``xla`` on NVIDIA); ``plan`` fixes plan fields beyond the spec's pins
+    (``tensor``, ``pipeline``, ``fsdp``, ``fsdp_scope``, ``micro_batch``, ``activation_checkpointing``,
+    ``virtual_stages``, ``context``) — used to replay published configurations;
+    ``fast_domain_devices`` sets how many devices share the fast interconnect (e.g. one TPU slice).
+    """
     if devices < 1:
         raise ValueError("devices must be >= 1")
-    dtype = _compute_dtype(spec)
-    peak = accelerator.peak_flops(dtype)
-    efficiency = 0.40
-    flops = training_flops_per_step(spec)
-    step_time_s = flops / (peak * efficiency * devices)
-    weight_b, trainable_b = _state_bytes_per_param(spec)
-    state_bytes = spec.params * weight_b + spec.trainable_params * trainable_b
-    per_device_state = state_bytes / devices  # fully sharded
-    act_bytes = 0.0
-    if not spec.model.is_custom:
-        assert spec.model.d_model is not None
-        micro = max(1, math.ceil(spec.workload.global_batch / devices))
-        act_bytes = 2.0 * spec.model.n_blocks * spec.workload.seq_len * micro * spec.model.d_model * 2
-    mem_gib = (per_device_state + act_bytes) / GIB + 1.0
-    fits = mem_gib <= accelerator.memory_gib * 0.9
-    min_fit = None
-    reason = ""
-    if not fits:
-        need = math.ceil(state_bytes / GIB / max(accelerator.memory_gib * 0.9 - 1.0 - act_bytes / GIB, 1e-9))
-        min_fit = max(need, devices + 1)
-        reason = (
-            f"needs {mem_gib:.1f} GiB per device on {devices} x {accelerator.name} "
-            f"({accelerator.memory_gib:.0f} GiB each); at least {min_fit} devices fit"
+    cal = calibration if calibration is not None else default_calibration()
+    ctx, notes, source, st = _context(
+        spec,
+        accelerator,
+        devices_per_node=devices_per_node,
+        inter_node_gbps=inter_node_gbps,
+        calibration=cal,
+        stack=stack,
+        plan=plan,
+        fast_domain_devices=fast_domain_devices,
+    )
+    w = ctx.w
+    dtype = compute_dtype(spec.workload.precision)
+    model_flops = training_flops_per_step(spec)
+    capacity_gib = ctx.hw.memory_bytes / GIB
+    topo, cand = _candidates(ctx, devices)
+    compile_s = accelerator.first_compile_s
+    if compile_s:
+        notes.append(f"one-off {st.upper()} compile of about {compile_s:.0f} s, not included in step time")
+    key = ctx.params.key
+    if not cand:
+        min_fit = _min_devices(ctx, devices) if search_min_devices else None
+        if min_fit is not None and min_fit <= devices:
+            min_fit = None
+        return Prediction(
+            accelerator=accelerator.name,
+            devices=devices,
+            step_time_s=math.inf,
+            tokens_per_s=0.0,
+            mfu=0.0,
+            memory_per_device_gib=math.inf,
+            fits=False,
+            plan={},
+            reason=_infeasible_reason(ctx, devices),
+            compile_time_s=compile_s,
+            min_devices_to_fit=min_fit,
+            source=source,
+            notes=notes,
+            model_flops_per_step=model_flops,
+            memory_capacity_gib=capacity_gib,
+            calibration_key=key,
         )
-    tokens_per_s = spec.tokens_per_step / step_time_s
+    ev = engine.evaluate(w, cand, topo, ctx.hw, ctx.params, ctx.pins)
+    fit_mask = ev.memory_bytes <= ctx.hw.memory_bytes
+    fits = bool(fit_mask.any())
+    if fits:
+        times = np.where(fit_mask, ev.step_time_s, np.inf)
+        i = int(np.argmin(times))
+    else:
+        i = int(np.argmin(ev.memory_bytes))
+    step = float(ev.step_time_s[i])
+    step *= cal.correction(accelerator.family, st, dtype, accelerator.name)
+    lo_f, hi_f = math.exp(ctx.params.log_resid_p10), math.exp(ctx.params.log_resid_p90)
+    measured = spec.measured.step_time_s.get(accelerator.name)
+    if measured is not None:
+        ref = spec.resources.min_devices or 1
+        if ref == devices:
+            scale = 1.0
+        else:
+            ref_pred = predict(
+                spec.model_copy(update={"measured": type(spec.measured)()}),
+                accelerator,
+                ref,
+                devices_per_node=devices_per_node,
+                inter_node_gbps=inter_node_gbps,
+                calibration=cal,
+                stack=stack,
+                plan=plan,
+                fast_domain_devices=fast_domain_devices,
+                search_min_devices=False,
+            )
+            scale = step / ref_pred.step_time_s if math.isfinite(ref_pred.step_time_s) else 1.0
+        step = measured * scale
+        lo_f, hi_f = 0.95, 1.05
+        source = "measured"
+        notes.append(f"step time from spec.measured ({measured} s on {ref} x {accelerator.name})")
+    mem_gib = float(ev.memory_bytes[i]) / GIB
+    if ctx.pins.micro_batch is not None and int(cand["mb"][i]) < ctx.pins.micro_batch:
+        notes.append(
+            f"micro_batch {ctx.pins.micro_batch} exceeds a replica's {int(cand['b_local'][i])} sequences; "
+            f"clamped to {int(cand['mb'][i])}"
+        )
+    peak = ctx.hw.peak_flops
+    plan_doc = engine.plan_dict(cand, i, ctx.pins, ev)
+    reason = ""
+    min_fit = None
+    if not fits:
+        min_fit = _min_devices(ctx, devices) if search_min_devices else None
+        where = f"at least {min_fit} devices fit" if min_fit else "no device count up to 2^20 fits"
+        reason = (
+            f"needs {mem_gib:.1f} GiB per device with the leanest plan on {devices} x {accelerator.name} "
+            f"({capacity_gib:.1f} GiB usable of {accelerator.memory_gib:.0f} GiB); {where}"
+        )
     return Prediction(
         accelerator=accelerator.name,
         devices=devices,
-        step_time_s=step_time_s,
-        tokens_per_s=tokens_per_s,
-        mfu=efficiency,
+        step_time_s=step,
+        tokens_per_s=w.tokens_per_step / step,
+        mfu=model_flops / (step * devices * peak),
         memory_per_device_gib=mem_gib,
         fits=fits,
-        plan={"data": devices, "fsdp": devices > 1, "tensor": 1, "pipeline": 1, "micro_batch": None},
+        plan=plan_doc,
         reason=reason,
-        step_time_p10_s=step_time_s * 0.8,
-        step_time_p90_s=step_time_s * 1.25,
-        compile_time_s=accelerator.first_compile_s,
+        step_time_p10_s=step * lo_f,
+        step_time_p90_s=step * hi_f,
+        compile_time_s=compile_s,
         min_devices_to_fit=min_fit,
+        source=source,
+        notes=notes,
+        hfu=float(ev.hw_flops_per_step[i]) / (step * peak),
+        model_flops_per_step=model_flops,
+        memory_capacity_gib=capacity_gib,
+        breakdown={
+            "compute_s": float(ev.compute_s[i]),
+            "comm_exposed_s": float(ev.comm_exposed_s[i]),
+            "bubble_s": float(ev.bubble_s[i]),
+        },
+        calibration_key=key,
     )
+
+
+def predict_many(
+    spec: JobSpec,
+    accelerators: list[Accelerator],
+    device_counts: list[int],
+    **kwargs: Any,
+) -> list[Prediction]:
+    """Predictions for every accelerator × device count (same keyword arguments as :func:`predict`)."""
+    return [predict(spec, acc, n, **kwargs) for acc in accelerators for n in device_counts]

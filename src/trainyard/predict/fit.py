@@ -1,0 +1,376 @@
+"""Fitting efficiency parameters to measurements, leave-one-model-out evaluation, and feedback.
+
+- :func:`fit_calibration` fits :class:`EfficiencyParams` per (family, stack, precision) group by
+  regularised least squares on ``log(predicted / measured)`` step times (priors keep groups with few rows
+  sensible), then per accelerator where one has enough rows of its own.
+- :func:`leave_one_model_out` refits without each model in turn and predicts that model's rows: the
+  error it reports is never measured on rows the parameters were tuned on. Its residuals give the p10/p90
+  bands of the packaged calibration.
+- :func:`ingest_measurement` is the feedback API: (spec, accelerator, devices, measured step time) in, an
+  updated :class:`Calibration` out (pure; persisting it is the caller's business).
+- :func:`calibrate_from_profiles` fits the ``cpu`` parameters to profiles of this machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from trainyard.catalog.accelerators import Accelerator, get_accelerator
+from trainyard.predict import engine
+from trainyard.predict.calib_data import CalibrationRow
+from trainyard.predict.model import _candidates, _context, predict
+from trainyard.predict.params import (
+    PRIORS,
+    Calibration,
+    EfficiencyParams,
+    Measurement,
+    stack_of,
+)
+from trainyard.predict.workload import compute_dtype
+from trainyard.spec.models import JobSpec
+
+# (name, log-space prior sigma, lower bound, upper bound)
+_FREE = {
+    "mm_max": (0.6, 0.05, 0.98),
+    "dim_knee": (2.0, 1.0, 1e4),
+    "token_knee": (2.0, 1.0, 1e5),
+    "attn_ratio": (1.0, 0.05, 2.0),
+    "layer_overhead_s": (2.0, 1e-7, 1e-1),
+    "comm_eff": (0.5, 0.1, 1.0),
+    "overlap": (0.5, 0.05, 1.0),
+    "mem_eff": (0.5, 0.1, 1.0),
+}
+
+
+def _free_for(n_rows: int) -> tuple[str, ...]:
+    if n_rows >= 12:
+        return tuple(_FREE)
+    if n_rows >= 5:
+        return ("mm_max", "attn_ratio", "layer_overhead_s", "comm_eff")
+    return ("mm_max",)
+
+
+@dataclass
+class _Prepared:
+    """A measurement with its workload and plan candidates resolved, ready to re-time cheaply."""
+
+    label: str
+    w: Any
+    cand: dict[str, np.ndarray]
+    topo: engine.Topology
+    hw: engine.Hardware
+    pins: engine.Pins
+    measured_s: float
+
+    def time(self, p: EfficiencyParams) -> float:
+        ev = engine.evaluate(self.w, self.cand, self.topo, self.hw, p, self.pins)
+        fits = ev.memory_bytes <= self.hw.memory_bytes
+        t = np.where(fits, ev.step_time_s, np.inf) if fits.any() else ev.step_time_s
+        return float(np.min(t))
+
+
+def _prepare(
+    spec: JobSpec,
+    acc: Accelerator,
+    devices: int,
+    measured_s: float,
+    *,
+    plan: dict[str, Any] | None = None,
+    stack: str | None = None,
+    fast_domain_devices: int | None = None,
+    inter_node_gbps: float | None = None,
+    calibration: Calibration | None = None,
+    label: str = "",
+) -> _Prepared:
+    ctx, _, _, _ = _context(
+        spec,
+        acc,
+        devices_per_node=None,
+        inter_node_gbps=inter_node_gbps,
+        calibration=calibration or Calibration(params={}),
+        stack=stack,
+        plan=plan,
+        fast_domain_devices=fast_domain_devices,
+    )
+    topo, cand = _candidates(ctx, devices)
+    if not cand:
+        raise ValueError(f"{label}: no plan matches the published configuration")
+    return _Prepared(label, ctx.w, cand, topo, ctx.hw, ctx.pins, measured_s)
+
+
+def prepare_row(row: CalibrationRow) -> _Prepared:
+    return _prepare(
+        row.spec,
+        get_accelerator(row.accelerator),
+        row.devices,
+        row.measured_step_time_s,
+        plan=row.plan,
+        stack=row.stack,
+        fast_domain_devices=row.fast_domain_devices,
+        inter_node_gbps=row.inter_node_gbps,
+        label=f"{row.model_name}@{row.accelerator}x{row.devices}",
+    )
+
+
+def _to_vec(p: EfficiencyParams, free: Sequence[str]) -> np.ndarray:
+    return np.array([math.log(getattr(p, k)) for k in free])
+
+
+def _from_vec(base: EfficiencyParams, free: Sequence[str], x: np.ndarray) -> EfficiencyParams:
+    return replace(base, **{k: float(math.exp(v)) for k, v in zip(free, x, strict=True)})
+
+
+def fit_params(
+    prepared: Sequence[_Prepared],
+    prior: EfficiencyParams,
+    free: Sequence[str],
+    *,
+    key: str,
+    prior_scale: float = 1.0,
+) -> EfficiencyParams:
+    """Regularised least squares in log space around ``prior``."""
+    if not prepared or not free:
+        return replace(prior, key=key, n_rows=len(prepared))
+    x0 = _to_vec(prior, free)
+    sig = np.array([_FREE[k][0] * prior_scale for k in free])
+    lo = np.array([math.log(_FREE[k][1]) for k in free])
+    hi = np.array([math.log(_FREE[k][2]) for k in free])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    meas = np.array([r.measured_s for r in prepared])
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        p = _from_vec(prior, free, x)
+        pred = np.array([r.time(p) for r in prepared])
+        return np.concatenate([np.log(pred / meas), (x - x0) / sig])
+
+    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale=1.0, max_nfev=60 * len(free))
+    return replace(_from_vec(prior, free, sol.x), key=key, n_rows=len(prepared))
+
+
+def _group_key(row: CalibrationRow) -> str:
+    return row.group
+
+
+def fit_calibration(
+    rows: Iterable[CalibrationRow],
+    *,
+    base: Calibration | None = None,
+    min_rows_accelerator: int = 6,
+    version: str = "fitted",
+    prepared: dict[int, _Prepared] | None = None,
+) -> Calibration:
+    """Fit parameters per (family, stack, precision) group, then per accelerator with enough rows."""
+    rows = list(rows)
+    prep = prepared if prepared is not None else {}
+    for r in rows:
+        if r.index not in prep:
+            prep[r.index] = prepare_row(r)
+    by_group: dict[str, list[CalibrationRow]] = defaultdict(list)
+    for r in rows:
+        by_group[_group_key(r)].append(r)
+    params: dict[str, EfficiencyParams] = dict(base.params) if base else {}
+    # bf16 groups first: other precisions of the same family start from them.
+    order = sorted(by_group, key=lambda g: (not g.endswith("/bf16"), -len(by_group[g])))
+    for g in order:
+        grows = by_group[g]
+        family, stack, _prec = g.split("/")
+        prior = (
+            params.get(f"{family}/{stack}/bf16")
+            or next((v for k, v in params.items() if k.startswith(f"{family}/") and k.count("/") == 2), None)
+            or PRIORS.get(family, PRIORS["nvidia"])
+        )
+        free = _free_for(len(grows))
+        scale = 1.0
+        params[g] = fit_params([prep[r.index] for r in grows], prior, free, key=g, prior_scale=scale)
+        by_acc: dict[str, list[CalibrationRow]] = defaultdict(list)
+        for r in grows:
+            by_acc[r.accelerator].append(r)
+        if len(by_acc) > 1:
+            for acc, arows in by_acc.items():
+                if len(arows) >= min_rows_accelerator:
+                    params[f"{g}/{acc}"] = fit_params(
+                        [prep[r.index] for r in arows],
+                        params[g],
+                        ("mm_max", "attn_ratio", "layer_overhead_s"),
+                        key=f"{g}/{acc}",
+                        prior_scale=0.6,
+                    )
+    return Calibration(params=params, version=version)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    row: CalibrationRow
+    predicted_s: float
+    key: str
+    source: str
+
+    @property
+    def ape(self) -> float:
+        return abs(self.predicted_s / self.row.measured_step_time_s - 1.0)
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.row.measured_step_time_s / self.predicted_s)
+
+
+def leave_one_model_out(rows: Sequence[CalibrationRow]) -> list[HeldOut]:
+    """Refit without each model and predict its rows (no row is scored by parameters tuned on it)."""
+    prep = {r.index: prepare_row(r) for r in rows}
+    out: list[HeldOut] = []
+    for model in sorted({r.model_name for r in rows}):
+        train = [r for r in rows if r.model_name != model]
+        cal = fit_calibration(train, prepared=prep, version=f"lomo-{model}")
+        for r in rows:
+            if r.model_name != model:
+                continue
+            acc = get_accelerator(r.accelerator)
+            dtype = compute_dtype(r.spec.workload.precision)
+            p, note = cal.lookup(acc.family, stack_of(acc, r.stack), dtype, acc.name)
+            out.append(HeldOut(r, prep[r.index].time(p), p.key, "fallback" if note else "exact"))
+    return out
+
+
+def with_residual_bands(cal: Calibration, held: Sequence[HeldOut]) -> Calibration:
+    """Set each key's p10/p90 from held-out log residuals of its group (family-wide when few)."""
+    by_group: dict[str, list[float]] = defaultdict(list)
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for h in held:
+        by_group[h.row.group].append(h.log_ratio)
+        by_family[h.row.family].append(h.log_ratio)
+    out = {}
+    for key, p in cal.params.items():
+        group = "/".join(key.split("/")[:3])
+        vals = by_group.get(group, [])
+        if len(vals) < 5:
+            vals = by_family.get(key.split("/")[0], vals)
+        if len(vals) >= 3:
+            lo, hi = np.quantile(vals, [0.1, 0.9])
+            out[key] = replace(p, log_resid_p10=float(min(lo, -0.03)), log_resid_p90=float(max(hi, 0.03)))
+        else:
+            out[key] = replace(p, log_resid_p10=-0.3, log_resid_p90=0.3)
+    return replace(cal, params=out)
+
+
+def summarize(held: Sequence[HeldOut]) -> dict[str, Any]:
+    def md(xs: list[float]) -> float:
+        return float(np.median(xs)) if xs else float("nan")
+
+    fam: dict[str, list[float]] = defaultdict(list)
+    grp: dict[str, list[float]] = defaultdict(list)
+    for h in held:
+        fam[h.row.family].append(h.ape)
+        grp[h.row.group].append(h.ape)
+    return {
+        "rows": len(held),
+        "mdape": md([h.ape for h in held]),
+        "mean_ape": float(np.mean([h.ape for h in held])) if held else float("nan"),
+        "p90_ape": float(np.quantile([h.ape for h in held], 0.9)) if held else float("nan"),
+        "by_family": {f: {"rows": len(v), "mdape": md(v)} for f, v in sorted(fam.items())},
+        "by_group": {g: {"rows": len(v), "mdape": md(v)} for g, v in sorted(grp.items())},
+    }
+
+
+# ---- feedback -----------------------------------------------------------------------------------------
+
+FEEDBACK_PRIOR_WEIGHT = 2.0  # pseudo-measurements at factor 1.0: one noisy step time moves the factor halfway
+
+
+def ingest_measurement(
+    calibration: Calibration,
+    spec: JobSpec,
+    accelerator: Accelerator,
+    devices: int,
+    measured_step_time_s: float,
+    *,
+    label: str = "",
+    **predict_kwargs: Any,
+) -> Calibration:
+    """Fold a measured step time into the calibration and return the updated calibration (pure).
+
+    Each (family, stack, precision, accelerator) key keeps a multiplicative correction: the geometric
+    mean of measured/predicted ratios of all its measurements, shrunk toward 1 by a prior weight.
+    """
+    if not (measured_step_time_s > 0 and math.isfinite(measured_step_time_s)):
+        raise ValueError("measured_step_time_s must be a positive number")
+    base = replace(calibration, corrections={})
+    pred = predict(spec, accelerator, devices, calibration=base, search_min_devices=False, **predict_kwargs)
+    if not math.isfinite(pred.step_time_s):
+        raise ValueError(f"no plan for {devices} x {accelerator.name}: {pred.reason}")
+    st = stack_of(accelerator, predict_kwargs.get("stack"))
+    key = f"{accelerator.family}/{st}/{compute_dtype(spec.workload.precision)}/{accelerator.name}"
+    m = Measurement(key, pred.step_time_s, measured_step_time_s, label)
+    measurements = (*calibration.measurements, m)
+    logs = [math.log(x.measured_step_time_s / x.predicted_step_time_s) for x in measurements if x.key == key]
+    factor = math.exp(sum(logs) / (len(logs) + FEEDBACK_PRIOR_WEIGHT))
+    corrections = dict(calibration.corrections)
+    corrections[key] = factor
+    return replace(calibration, corrections=corrections, measurements=measurements)
+
+
+# ---- local profiles (CPU) -----------------------------------------------------------------------------
+
+
+def calibrate_from_profiles(
+    profiles: Sequence[dict[str, Any]], base: Calibration | None = None, accelerator: str = "cpu"
+) -> Calibration:
+    """Fit the local device's parameters to stored profiles (documents written by ``trainyard profile``).
+
+    The profiles' measured peak FLOP/s and memory bandwidth replace the catalog figures of ``accelerator``;
+    the matmul efficiency cap and per-layer overhead are then fitted to the measured step times.
+    """
+    from trainyard.spec.loader import spec_from_dict
+
+    if not profiles:
+        raise ValueError("no profiles to calibrate from")
+    base = base or Calibration(params={})
+    dev = profiles[-1].get("device", {})
+    peaks: dict[str, float] = {}
+    if dev.get("matmul_flops"):
+        for dt in ("fp32", "bf16", "fp16"):
+            peaks[f"{dt}_flops"] = float(dev.get(f"matmul_flops_{dt}", dev["matmul_flops"]))
+    if dev.get("mem_bw_bytes_s"):
+        peaks["mem_bw_bytes_s"] = float(dev["mem_bw_bytes_s"])
+    if dev.get("memory_gib"):
+        peaks["memory_gib"] = float(dev["memory_gib"])
+    cal = replace(base, peaks_override={**base.peaks_override, accelerator: peaks})
+    acc = get_accelerator(accelerator)
+    by_group: dict[str, list[_Prepared]] = defaultdict(list)
+    for doc in profiles:
+        spec = spec_from_dict(doc["spec"])
+        dtype = compute_dtype(spec.workload.precision)
+        group = f"{acc.family}/{stack_of(acc)}/{dtype}"
+        plan = {
+            "micro_batch": doc["plan"]["micro_batch"],
+            "activation_checkpointing": doc["plan"]["activation_checkpointing"],
+            "tensor": 1,
+            "pipeline": 1,
+            "fsdp": False,
+        }
+        by_group[group].append(
+            _prepare(
+                spec,
+                acc,
+                1,
+                float(doc["step_time_s"]),
+                plan=plan,
+                calibration=cal,
+                label=str(doc.get("name", "")),
+            )
+        )
+    updates = {}
+    for group, prepared in by_group.items():
+        prior = cal.params.get(group) or PRIORS["cpu"]
+        free = ("mm_max", "layer_overhead_s") if len(prepared) >= 2 else ("mm_max",)
+        p = fit_params(prepared, prior, free, key=f"{group}/profiled", prior_scale=3.0)
+        resid = [math.log(x.measured_s / x.time(p)) for x in prepared]
+        band = max(0.05, max(abs(r) for r in resid) * 2)
+        updates[group] = replace(p, log_resid_p10=-band, log_resid_p90=band, n_rows=len(prepared))
+    return cal.with_params(updates, version=f"{base.version}+profiles")
