@@ -217,6 +217,25 @@ def _infeasible(spec: JobSpec, pool: Pool, devices: int, reason: str, **extra: A
 PredictFn = Callable[[JobSpec, Accelerator, int], Prediction]
 
 
+@dataclass(frozen=True)
+class SpecFacts:
+    """What option_for needs from a spec that does not depend on the pool (computed once per quote)."""
+
+    total_steps: int
+    checkpoint_bytes: float
+    deadline_s: float | None
+
+    @classmethod
+    def of(cls, spec: JobSpec, now: datetime | None = None, deadline_s: float | None = None) -> SpecFacts:
+        dl = deadline_s
+        if dl is None:
+            try:
+                dl = spec.objective.deadline_s(now)
+            except ValueError:
+                dl = None  # an absolute deadline without the submission time cannot be checked
+        return cls(spec.workload.total_steps(), cm.checkpoint_bytes(spec), dl)
+
+
 def option_for(
     spec: JobSpec,
     pool: Pool,
@@ -228,16 +247,21 @@ def option_for(
     now: datetime | None = None,
     deadline_s: float | None = None,
     predict_fn: PredictFn | None = None,
+    accelerator: Accelerator | None = None,
+    facts: SpecFacts | None = None,
 ) -> QuoteOption:
     """Price ``spec`` on ``devices`` devices of ``pool``; infeasible options carry their reason.
 
     ``elapsed_fraction`` is the share of the job already done (re-planning a running job): only the rest
     is priced. ``deadline_s`` overrides the spec's deadline (seconds from now), e.g. for a job that has
-    already waited; an absolute deadline needs ``now``. ``predict_fn`` lets callers share a cache.
+    already waited; an absolute deadline needs ``now``. ``predict_fn`` lets callers share a cache;
+    ``accelerator`` and ``facts`` (from :meth:`SpecFacts.of`) save repeated look-ups in a loop.
     """
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
-    acc = get_accelerator(pool.accelerator)
+    acc = accelerator if accelerator is not None else get_accelerator(pool.accelerator)
+    if facts is None:
+        facts = SpecFacts.of(spec, now, deadline_s)
     why = eligibility_reason(spec, pool, acc)
     if why:
         return _infeasible(spec, pool, devices, why)
@@ -287,13 +311,13 @@ def option_for(
             source = "measured-scaled"
     if step_p90_s <= 0:
         step_p90_s = step_s
-    total_steps = spec.workload.total_steps()
+    total_steps = facts.total_steps
     remaining_steps = total_steps * (1.0 - elapsed_fraction)
     work_s = remaining_steps * step_s
     work_p90_s = remaining_steps * step_p90_s
 
     # Checkpoint and preemption.
-    ckpt_bytes = cm.checkpoint_bytes(spec)
+    ckpt_bytes = facts.checkpoint_bytes
     url = spec.checkpoint.storage
     write_bw = cm.storage_write_gb_per_s(url, params)
     stall_s = cm.checkpoint_stall_s(
@@ -368,12 +392,7 @@ def option_for(
             f"{interval_s:.0f} s interval each: more wall time is lost than trained"
         )
     if not reason:
-        dl = deadline_s
-        if dl is None:
-            try:
-                dl = spec.objective.deadline_s(now)
-            except ValueError:
-                dl = None
+        dl = facts.deadline_s
         if dl is not None and wall_p90_s > dl:
             which = f"p{round(params.deadline_quantile * 100)}" if rate_h > 0 else "p90 step time"
             reason = (
@@ -439,8 +458,12 @@ def quote(
         return p
 
     options: list[QuoteOption] = []
+    facts = SpecFacts.of(spec, now, deadline_s)
+    accs: dict[str, Accelerator] = {}
     for pool in pools:
-        acc = get_accelerator(pool.accelerator)
+        acc = accs.get(pool.accelerator) or accs.setdefault(
+            pool.accelerator, get_accelerator(pool.accelerator)
+        )
         why = eligibility_reason(spec, pool, acc)
         counts = candidate_device_counts(spec, pool)
         if why:
@@ -466,6 +489,7 @@ def quote(
                 option_for(
                     spec, pool, d, params=params, now=now, deadline_s=deadline_s,
                     elapsed_fraction=elapsed_fraction, predict_fn=cached_predict,
+                    accelerator=acc, facts=facts,
                 )
             )  # fmt: skip
     options.sort(key=sort_key(spec))
