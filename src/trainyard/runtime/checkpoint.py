@@ -38,7 +38,8 @@ REQUIRED_FIELDS = ("format", "job_id", "step", "world_size", "precision", "layou
 
 EmitFn = Callable[..., Any]
 
-warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+# single-process saves and loads are intended; DCP warns about them on every call
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
 class CheckpointWriteError(RuntimeError):
@@ -249,11 +250,13 @@ class CheckpointManager:
             self._ensure_dir(url)
             writer = FsspecWriter(url, sync_files=True)
             if blocking:
-                dcp.save(state, storage_writer=writer, process_group=self.pg)
+                dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
                 upload: Future[Any] = Future()
                 upload.set_result(None)
             else:
-                upload = dcp.async_save(state, storage_writer=writer, process_group=self.pg)  # type: ignore[assignment]
+                upload = dcp.async_save(  # type: ignore[assignment]
+                    state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist()
+                )
         except CheckpointWriteError:
             raise
         except Exception as exc:
@@ -384,13 +387,19 @@ class CheckpointManager:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        dcp.load(state, storage_reader=FsspecReader(ref.url), process_group=self.pg)
+        dcp.load(state, storage_reader=FsspecReader(ref.url), process_group=self.pg, no_dist=_no_dist())
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+
+def _no_dist() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
 
 
 def _root_cause(exc: BaseException) -> str:

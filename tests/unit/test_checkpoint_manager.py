@@ -1,0 +1,143 @@
+"""Checkpoint manager: atomic commit, sha256 verification, skipping torn/corrupt steps, retention."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard.runtime.checkpoint import MANIFEST, CheckpointManager, CheckpointWriteError
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+_ROOTS = itertools.count()
+
+
+def _state(value: float) -> dict[str, torch.Tensor]:
+    return {"model": {"w": torch.full((64, 8), value), "b": torch.arange(8, dtype=torch.float32) * value}}
+
+
+def _manager(root: Path, events: list | None = None, **kw) -> CheckpointManager:
+    def emit(kind: str, **data) -> None:
+        if events is not None:
+            events.append((kind, data))
+
+    return CheckpointManager(f"file://{root}", "job", emit=emit, **kw)
+
+
+def _save(mgr: CheckpointManager, step: int, *, loss: float | None = None, blocking: bool = True) -> None:
+    mgr.save(step, _state(float(step)), {"loss": loss, "precision": {"name": "fp32"}}, blocking=blocking)
+
+
+def _load(mgr: CheckpointManager) -> tuple[int, float]:
+    ref = mgr.latest_valid()
+    assert ref is not None
+    target = _state(0.0)
+    mgr.load(ref, target)
+    return ref.step, float(target["model"]["w"][0, 0])
+
+
+def test_async_and_sync_saves_commit_a_verifiable_manifest(tmp_path: Path) -> None:
+    events: list = []
+    mgr = _manager(tmp_path, events)
+    _save(mgr, 1, blocking=False)
+    assert mgr.wait() is not None
+    _save(mgr, 2)
+    step_dir = tmp_path / "job" / "step-2"
+    man = json.loads((step_dir / MANIFEST).read_text())
+    assert man["step"] == 2 and man["world_size"] == 1 and man["format"] == "trainyard-checkpoint/1"
+    assert set(man["files"]) == {p.name for p in step_dir.iterdir() if p.name != MANIFEST}
+    assert all(len(f["sha256"]) == 64 for f in man["files"].values())
+    assert _load(mgr) == (2, 2.0)
+    kinds = [k for k, _ in events]
+    assert kinds.count("checkpoint") == 2
+    mgr.close()
+
+
+def test_torn_step_without_manifest_is_never_loaded(tmp_path: Path) -> None:
+    events: list = []
+    mgr = _manager(tmp_path, events)
+    _save(mgr, 3)
+    _save(mgr, 4)
+    (tmp_path / "job" / "step-4" / MANIFEST).unlink()  # the writer died before committing
+    assert _load(mgr) == (3, 3.0)
+    assert any("torn" in d.get("why", "") and d.get("skipped_step") == 4 for _, d in events)
+
+
+@given(data=st.data())
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_flipped_byte_in_any_shard_is_detected(tmp_path: Path, data: st.DataObject) -> None:
+    root = tmp_path / f"r{next(_ROOTS)}"
+    mgr = _manager(root)
+    _save(mgr, 5)
+    _save(mgr, 6)
+    step6 = root / "job" / "step-6"
+    files = sorted(p for p in step6.iterdir() if p.name != MANIFEST)
+    victim = data.draw(st.sampled_from(files))
+    raw = bytearray(victim.read_bytes())
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    raw[pos] ^= data.draw(st.integers(1, 255))
+    victim.write_bytes(bytes(raw))
+    ok, why, _ = CheckpointManager.verify(f"file://{step6}")
+    assert not ok and "sha256" in why
+    assert _load(mgr) == (5, 5.0)
+
+
+def test_truncated_shard_and_garbled_manifest_are_skipped(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    for s in (1, 2, 3):
+        _save(mgr, s)
+    shard = next(p for p in (tmp_path / "job" / "step-3").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    (tmp_path / "job" / "step-2" / MANIFEST).write_text("{not json")
+    assert _load(mgr) == (1, 1.0)
+
+
+def test_retention_keeps_last_k_and_the_best(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, keep_last=2)
+    losses = {1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0, 5: 2.5}
+    for step, loss in losses.items():
+        _save(mgr, step, loss=loss)
+    assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "job").iterdir()) == [2, 4, 5]
+
+
+def test_unwritable_storage_raises_a_clear_error_and_keeps_old_steps(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    (tmp_path / "job" / "step-2").write_text("a file where the step directory should go")
+    with pytest.raises(CheckpointWriteError, match="step-2"):
+        _save(mgr, 2)
+    assert _load(mgr) == (1, 1.0)
+
+
+def test_fallback_root_is_considered_when_loading(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path / "primary", fallback_url=f"file://{tmp_path / 'fallback'}")
+    _save(mgr, 1)
+    mgr.save(2, _state(2.0), {}, blocking=True, root=mgr.fallback_job_url)
+    assert _load(mgr) == (2, 2.0)
+
+
+def test_remove_newer_than_clears_leftovers(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    os.makedirs(tmp_path / "job" / "step-7")
+    mgr.remove_newer_than(1)
+    assert not (tmp_path / "job" / "step-7").exists() and (tmp_path / "job" / "step-1").exists()
+
+
+def test_dtype_conversion_on_load(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    ref = mgr.latest_valid()
+    assert ref is not None
+    target = {
+        "model": {"w": torch.zeros((64, 8), dtype=torch.bfloat16), "b": torch.zeros(8, dtype=torch.bfloat16)}
+    }
+    mgr.load(ref, target)
+    assert target["model"]["w"].dtype == torch.bfloat16 and float(target["model"]["b"][3]) == 3.0
