@@ -382,3 +382,36 @@ def test_contract_document_has_exactly_the_design_keys() -> None:
         "plan",
         "reason",
     ]
+
+
+# ---- CLI contracts ------------------------------------------------------------------------------------
+
+
+def test_cli_single_and_batch_json(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from trainyard.cli.main import app
+
+    spec_path = tmp_path / "s.json"
+    spec_path.write_text(json.dumps(make_spec().to_document()))
+    runner = CliRunner()
+    r = runner.invoke(app, ["predict", str(spec_path), "--accelerator", "h100", "--devices", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["accelerator"] == "h100" and doc["devices"] == 8 and doc["fits"] is True
+    batch = tmp_path / "b.jsonl"
+    lines = [
+        {"spec": make_spec().to_document(), "accelerator": "a100-80gb", "devices": 4},
+        {"spec": make_spec().to_document(), "accelerator": "no-such-chip", "devices": 4},
+        "not json",
+        {"spec": str(spec_path), "accelerator": "tpu-v5e", "devices": 8},
+    ]
+    batch.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    r = runner.invoke(app, ["predict", "--batch", str(batch), "--json"])
+    assert r.exit_code == 0, r.output
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(out) == 4
+    assert out[0]["accelerator"] == "a100-80gb" and "error" in out[1] and "error" in out[2]
+    assert out[3]["accelerator"] == "tpu-v5e"
+    r = runner.invoke(app, ["predict", str(tmp_path / "missing.yaml"), "--accelerator", "h100", "--json"])
+    assert r.exit_code == 2

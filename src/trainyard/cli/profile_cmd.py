@@ -1,0 +1,50 @@
+"""`trainyard profile SPEC [--steps N]`: time real training steps on this machine and store the profile."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import typer
+
+from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.predict_cmd import PROFILES_DIR, load_profiles
+from trainyard.errors import InvalidInputError
+from trainyard.settings import load_settings
+from trainyard.spec.loader import load_spec
+
+
+@handle_errors
+def profile_command(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Job spec (YAML or JSON)."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed optimizer steps (median is recorded)."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed warm-up steps."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
+    as_json: bool = typer.Option(False, "--json", help="Print the stored profile as JSON."),
+) -> None:
+    """Profile the spec's model on the local device; predictions for `cpu` then use the stored profiles."""
+    from trainyard.runtime.profiler import profile_spec
+
+    if device not in (None, "cpu", "cuda"):
+        raise InvalidInputError(f"--device {device!r} is not cpu or cuda")
+    spec = load_spec(spec_path)
+    doc = profile_spec(spec, steps=steps, warmup=warmup, device=device, threads=threads)
+    home = load_settings().home
+    out_dir = home / PROFILES_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", spec.name)
+    path = out_dir / f"{stem}-{time.strftime('%Y%m%dT%H%M%S')}-{len(load_profiles(home))}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    if as_json:
+        print_json({**doc, "path": str(path)})
+        return
+    console.print(
+        f"{spec.name}: median step {doc['step_time_s'] * 1000:.1f} ms over {steps} steps on "
+        f"{doc['accelerator']} ({doc['threads']} threads), peak memory {doc['peak_memory_gib']:.2f} GiB"
+    )
+    console.print(f"stored {path}")

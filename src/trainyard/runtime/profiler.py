@@ -1,0 +1,261 @@
+"""Profile real training steps of a job spec's model on the local device (CPU, or CUDA when present).
+
+The model is a Llama-style decoder built in plain PyTorch from the spec (RMSNorm, grouped-query causal
+attention through ``scaled_dot_product_attention``, gated-SiLU or GELU FFN, optional tied embeddings, LoRA
+adapters for ``method: lora``). A profile times whole optimizer steps (forward, backward, AdamW/SGD update,
+gradient accumulation over micro-batches) on random tokens and records the median step time, peak memory
+and the device's measured matmul throughput and memory bandwidth, so the predictor can calibrate the local
+device. The profile is a plain dict; storing it is the caller's business.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trainyard.errors import InvalidInputError
+from trainyard.spec.models import FFNKind, JobSpec, Method, Optimizer, Precision
+
+GIB = 1024.0**3
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, d_in: int, d_out: int, rank: int | None) -> None:
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out, bias=False)
+        self.rank = rank
+        if rank:
+            self.base.weight.requires_grad_(False)
+            self.a = nn.Parameter(torch.randn(rank, d_in) / math.sqrt(d_in))
+            self.b = nn.Parameter(torch.zeros(d_out, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if self.rank:
+            y = y + F.linear(F.linear(x, self.a), self.b)
+        return y
+
+
+class Block(nn.Module):
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__()
+        m = spec.model
+        assert m.d_model is not None and m.n_heads is not None
+        r = spec.workload.lora_rank if spec.workload.method == Method.LORA else None
+        d, hd = m.d_model, m.head_dim_eff
+        self.n_heads, self.n_kv, self.hd = m.n_heads, m.n_kv_heads_eff, hd
+        self.norm1 = nn.RMSNorm(d)
+        self.norm2 = nn.RMSNorm(d)
+        self.q = LoRALinear(d, self.n_heads * hd, r)
+        self.k = LoRALinear(d, self.n_kv * hd, r)
+        self.v = LoRALinear(d, self.n_kv * hd, r)
+        self.o = LoRALinear(self.n_heads * hd, d, r)
+        self.gated = m.ffn == FFNKind.GATED
+        self.up = LoRALinear(d, m.d_ff_eff, r)
+        self.gate = LoRALinear(d, m.d_ff_eff, r) if self.gated else None
+        self.down = LoRALinear(m.d_ff_eff, d, r)
+        self.selective = spec.workload.activation_checkpointing.value == "selective"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(b, s, self.n_heads, self.hd).transpose(1, 2)
+        k = self.k(h).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v(h).view(b, s, self.n_kv, self.hd).transpose(1, 2)
+        if self.selective and torch.is_grad_enabled():
+            a = checkpoint(self._attend, q, k, v, use_reentrant=False)
+        else:
+            a = self._attend(q, k, v)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
+        h = self.norm2(x)
+        u = self.up(h)
+        u = F.silu(self.gate(h)) * u if self.gate is not None else F.gelu(u)
+        return x + self.down(u)
+
+
+class Decoder(nn.Module):
+    def __init__(self, spec: JobSpec) -> None:
+        super().__init__()
+        m = spec.model
+        if m.is_custom or m.n_experts:
+            raise InvalidInputError(
+                "profiling needs a dense decoder described by its shape (no custom params_b, no MoE)",
+                hint="Give n_layers, d_model, n_heads and vocab_size.",
+            )
+        assert m.vocab_size is not None and m.d_model is not None and m.n_layers is not None
+        self.embed = nn.Embedding(m.vocab_size, m.d_model)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(m.n_layers))
+        self.norm = nn.RMSNorm(m.d_model)
+        self.head = nn.Linear(m.d_model, m.vocab_size, bias=False)
+        if m.tie_embeddings:
+            self.head.weight = self.embed.weight
+        if spec.workload.method == Method.LORA:
+            self.embed.weight.requires_grad_(False)
+            self.head.weight.requires_grad_(False)
+        self.full_ckpt = spec.workload.activation_checkpointing.value == "full"
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for blk in self.blocks:
+            x = (
+                checkpoint(blk, x, use_reentrant=False)
+                if self.full_ckpt and torch.is_grad_enabled()
+                else blk(x)
+            )
+        return self.head(self.norm(x))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_device(device: torch.device, repeats: int = 5) -> dict[str, Any]:
+    """Achievable matmul FLOP/s (fp32 and, on CUDA, bf16) and memory bandwidth of the device."""
+    out: dict[str, Any] = {"type": device.type}
+    n = 1024 if device.type == "cpu" else 8192
+    for dt in [torch.float32] if device.type == "cpu" else [torch.float32, torch.bfloat16]:
+        a = torch.randn(n, n, device=device, dtype=dt)
+        b = torch.randn(n, n, device=device, dtype=dt)
+        torch.matmul(a, b)
+        _sync(device)
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            _sync(device)
+            ts.append(time.perf_counter() - t0)
+        name = "fp32" if dt == torch.float32 else "bf16"
+        out[f"matmul_flops_{name}"] = 2.0 * n**3 / statistics.median(ts)
+    out["matmul_flops"] = out["matmul_flops_fp32"]
+    if "matmul_flops_bf16" in out:
+        out["matmul_flops"] = out["matmul_flops_bf16"]
+        out["matmul_flops_fp16"] = out["matmul_flops_bf16"]
+    else:
+        out["matmul_flops_bf16"] = out["matmul_flops_fp16"] = out["matmul_flops_fp32"]
+    x = torch.empty(16 * 1024 * 1024 if device.type == "cpu" else 256 * 1024 * 1024, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _sync(device)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        y.copy_(x)
+        _sync(device)
+        ts.append(time.perf_counter() - t0)
+    out["mem_bw_bytes_s"] = 2.0 * x.numel() * x.element_size() / statistics.median(ts)
+    if device.type == "cuda":
+        out["name"] = torch.cuda.get_device_name(device)
+        out["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
+    else:
+        out["name"] = platform.processor() or platform.machine()
+    return out
+
+
+def _peak_rss_gib() -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 0.0
+
+
+def profile_spec(
+    spec: JobSpec,
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    device: str | None = None,
+    threads: int | None = None,
+    seed: int = 0,
+    measure: bool = True,
+) -> dict[str, Any]:
+    """Time ``steps`` real optimizer steps (after ``warmup``) and return the profile document."""
+    if steps < 1 or warmup < 0:
+        raise InvalidInputError("steps must be >= 1 and warmup >= 0")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(
+            "CUDA was requested but no CUDA device is available", hint="Use --device cpu."
+        )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    wl = spec.workload
+    mb = min(wl.micro_batch or wl.global_batch, wl.global_batch)
+    accum = math.ceil(wl.global_batch / mb)
+    model = Decoder(spec).to(dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if wl.optimizer == Optimizer.SGD:
+        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=wl.learning_rate, momentum=0.9)
+    elif wl.optimizer == Optimizer.ADAFACTOR:
+        opt = torch.optim.Adafactor(params, lr=wl.learning_rate)
+    else:
+        opt = torch.optim.AdamW(params, lr=wl.learning_rate)
+    amp_dtype = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}.get(wl.precision)
+    if wl.precision == Precision.FP8_MIXED:
+        amp_dtype = torch.bfloat16  # fp8 kernels need Transformer Engine; profiled as bf16
+    vocab = spec.model.vocab_size or 2
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    data = torch.randint(0, vocab, (accum, mb, wl.seq_len + 1), generator=gen).to(dev)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(accum):
+            x, y = data[i, :, :-1], data[i, :, 1:]
+            with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                logits = model(x)
+                loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1)) / accum
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        return total
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    for _ in range(warmup):
+        step()
+    _sync(dev)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated(dev) / GIB if dev.type == "cuda" else _peak_rss_gib()
+    return {
+        "format": 1,
+        "name": spec.name,
+        "accelerator": "cpu" if dev.type == "cpu" else "cuda",
+        "spec": spec.to_document(),
+        "plan": {
+            "micro_batch": mb,
+            "grad_accum": accum,
+            "activation_checkpointing": "none"
+            if wl.activation_checkpointing.value == "auto"
+            else wl.activation_checkpointing.value,
+        },
+        "step_time_s": statistics.median(times),
+        "step_times_s": times,
+        "peak_memory_gib": peak,
+        "peak_memory_kind": "allocated" if dev.type == "cuda" else "process peak resident set",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": measure_device(dev) if measure else {"type": dev.type},
+        "params": sum(p.numel() for p in model.parameters()),
+    }
