@@ -129,7 +129,9 @@ def enumerate_candidates(
         return {}
     arr = np.array(rows, dtype=np.int64)
     names = ("tp", "pp", "dp", "scope", "shard", "ck", "mb", "b_local")
-    return {k: arr[:, i] for i, k in enumerate(names)}
+    out = {k: arr[:, i] for i, k in enumerate(names)}
+    out.update({f"{k}_f": arr[:, i].astype(float) for i, k in enumerate(names)})
+    return out
 
 
 @dataclass
@@ -143,6 +145,26 @@ class Evaluation:
     n_micro: np.ndarray
 
 
+_FLOPS_CACHE: dict[int, tuple[Workload, np.ndarray, np.ndarray]] = {}
+
+
+def _flops_by_policy(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """Matmul and attention FLOPs per token for each checkpointing policy (memoised per workload)."""
+    hit = _FLOPS_CACHE.get(id(w))
+    if hit is not None and hit[0] is w:
+        return hit[1], hit[2]
+    mm_tok = np.empty(3)
+    at_tok = np.empty(3)
+    for i, pol in enumerate(CK_ENUM):
+        f = w.flops(pol)
+        mm_tok[i] = f.matmul_model + f.matmul_recompute
+        at_tok[i] = f.attention_model + f.attention_recompute
+    if len(_FLOPS_CACHE) > 4096:
+        _FLOPS_CACHE.clear()
+    _FLOPS_CACHE[id(w)] = (w, mm_tok, at_tok)
+    return mm_tok, at_tok
+
+
 def evaluate(
     w: Workload,
     cand: dict[str, np.ndarray],
@@ -152,14 +174,14 @@ def evaluate(
     pins: Pins,
 ) -> Evaluation:
     """Step time and per-device memory of every candidate plan."""
-    tp = cand["tp"].astype(float)
-    pp = cand["pp"].astype(float)
-    dp = cand["dp"].astype(float)
-    shard = cand["shard"].astype(float)
+    tp = cand["tp_f"]
+    pp = cand["pp_f"]
+    dp = cand["dp_f"]
+    shard = cand["shard_f"]
     scope = cand["scope"]
     ck = cand["ck"]
-    mb = cand["mb"].astype(float)
-    b_local = cand["b_local"].astype(float)
+    mb = cand["mb_f"]
+    b_local = cand["b_local_f"]
     cp = float(pins.context)
     vp = float(pins.virtual_stages)
     sh = w.shape
@@ -171,12 +193,7 @@ def evaluate(
     tokens_mb = mb * w.seq_len / cp
 
     # --- FLOPs per token by checkpointing policy ---
-    mm_tok = np.empty(3)
-    at_tok = np.empty(3)
-    for i, pol in enumerate(CK_ENUM):
-        f = w.flops(pol)
-        mm_tok[i] = f.matmul_model + f.matmul_recompute
-        at_tok[i] = f.attention_model + f.attention_recompute
+    mm_tok, at_tok = _flops_by_policy(w)
     mm_flops = tokens_mb * mm_tok[ck] / (tp * pp)
     at_flops = tokens_mb * at_tok[ck] / (tp * pp)
 
