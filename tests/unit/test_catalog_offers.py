@@ -190,3 +190,67 @@ def test_filters() -> None:
         o.on_demand_usd_per_device_hour <= 1.0 for o in filter_offers(offers, max_usd_per_device_hour=1.0)
     )
     assert filter_offers(offers, accelerator="A100") == filter_offers(offers, accelerator="a100-40gb")
+
+
+def test_v100_pools_state_their_16gb_memory() -> None:
+    from trainyard.cost.quote import quote
+    from trainyard.spec import spec_from_dict
+
+    pools = {p.name: p for p in catalog_pools()}
+    assert pools["gcp/us-central1/n1-standard-8+1xV100/on_demand"].memory_per_device_gib == 16.0
+    assert pools["azure/eastus/Standard_ND40rs_v2/on_demand"].memory_per_device_gib is None  # the 32 GB part
+    assert pools["aws/us-east-1/p4d.24xlarge/on_demand"].memory_per_device_gib is None
+    spec = spec_from_dict(
+        {
+            "name": "v",
+            "model": {"architecture": "custom", "params_b": 0.5},
+            "workload": {"seq_len": 512, "global_batch": 8, "steps": 10},
+            "resources": {"min_memory_per_device_gib": 20},
+            "requirements": {"allow": ["v100"]},
+        }
+    )
+    by_pool = {o.pool: o for o in quote(spec)}
+    assert "16 GiB" in by_pool["gcp/us-central1/n1-standard-8+1xV100/on_demand"].reason
+    assert by_pool["azure/eastus/Standard_ND40rs_v2/on_demand"].feasible
+
+
+def test_pools_file_priced_from_the_catalog(tmp_path) -> None:
+    from trainyard.catalog.pools import load_pools
+    from trainyard.cost.quote import quote
+    from trainyard.spec import spec_from_dict
+
+    f = tmp_path / "pools.yaml"
+    f.write_text(
+        "pools:\n"
+        "- {name: p4d, accelerator: a100, devices_per_node: 8, nodes: 2, market: reserved, cloud: aws,\n"
+        "   region: us-east-1, instance_type: p4d.24xlarge}\n"
+    )
+    spec = spec_from_dict(
+        {"name": "x", "model": {"architecture": "custom", "params_b": 1.0},
+         "workload": {"seq_len": 1024, "global_batch": 8, "steps": 100}}
+    )  # fmt: skip
+    opts = quote(spec, load_pools(f))
+    eight = next(o for o in opts if o.devices == 8)
+    assert eight.price_usd_per_hour == pytest.approx(21.957642 * 0.65)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("pools:\n- {name: p, accelerator: h100, devices_per_node: 8, nodes: 1, available_devices: 9, "
+         "market: spot, region: r}\n", "available_devices"),
+        ("pools:\n- {name: p, accelerator: h999, devices_per_node: 8, nodes: 1, market: spot, region: r}\n",
+         "accelerator"),
+        ("pools:\n- {name: p, accelerator: h100, devices_per_node: 0, nodes: 1, market: spot, region: r}\n",
+         "devices_per_node"),
+        ("pools: [\n", "malformed"),
+    ],
+)  # fmt: skip
+def test_bad_pools_files(tmp_path, text: str, needle: str) -> None:
+    from trainyard.catalog.pools import load_pools
+
+    f = tmp_path / "pools.yaml"
+    f.write_text(text)
+    with pytest.raises(PoolsFileError) as exc:
+        load_pools(f)
+    assert needle in str(exc.value) and exc.value.exit_code == 2

@@ -223,6 +223,13 @@ _G2_VCPUS_BY_L4 = {1: 4, 2: 24, 4: 48, 8: 96}
 _TPU_RE = re.compile(r"^tpu-(v\d+[a-z]*|v5litepod)-(\d+)$")
 _TPU_CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1}
 
+# Device memory where the catalog row has none: clouds' plain "V100" SKUs (GCP, Azure NCv3, AWS p3) carry the
+# 16 GB part; the accelerator table's V100 row is the 32 GB variant.
+_MEMORY_BY_SOURCE_NAME = {"V100": 16.0, "V100-32GB": 32.0}
+# A pool states its own device memory only when it differs from the table by more than this share (the
+# table mixes GB and GiB figures within a few percent; a 16 GB V100 against 32 GB is a different part).
+_MEMORY_DIFFERENCE = 0.25
+
 # Azure ND96isr_H100_v5 is listed with 12 GPUs; the real SKU carries 8 x H100 (Azure ND H100 v5 docs).
 _COUNT_CORRECTIONS = {("azure", "Standard_ND96isr_H100_v5"): 8}
 
@@ -326,7 +333,8 @@ def _load() -> tuple[tuple[Offer, ...], tuple[SkippedRow, ...]]:
                 devices_per_instance=devices,
                 on_demand_usd_per_hour=on_demand,
                 spot_usd_per_hour=spot,
-                accelerator_memory_gib=_float(row["accelerator_memory_gib"]),
+                accelerator_memory_gib=_float(row["accelerator_memory_gib"])
+                or _MEMORY_BY_SOURCE_NAME.get(acc_name),
                 source_accelerator_name=acc_name,
                 notes=tuple(notes),
             )
@@ -367,7 +375,8 @@ def _load() -> tuple[tuple[Offer, ...], tuple[SkippedRow, ...]]:
                 devices_per_instance=count,
                 on_demand_usd_per_hour=on_demand,
                 spot_usd_per_hour=spot,
-                accelerator_memory_gib=_float(acc_row["accelerator_memory_gib"]),
+                accelerator_memory_gib=_float(acc_row["accelerator_memory_gib"])
+                or _MEMORY_BY_SOURCE_NAME.get(acc_name),
                 source_accelerator_name=acc_name,
                 notes=tuple(notes),
             )
@@ -406,7 +415,8 @@ def _load() -> tuple[tuple[Offer, ...], tuple[SkippedRow, ...]]:
                 devices_per_instance=count,
                 on_demand_usd_per_hour=acc_od + host_od,
                 spot_usd_per_hour=spot,
-                accelerator_memory_gib=_float(acc_row["accelerator_memory_gib"]),
+                accelerator_memory_gib=_float(acc_row["accelerator_memory_gib"])
+                or _MEMORY_BY_SOURCE_NAME.get(acc_name),
                 source_accelerator_name=acc_name,
                 host_estimated=True,
                 notes=("host VM price estimated from public list prices",),
@@ -468,6 +478,7 @@ class RegionalOffer:
     on_demand_usd_per_hour: float
     spot_usd_per_hour: float | None
     zones: tuple[str, ...]
+    accelerator_memory_gib: float | None = None
 
 
 def regional_offers(offers: Sequence[Offer] | None = None) -> list[RegionalOffer]:
@@ -496,6 +507,7 @@ def regional_offers(offers: Sequence[Offer] | None = None) -> list[RegionalOffer
                 on_demand_usd_per_hour=max(o.on_demand_usd_per_hour for o in group),
                 spot_usd_per_hour=statistics.median(spots) if spots else None,
                 zones=tuple(sorted(o.zone for o in group if o.zone)),
+                accelerator_memory_gib=first.accelerator_memory_gib,
             )
         )
     out.sort(key=lambda r: (r.accelerator, r.cloud, r.region, r.instance_type))
@@ -521,11 +533,22 @@ def offers_as_pools(
     the catalog records a spot discount. ``interruption_rate_per_hour`` overrides the spot default per
     accelerator name.
     """
+    from trainyard.catalog.accelerators import load_accelerators
+
+    table = load_accelerators()
     wanted = [Market(m) for m in markets]
     overrides = interruption_rate_per_hour or {}
     pools: list[Pool] = []
     for r in regional_offers(offers):
         nodes = max(1, max_devices_per_pool // r.devices_per_instance)
+        memory = r.accelerator_memory_gib
+        table_memory = table[r.accelerator].memory_gib if r.accelerator in table else None
+        if (
+            memory is None
+            or table_memory is None
+            or abs(memory - table_memory) <= _MEMORY_DIFFERENCE * table_memory
+        ):
+            memory = None
         for market in wanted:
             if market == Market.SPOT:
                 if r.spot_usd_per_hour is None:
@@ -551,6 +574,7 @@ def offers_as_pools(
                     interruption_rate_per_hour=rate,
                     notice_s=notice,
                     whole_nodes_only=True,
+                    memory_per_device_gib=memory,
                 )
             )
     return pools

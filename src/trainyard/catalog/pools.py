@@ -33,6 +33,8 @@ class Pool(BaseModel):
     # True when the pool rents whole instances only (catalog offers, TPU slices): an allocation is a
     # multiple of devices_per_node. False (the default) lets a job take a power-of-two share of one node.
     whole_nodes_only: bool = False
+    # Device memory when the pool's SKU differs from the accelerator table (a 16 GB V100 vs the 32 GB row).
+    memory_per_device_gib: Annotated[float, Field(gt=0, le=1e5)] | None = None
 
     @field_validator("accelerator")
     @classmethod
@@ -85,7 +87,9 @@ def pools_from_dict(data: Any, source: str = "pools") -> list[Pool]:
         errors = describe_validation_error(exc)
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise PoolsFileError(f"{source}: {first['field']}: {first['message']}{more}", details={"errors": errors}) from None
+        raise PoolsFileError(
+            f"{source}: {first['field']}: {first['message']}{more}", details={"errors": errors}
+        ) from None
 
 
 def load_pools(path: str | Path) -> list[Pool]:
@@ -95,7 +99,9 @@ def load_pools(path: str | Path) -> list[Pool]:
     try:
         text = p.read_text(encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise PoolsFileError(f"{p}: cannot read ({exc.__class__.__name__})", hint="Give the path of a POOLS YAML file.") from None
+        raise PoolsFileError(
+            f"{p}: cannot read ({exc.__class__.__name__})", hint="Give the path of a POOLS YAML file."
+        ) from None
     try:
         data = parse_document(text, str(p))
     except SpecError as exc:  # the shared parser speaks of specs; re-badge it as a pools error

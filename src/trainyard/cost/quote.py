@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from fnmatch import fnmatch
 from typing import Any
@@ -142,6 +142,15 @@ def candidate_device_counts(spec: JobSpec, pool: Pool) -> list[int]:
 
 
 # ---- eligibility --------------------------------------------------------------------------------------
+def pool_accelerator(pool: Pool, accelerator: Accelerator | None = None) -> Accelerator:
+    """The pool's accelerator, with the pool's own device memory where it states one."""
+    acc = accelerator if accelerator is not None else get_accelerator(pool.accelerator)
+    mem = pool.memory_per_device_gib
+    if mem is not None and mem != acc.memory_gib:
+        acc = replace(acc, memory_gib=mem)
+    return acc
+
+
 def eligibility_reason(spec: JobSpec, pool: Pool, accelerator: Accelerator | None = None) -> str:
     """Why ``pool`` can never serve ``spec`` whatever the device count ('' when it can)."""
     acc_name = pool.accelerator
@@ -166,7 +175,7 @@ def eligibility_reason(spec: JobSpec, pool: Pool, accelerator: Accelerator | Non
         return f"objective.markets: {pool.market.value} is not in {allowed}"
     min_mem = spec.resources.min_memory_per_device_gib
     if min_mem is not None:
-        acc = accelerator or get_accelerator(acc_name)
+        acc = pool_accelerator(pool, accelerator)
         if acc.memory_gib < min_mem:
             have = f"{acc.memory_gib:g} GiB < {min_mem:g} GiB"
             return f"resources.min_memory_per_device_gib: {acc_name} has {have}"
@@ -259,7 +268,7 @@ def option_for(
     """
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
-    acc = accelerator if accelerator is not None else get_accelerator(pool.accelerator)
+    acc = pool_accelerator(pool, accelerator)
     if facts is None:
         facts = SpecFacts.of(spec, now, deadline_s)
     why = eligibility_reason(spec, pool, acc)
@@ -447,10 +456,10 @@ def quote(
             pools = catalog_pools()
         else:
             pools = offers_as_pools(reserved_discount=params.reserved_discount)
-    cache: dict[tuple[str, int], Prediction] = {}
+    cache: dict[tuple[str, float, int], Prediction] = {}
 
     def cached_predict(s: JobSpec, acc: Accelerator, devices: int) -> Prediction:
-        key = (acc.name, devices)
+        key = (acc.name, acc.memory_gib, devices)
         p = cache.get(key)
         if p is None:
             p = predict(s, acc, devices)
