@@ -142,6 +142,16 @@ def candidate_device_counts(spec: JobSpec, pool: Pool) -> list[int]:
 
 
 # ---- eligibility --------------------------------------------------------------------------------------
+def predict_kwargs(pool: Pool, accelerator: Accelerator) -> dict[str, Any]:
+    """The pool's topology for the predictor: devices per node and network, or the slice for TPUs."""
+    kw: dict[str, Any] = {"inter_node_gbps": pool.inter_node_gbps}
+    if accelerator.family == "google-tpu":
+        kw["fast_domain_devices"] = pool.devices_per_node  # one slice shares the ICI torus
+    else:
+        kw["devices_per_node"] = pool.devices_per_node
+    return kw
+
+
 def pool_accelerator(pool: Pool, accelerator: Accelerator | None = None) -> Accelerator:
     """The pool's accelerator, with the pool's own device memory where it states one."""
     acc = accelerator if accelerator is not None else get_accelerator(pool.accelerator)
@@ -263,7 +273,8 @@ def option_for(
 
     ``elapsed_fraction`` is the share of the job already done (re-planning a running job): only the rest
     is priced. ``deadline_s`` overrides the spec's deadline (seconds from now), e.g. for a job that has
-    already waited; an absolute deadline needs ``now``. ``predict_fn`` lets callers share a cache;
+    already waited; an absolute deadline needs ``now``. ``predict_fn(spec, accelerator, devices)`` lets
+    callers share a cache (without one, the pool's topology from :func:`predict_kwargs` is passed on);
     ``accelerator`` and ``facts`` (from :meth:`SpecFacts.of`) save repeated look-ups in a loop.
     """
     if not 0.0 <= elapsed_fraction < 1.0:
@@ -294,7 +305,14 @@ def option_for(
     nodes = math.ceil(devices / pool.devices_per_node)
 
     # Step time: measured where the spec names this accelerator, else the predictor's.
-    pf = predict_fn or predict
+    if predict_fn is not None:
+        pf = predict_fn
+    else:
+        topology = predict_kwargs(pool, acc)
+
+        def pf(s: JobSpec, a: Accelerator, d: int) -> Prediction:
+            return predict(s, a, d, **topology)
+
     pred = prediction if prediction is not None else pf(spec, acc, devices)
     step_s, step_p90_s, fits, fit_reason = pred.step_time_s, pred.step_time_p90_s, pred.fits, pred.reason
     source = pred.source
@@ -456,15 +474,21 @@ def quote(
             pools = catalog_pools()
         else:
             pools = offers_as_pools(reserved_discount=params.reserved_discount)
-    cache: dict[tuple[str, float, int], Prediction] = {}
+    cache: dict[tuple[Any, ...], Prediction] = {}
 
-    def cached_predict(s: JobSpec, acc: Accelerator, devices: int) -> Prediction:
-        key = (acc.name, acc.memory_gib, devices)
-        p = cache.get(key)
-        if p is None:
-            p = predict(s, acc, devices)
-            cache[key] = p
-        return p
+    def cached_predictor(pool: Pool, acc: Accelerator) -> PredictFn:
+        topology = predict_kwargs(pool, acc)
+        topo_key = tuple(sorted(topology.items()))
+
+        def cached(s: JobSpec, a: Accelerator, devices: int) -> Prediction:
+            key = (a.name, a.memory_gib, devices, topo_key)
+            p = cache.get(key)
+            if p is None:
+                p = predict(s, a, devices, **topology)
+                cache[key] = p
+            return p
+
+        return cached
 
     options: list[QuoteOption] = []
     facts = SpecFacts.of(spec, now, deadline_s)
@@ -493,11 +517,12 @@ def quote(
                 )
             )  # fmt: skip
             continue
+        pf = cached_predictor(pool, acc)
         for d in counts:
             options.append(
                 option_for(
                     spec, pool, d, params=params, now=now, deadline_s=deadline_s,
-                    elapsed_fraction=elapsed_fraction, predict_fn=cached_predict,
+                    elapsed_fraction=elapsed_fraction, predict_fn=pf,
                     accelerator=acc, facts=facts,
                 )
             )  # fmt: skip
