@@ -123,7 +123,7 @@ def simulate(
         "preempt",
         "lost dev-h",
     ):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     for s in summaries:
         lb = s["lower_bound_cost_usd"]
         table.add_row(

@@ -64,6 +64,9 @@ class SimConfig:
     # (or, for a policy that migrates, while jobs run) a round also happens every periodic_round_s.
     round_gap_s: float = 300.0
     periodic_round_s: float = 3600.0
+    # Running jobs are offered to the policy (for migration and the deadline-aware spot fallback) in rounds
+    # at least this far apart; rounds in between place queued jobs only. 0 = every round.
+    replan_running_s: float = 3600.0
     # Checkpoint write time; None = the cost model's figure for the job when it gives one, else 60 s.
     checkpoint_write_s: float | None = None
     conversion_s: float = 300.0  # extra start-up after a move between accelerator families
@@ -171,6 +174,7 @@ class _PoolState:
     trace: SpotTrace | None = None
     rate_per_hour: float = 0.0  # Poisson interruptions (spot pools without a trace)
     notice_s: float = 0.0
+    _live: tuple[tuple[int, float | None], Pool] | None = None
 
     @property
     def market(self) -> str:
@@ -331,8 +335,9 @@ class Simulator:
         self._seq = 0
         self._token = 0
         self.now = 0.0
-        self._round_pending = False
+        self._round_at = math.inf  # time of the earliest pending round
         self._last_round_s = -math.inf
+        self._last_replan_s = -math.inf
         self._queue: dict[str, None] = {}  # insertion-ordered set of queued job ids
         self._running: dict[str, None] = {}
         self._done = 0
@@ -347,6 +352,7 @@ class Simulator:
         self._samples: list[Sample] = []
         self._lower_bounds: dict[str, float] = {}
         self._trace_iters: dict[str, Any] = {}
+        self._truth: dict[tuple[str, str], float] = {}  # true / predicted step time per (job, accelerator)
         self._detached: dict[int, _Attempt] = {}  # old allocations of migrating jobs, until released
 
     # ---- event queue ------------------------------------------------------------------------------
@@ -378,7 +384,12 @@ class Simulator:
     def _truth_factor(self, job: _Job, opt: QuoteOption) -> float:
         if opt.accelerator in job.spec.measured.step_time_s or opt.step_time_source.startswith("measured"):
             return 1.0  # a measured step time is the truth; the error models the predictor only
-        return _true_step_factor(self.config.seed, job.job_id, opt.accelerator, self.config)
+        key = (job.job_id, opt.accelerator)
+        hit = self._truth.get(key)
+        if hit is None:
+            hit = _true_step_factor(self.config.seed, job.job_id, opt.accelerator, self.config)
+            self._truth[key] = hit
+        return hit
 
     # ---- main loop ---------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -429,7 +440,7 @@ class Simulator:
             elif kind == _PRICE:
                 self._on_price(*payload)
             elif kind == _ROUND:
-                self._on_round()
+                self._on_round(payload)
             elif kind == _SAMPLE:
                 self._sample()
                 if not self._finished():
@@ -457,19 +468,31 @@ class Simulator:
         self._queue[job_id] = None
         self._want_round()
 
-    def _want_round(self) -> None:
-        if self._round_pending:
+    def _want_round(self, at_s: float | None = None) -> None:
+        """Ask for a round (debounced: one per ``round_gap_s``); an earlier request wins."""
+        t = max(self.now, self._last_round_s + self.config.round_gap_s) if at_s is None else at_s
+        if self._round_at <= t:
             return
-        self._round_pending = True
-        self._push(max(self.now, self._last_round_s + self.config.round_gap_s), _ROUND, None)
+        self._round_at = t
+        self._push(t, _ROUND, t)
 
-    def _on_round(self) -> None:
-        self._round_pending = False
+    def _on_round(self, at_s: float) -> None:
+        if at_s != self._round_at:
+            return  # superseded by an earlier round
+        self._round_at = math.inf
         self._last_round_s = self.now
         if not self._queue and not (self.policy.migrates and self._running):
             return
         queued = [self._queued_view(self.jobs[j]) for j in self._queue]
-        running = [self._running_view(self.jobs[j]) for j in self._running if self.jobs[j].state == "running"]
+        running: list[RunningView] = []
+        if self.policy.migrates and self.now - self._last_replan_s >= self.config.replan_running_s:
+            self._last_replan_s = self.now
+            running = [
+                self._running_view(self.jobs[j]) for j in self._running if self.jobs[j].state == "running"
+            ]
+        if not queued and not running:
+            self._schedule_periodic()
+            return
         live = [ps.live() for ps in self.pools.values()]
         t0 = self.timer() if self.timer is not None else None
         decision: Decision = self.policy.decide(self.now, queued, running, live)
@@ -480,9 +503,11 @@ class Simulator:
             self._solve_times.append(solve)
         for st in decision.starts:
             self._apply_start(st.job_id, st.pool, st.devices, st.migration)
+        self._schedule_periodic()
+
+    def _schedule_periodic(self) -> None:
         if self._queue or (self.policy.migrates and self._running):
-            self._round_pending = True
-            self._push(self.now + self.config.periodic_round_s, _ROUND, None)
+            self._want_round(self.now + self.config.periodic_round_s)
 
     def _apply_start(self, job_id: str, pool_name: str, devices: int, migration: bool) -> None:
         job = self.jobs.get(job_id)
@@ -508,7 +533,13 @@ class Simulator:
         from trainyard.cost.quote import option_for
 
         progress = min(1.0, job.durable_steps / job.total_steps) if job.total_steps > 0 else 0.0
-        opt = option_for(job.spec, ps.live(), devices, elapsed_fraction=progress)
+        opt = option_for(
+            job.spec,
+            ps.live(),
+            devices,
+            elapsed_fraction=min(progress, 0.999999),
+            predict_fn=self.book.predict,
+        )
         write_s = (
             self.config.checkpoint_write_s if self.config.checkpoint_write_s is not None else opt.checkpoint_s
         )

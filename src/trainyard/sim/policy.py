@@ -90,12 +90,36 @@ class OptionBook:
     """Memo of the cost model's options per (job, pool, device count), priced on the pool as configured.
 
     Shared by the baselines and the lower bound. Prices used for ranking are read from the live pool;
-    the option supplies feasibility, step time and expected cost.
+    the option supplies feasibility, step time and expected cost. Predictions (step time and memory per
+    accelerator and device count) do not depend on a job's length or objective, so they are memoised
+    per model/workload shape and shared by every job of that shape.
     """
 
     counts: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     options: dict[tuple[str, str, int], QuoteOption] = field(default_factory=dict)
     base_pools: dict[str, Pool] = field(default_factory=dict)
+    predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+
+    def shape_key(self, spec: JobSpec) -> str:
+        hit = self._shapes.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        key = spec.model_dump_json(
+            exclude={"name": True, "tags": True, "objective": True, "workload": {"steps", "tokens", "epochs"}}
+        )
+        self._shapes[id(spec)] = (spec, key)
+        return key
+
+    def predict(self, spec: JobSpec, accelerator: Any, devices: int) -> Any:
+        from trainyard.predict import predict
+
+        key = (self.shape_key(spec), accelerator.name, devices)
+        hit = self.predictions.get(key)
+        if hit is None:
+            hit = predict(spec, accelerator, devices)
+            self.predictions[key] = hit
+        return hit
 
     def set_pools(self, pools: Sequence[Pool]) -> None:
         self.base_pools = {p.name: p.model_copy(update={"available_devices": None}) for p in pools}
@@ -116,7 +140,7 @@ class OptionBook:
         key = (job_id, pool_name, devices)
         hit = self.options.get(key)
         if hit is None:
-            hit = option_for(spec, self.base_pools[pool_name], devices)
+            hit = option_for(spec, self.base_pools[pool_name], devices, predict_fn=self.predict)
             self.options[key] = hit
         return hit
 

@@ -1,0 +1,252 @@
+"""The simulator's event loop: hand-checked single jobs, conservation, determinism, baselines as named."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from trainyard.catalog.pools import Pool
+from trainyard.cost import model as cm
+from trainyard.sim import (
+    PoolChange,
+    SimConfig,
+    TraceJob,
+    TraceMix,
+    generate_trace,
+    simulate,
+)
+from trainyard.sim.policy import OptionBook, capacity_devices
+from trainyard.spec import spec_from_dict
+
+PRICE = 2.0  # $ per device-hour
+STEP_S = 1.0  # measured step time on a100-80gb
+STEPS = 3600
+INTERVAL_S = 600.0  # pinned checkpoint interval
+WRITE_S = 30.0  # checkpoint write time (SimConfig)
+PROVISION_S = cm.PROVISIONING_S["nvidia"]
+
+
+def one_job(**objective: object) -> TraceJob:
+    doc = {
+        "name": "hand",
+        "model": {"architecture": "custom", "params_b": 0.5},
+        "workload": {"seq_len": 1024, "global_batch": 8, "steps": STEPS},
+        "resources": {"min_devices": 1, "max_devices": 1},
+        "checkpoint": {"interval": "10m"},
+        "measured": {"step_time_s": {"a100-80gb": STEP_S}},
+    }
+    if objective:
+        doc["objective"] = objective
+    return TraceJob(job_id="hand", submit_s=0.0, tenant="t", spec=spec_from_dict(doc))
+
+
+def pool(market: str = "on_demand", **kw: object) -> Pool:
+    base: dict[str, object] = {
+        "name": f"a100-{market}",
+        "accelerator": "a100-80gb",
+        "devices_per_node": 1,
+        "nodes": 1,
+        "market": market,
+        "price_usd_per_device_hour": PRICE,
+        "cloud": "aws",
+        "region": "us-east-1",
+    }
+    if market == "spot":
+        base.update(interruption_rate_per_hour=0.0, notice_s=0.0)
+    base.update(kw)
+    return Pool.model_validate(base)
+
+
+def cfg(**kw: object) -> SimConfig:
+    return replace(SimConfig(seed=0, checkpoint_write_s=WRITE_S, step_time_error_sigma=0.0), **kw)  # type: ignore[arg-type]
+
+
+def load_s(job: TraceJob) -> float:
+    spec = job.spec
+    return cm.checkpoint_load_s(
+        cm.checkpoint_bytes(spec), 1, cm.storage_read_gb_per_s(spec.checkpoint.storage)
+    )
+
+
+@pytest.mark.parametrize("policy", ["cheapest-hourly", "fastest", "trainyard", "on-demand-only"])
+def test_one_job_one_pool_by_hand(policy: str) -> None:
+    job = one_job()
+    r = simulate([job], [pool()], policy, cfg())
+    # start-up (provisioning; nothing to load, nothing to compile on a GPU), then 3600 s of steps with a
+    # checkpoint write after every 600 s of training except the last: 5 writes of 30 s.
+    wall = PROVISION_S + STEPS * STEP_S + 5 * WRITE_S
+    (out,) = r.jobs
+    assert out.completion_s == pytest.approx(wall)
+    assert out.cost_usd == pytest.approx(wall / 3600.0 * PRICE)
+    assert r.total_cost_usd == pytest.approx(out.cost_usd)
+    assert out.preemptions == 0 and out.lost_work_device_s == 0.0 and out.attempts == 1
+    # lower bound: the job alone, no checkpoints, one start-up
+    assert out.lower_bound_cost_usd == pytest.approx((PROVISION_S + STEPS * STEP_S) / 3600.0 * PRICE)
+    s = r.summary()
+    assert s["jobs_completed"] == 1 and s["mean_jct_s"] == pytest.approx(wall, abs=1e-3)
+
+
+def test_reclaim_without_notice_loses_work_since_last_checkpoint() -> None:
+    job = one_job()
+    reclaim_at = PROVISION_S + 1000.0
+    back_at = 2000.0
+    changes = (PoolChange(reclaim_at, "a100-spot", available_devices=0), PoolChange(back_at, "a100-spot", 1))
+    r = simulate([job], [pool("spot")], "cheapest-hourly", cfg(changes=changes))
+    (out,) = r.jobs
+    # 1000 s after start-up: one full cycle (600 s training + 30 s write) and 370 s more training -> the
+    # 370 s since the checkpoint are lost (no notice, so no emergency checkpoint).
+    assert out.preemptions == 1
+    assert out.lost_work_device_s == pytest.approx(370.0)
+    restart = PROVISION_S + load_s(job)  # provisioning + checkpoint load, no recompile on a GPU
+    remaining = STEPS * STEP_S - 600.0
+    second = restart + remaining + 4 * WRITE_S  # ceil(3000 / 600) - 1 = 4 writes
+    assert out.completion_s == pytest.approx(back_at + second)
+    held = reclaim_at + second  # devices held until the reclaim, then for the second attempt
+    assert out.cost_usd == pytest.approx(held / 3600.0 * PRICE)
+    assert r.billed_device_s == pytest.approx(r.held_device_s) == pytest.approx(held)
+
+
+def test_notice_long_enough_for_an_emergency_checkpoint_loses_nothing() -> None:
+    job = one_job()
+    reclaim_at = PROVISION_S + 1000.0
+    changes = (PoolChange(reclaim_at, "a100-spot", available_devices=0), PoolChange(2000.0, "a100-spot", 1))
+    r = simulate([job], [pool("spot", notice_s=120.0)], "cheapest-hourly", cfg(changes=changes))
+    (out,) = r.jobs
+    assert out.preemptions == 1 and out.lost_work_device_s == 0.0
+    # released once the emergency checkpoint is written; all 970 s of training survive
+    remaining = STEPS * STEP_S - 970.0
+    second = PROVISION_S + load_s(job) + remaining + (math.ceil(remaining / INTERVAL_S) - 1) * WRITE_S
+    assert out.completion_s == pytest.approx(2000.0 + second)
+    assert out.cost_usd == pytest.approx((reclaim_at + WRITE_S + second) / 3600.0 * PRICE)
+
+
+def test_price_change_is_billed_piecewise() -> None:
+    job = one_job()
+    changes = (PoolChange(1000.0, "a100-on_demand", price_usd_per_device_hour=4.0),)
+    r = simulate([job], [pool()], "fastest", cfg(changes=changes))
+    wall = PROVISION_S + STEPS * STEP_S + 5 * WRITE_S
+    assert r.total_cost_usd == pytest.approx(1000.0 / 3600 * PRICE + (wall - 1000.0) / 3600 * 4.0)
+
+
+def test_truth_differs_from_belief_without_a_measurement() -> None:
+    doc = one_job().spec.to_document()
+    doc.pop("measured")
+    spec = spec_from_dict(doc)
+    job = TraceJob("p", 0.0, "t", spec)
+    exact = simulate([job], [pool()], "fastest", cfg(step_time_error_sigma=0.0)).jobs[0]
+    noisy = simulate([job], [pool()], "fastest", cfg(step_time_error_sigma=0.5, seed=3)).jobs[0]
+    assert exact.completion_s is not None and noisy.completion_s is not None
+    assert noisy.completion_s != pytest.approx(exact.completion_s)
+
+
+def test_poisson_interruptions_are_seeded() -> None:
+    job = one_job()
+    spot = pool("spot", interruption_rate_per_hour=2.0, notice_s=0.0)
+    outs = [simulate([job], [spot], "cheapest-hourly", cfg(seed=s)).jobs[0] for s in range(4)]
+    again = [simulate([job], [spot], "cheapest-hourly", cfg(seed=s)).jobs[0] for s in range(4)]
+    assert outs == again
+    assert len({o.completion_s for o in outs}) > 1  # different seeds, different interruptions
+    assert all(o.preemptions > 0 and o.completion_s is not None for o in outs)
+    assert any(o.lost_work_device_s > 0 for o in outs)
+
+
+def _small_trace(n: int = 16, seed: int = 2) -> list[TraceJob]:
+    return generate_trace(TraceMix(n_jobs=n, span_s=n * 1200.0, job_hours=(0.3, 3.0)), seed=seed)
+
+
+def _pools() -> list[Pool]:
+    from tests.conftest import EXAMPLES
+
+    from trainyard.catalog.pools import load_pools
+
+    return load_pools(EXAMPLES / "sim-pools.yaml")
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, object]:
+    jobs = _small_trace()
+    pools = _pools()
+    c = SimConfig(seed=7, spot_price_volatility=0.2)
+    return {
+        p: simulate(jobs, pools, p, c) for p in ("trainyard", "cheapest-hourly", "fastest", "on-demand-only")
+    }
+
+
+def test_conservation(runs: dict[str, object]) -> None:
+    for r in runs.values():
+        done = [j for j in r.jobs if j.completion_s is not None]  # type: ignore[attr-defined]
+        assert len(done) == len(r.jobs)  # type: ignore[attr-defined]
+        assert len({j.job_id for j in done}) == len(done)  # each exactly once
+        assert r.billed_device_s == pytest.approx(r.held_device_s, rel=1e-9)  # type: ignore[attr-defined]
+        assert sum(j.cost_usd for j in r.jobs) == pytest.approx(r.total_cost_usd, rel=1e-9)  # type: ignore[attr-defined]
+        for ps in r.pools:  # type: ignore[attr-defined]
+            assert ps.held_device_s <= ps.capacity_device_s + 1e-6
+        # the queue drains and nothing is running at the end
+        assert r.samples[-1].queued == 0 and r.samples[-1].running == 0  # type: ignore[attr-defined]
+
+
+def test_determinism_per_seed(runs: dict[str, object]) -> None:
+    jobs = _small_trace()
+    again = simulate(jobs, _pools(), "trainyard", SimConfig(seed=7, spot_price_volatility=0.2))
+    first = runs["trainyard"]
+    assert again.jobs == first.jobs  # type: ignore[attr-defined]
+    a, b = again.summary(), first.summary()  # type: ignore[attr-defined]
+    a.pop("solver_time_p99_s")
+    b.pop("solver_time_p99_s")
+    assert a == b
+    other = simulate(jobs, _pools(), "trainyard", SimConfig(seed=8, spot_price_volatility=0.2))
+    assert other.jobs != first.jobs  # type: ignore[attr-defined]
+
+
+def test_summary_contract(runs: dict[str, object]) -> None:
+    s = runs["trainyard"].summary()  # type: ignore[attr-defined]
+    assert list(s) == [
+        "policy", "jobs_total", "jobs_completed", "total_cost_usd", "mean_jct_s", "p99_jct_s",
+        "deadline_misses", "preemptions", "lost_work_device_s", "solver_time_p99_s", "lower_bound_cost_usd",
+    ]  # fmt: skip
+    assert s["total_cost_usd"] >= s["lower_bound_cost_usd"] > 0
+
+
+def test_baselines_behave_as_named(runs: dict[str, object]) -> None:
+    pools = {p.name: p for p in _pools()}
+    jobs = {j.job_id: j for j in _small_trace()}
+    book = OptionBook()
+    book.set_pools(list(pools.values()))
+    for j in runs["fastest"].jobs:  # type: ignore[attr-defined]
+        assert all(pools[p].market.value == "on_demand" for p in j.pools)
+    for j in runs["on-demand-only"].jobs:  # type: ignore[attr-defined]
+        assert all(pools[p].market.value != "spot" for p in j.pools)
+        assert j.preemptions == 0
+    # cheapest-hourly: the first allocation of every job is on the cheapest $/device-hour among the pools
+    # where the job fits (capacity permitting), so it never picks a pricier pool while a cheaper one is idle
+    cheapest_any = 0
+    for j in runs["cheapest-hourly"].jobs:  # type: ignore[attr-defined]
+        spec = jobs[j.job_id].spec
+        feasible = [n for n in pools if book.feasible(j.job_id, spec, n)]
+        best = min(pools[n].price_usd_per_device_hour for n in feasible)  # type: ignore[type-var]
+        if pools[j.pools[0]].price_usd_per_device_hour == best:
+            cheapest_any += 1
+    assert cheapest_any >= len(jobs) * 0.8
+    # fastest: the first allocation has the lowest predicted step time among on-demand options that fit
+    for j in runs["fastest"].jobs[:3]:  # type: ignore[attr-defined]
+        spec = jobs[j.job_id].spec
+        od = [
+            o
+            for n, p in pools.items()
+            if p.market.value == "on_demand"
+            for o in book.feasible(j.job_id, spec, n)
+            if capacity_devices(p, o.devices) <= p.total_devices
+        ]
+        assert min(o.step_time_s for o in od) == pytest.approx(
+            min(o.step_time_s for o in od if o.pool == j.pools[0])
+        )
+
+
+def test_trainyard_saves_against_baselines(runs: dict[str, object]) -> None:
+    ty = runs["trainyard"].summary()  # type: ignore[attr-defined]
+    od = runs["on-demand-only"].summary()  # type: ignore[attr-defined]
+    fast = runs["fastest"].summary()  # type: ignore[attr-defined]
+    assert ty["total_cost_usd"] < od["total_cost_usd"] < fast["total_cost_usd"]
+    assert od["preemptions"] == 0 and fast["preemptions"] == 0
