@@ -7,6 +7,7 @@ shutdown policy; a restart reconciles them (adopts live ones, requeues the rest)
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -97,11 +98,26 @@ def default_schedule_round() -> Any:
         return None
 
 
+def _graceful_server_class() -> Any:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """Stops on SIGINT/SIGTERM like uvicorn, but returns normally instead of re-raising the signal
+        afterwards, so the platform shuts down (loop stopped, executor detached, database closed) and the
+        process exits 0. A second SIGINT still forces the exit."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            else:
+                self.should_exit = True
+
+    return GracefulServer
+
+
 def serve(
     settings: Settings, *, host: str, port: int, executor: str | None = None, loop_interval_s: float = 0.5
 ) -> None:
-    import uvicorn
-
     from trainyard.api.app import create_app
     from trainyard.services.platform import Platform, PlatformOptions
 
@@ -116,6 +132,9 @@ def serve(
     try:
         platform.start()
         app = create_app(platform)
+        import uvicorn
+
+        _GracefulServer = _graceful_server_class()
         config = uvicorn.Config(
             app,
             host=host,
@@ -125,7 +144,7 @@ def serve(
             lifespan="off",
             timeout_graceful_shutdown=10,
         )
-        server = uvicorn.Server(config)
+        server = _GracefulServer(config)
         platform.start_loop()
         log.info(
             "listening",

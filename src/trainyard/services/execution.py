@@ -126,6 +126,14 @@ class Supervisor:
         pools = {p.name: p for p in self.pools.pools()}
         for job_id, placement in result.placements.items():
             self._start(job_id, placement, pools.get(placement.pool))
+        by_id = {j.id: j for j in queued}
+        changed = {
+            jid: why for jid, why in result.unplaced.items() if jid in by_id and by_id[jid].reason != why
+        }
+        if changed:
+            with self.db.session() as s:
+                for jid, why in changed.items():
+                    JobRepo(s).update_if_state(jid, JobState.QUEUED, reason=why[:2000])
         return result
 
     def _start(self, job_id: str, placement: Placement, pool: Pool | None) -> None:

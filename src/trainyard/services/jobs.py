@@ -31,6 +31,7 @@ from trainyard.tenancy.quotas import check_queue_quota
 
 OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 MAX_PAGE = 500
+QUOTE_CACHE_SIZE = 256
 
 
 def new_job_id() -> str:
@@ -116,6 +117,9 @@ class JobService:
         self._quoter = quoter
         self._live_pools = live_pools
         self.with_catalog = with_catalog
+        # spec digest -> stored quote, valid while the live pools are unchanged (the catalog is static)
+        self._quote_cache: dict[str, list[dict[str, Any]] | TrainyardError] = {}
+        self._quote_cache_pools = ""
 
     # ---- submission ----------------------------------------------------------------------------
     def submit(
@@ -258,11 +262,16 @@ class JobService:
             return 0
         live = self._live_pools() if self._live_pools is not None else []
         pools = quote_pools(live, with_catalog=self.with_catalog)
-        cache: dict[str, builtins.list[dict[str, Any]] | TrainyardError] = {}
+        fingerprint = hashlib.sha256("|".join(p.model_dump_json() for p in live).encode()).hexdigest()
+        if fingerprint != self._quote_cache_pools:  # pools changed: old quotes are stale
+            self._quote_cache.clear()
+            self._quote_cache_pools = fingerprint
         for job in pending:
-            if job.spec_sha256 not in cache:
-                cache[job.spec_sha256] = self._quote_doc(job.spec, pools)
-            q = cache[job.spec_sha256]
+            if job.spec_sha256 not in self._quote_cache:
+                if len(self._quote_cache) >= QUOTE_CACHE_SIZE:
+                    self._quote_cache.pop(next(iter(self._quote_cache)))
+                self._quote_cache[job.spec_sha256] = self._quote_doc(job.spec, pools)
+            q = self._quote_cache[job.spec_sha256]
             with self.db.session() as s:
                 current = JobRepo(s).get(job.id, for_update=True)
                 if current is None or current.state != JobState.PENDING:

@@ -42,6 +42,19 @@ def local_cpu_pool(cpu_count: int | None = None) -> Pool:
     )
 
 
+def with_price(pool: Pool) -> Pool:
+    """A pool that names only its instance type gets the catalog's price for its market."""
+    if pool.price_usd_per_device_hour is not None or pool.instance_type is None:
+        return pool
+    from trainyard.catalog.offers import with_catalog_price
+    from trainyard.errors import TrainyardError
+
+    try:
+        return with_catalog_price(pool)
+    except TrainyardError:
+        return pool
+
+
 def _pool_doc(pool: Pool) -> dict[str, Any]:
     return pool.model_dump(mode="json", exclude_none=True)
 
@@ -70,6 +83,7 @@ class PoolService:
         return rec
 
     def put(self, pool: Pool, *, source: str = "user") -> PoolRecord:
+        pool = with_price(pool)
         with self.db.session() as s:
             return PoolRepo(s).upsert(pool.name, _pool_doc(pool), source, self.clock())
 

@@ -206,6 +206,13 @@ class JobRepo:
             fields["placement"] = fields["placement"].to_dict()
         self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**fields))
 
+    def update_if_state(self, job_id: str, state: JobState, **fields: Any) -> bool:
+        """Change fields only while the job is still in ``state`` (no state change, no event)."""
+        res = self.s.execute(
+            update(JobRow).where(JobRow.id == job_id, JobRow.state == state.value).values(**fields)
+        )
+        return bool(getattr(res, "rowcount", 0))
+
 
 class EventRepo:
     def __init__(self, s: Session) -> None:
