@@ -1,8 +1,11 @@
 """Local executor: a gang is ``world_size`` worker subprocesses on this machine (gloo on loopback).
 
-Each rank runs ``python -m trainyard.runtime.worker`` in its own session and process group, so a
-control plane killed with SIGKILL does not take its workers down and a restarted one can ``adopt``
-them. Rank output goes to ``run_dir/rank-<r>.log``; ``poll()`` tails the ranks' event files.
+Each rank runs ``trainyard.runtime.worker`` in its own session and process group, so a control
+plane killed with SIGKILL does not take its workers down and a restarted one can ``adopt`` them.
+Workers are forked by a warm fork server (``--fork-server``: torch and transformers imported once), so
+a launch or a restart after a failure takes milliseconds instead of the interpreter start-up; without
+the server (``warm_start=False``, or when it died) each rank is a fresh ``python -m`` subprocess.
+Rank output goes to ``run_dir/rank-<r>.log``; ``poll()`` tails the ranks' event files.
 
 Failure detection: a rank that exits without a terminal event, or sends no event for
 ``heartbeat_timeout_s`` (``startup_timeout_s`` before its first), makes the gang ``lost``: every rank
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -42,9 +46,11 @@ from trainyard.executors.base import (
     rank_log_name,
 )
 from trainyard.runtime.events import EventTail
+from trainyard.runtime.worker import exit_file_name
 
 PASS_THROUGH = ("started", "heartbeat", "checkpoint", "log")
 LOG_TAIL_BYTES = 4000
+EXIT_FILE_WAIT_S = 1.0
 
 
 def free_port() -> int:
@@ -92,6 +98,8 @@ class _Rank:
     exited: bool = False
     terminal: dict[str, Any] | None = None
     unreported: str | None = None  # how it died, when it died on its own without a terminal event
+    exit_file: Path | None = None  # written by the fork server (the parent of a forked worker)
+    dead_since_s: float | None = None
 
     def poll_exit(self) -> bool:
         if self.exited:
@@ -101,7 +109,13 @@ class _Rank:
             if code is not None:
                 self.exited, self.exit_code = True, code
         elif not pid_alive(self.pid):
-            self.exited = True
+            code = _read_exit_file(self.exit_file)
+            now = time.time()
+            if self.dead_since_s is None:
+                self.dead_since_s = now
+            # the fork server writes the status right after reaping; give it a moment
+            if code is not None or self.exit_file is None or now - self.dead_since_s > EXIT_FILE_WAIT_S:
+                self.exited, self.exit_code = True, code
         if self.exited and self.log is not None:
             self.log.close()
         return self.exited
@@ -137,7 +151,7 @@ class LocalExecutor:
         failure_grace_s: float = 3.0,
         preempt_grace_s: float = 2.0,
         extra_env: dict[str, str] | None = None,
-        standby_workers: int = 0,
+        warm_start: bool = True,
     ):
         self.python = python or sys.executable
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -148,47 +162,78 @@ class LocalExecutor:
         self.host = socket.gethostname()
         self._gangs: dict[str, _Gang] = {}
         self._lock = threading.RLock()
-        self.standby_workers = standby_workers
-        self._standby: list[subprocess.Popen[bytes]] = []
-        self._fill_standby()
+        self._server: subprocess.Popen[bytes] | None = None
+        self._server_is_ready = False
+        if warm_start:
+            self._start_fork_server()
 
-    # ---- warm standby workers ----------------------------------------------------------------------
+    # ---- warm start: a fork server with torch and transformers already imported ---------------------
     def _base_env(self) -> dict[str, str]:
         env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
         env.setdefault("OMP_NUM_THREADS", env.get("TRAINYARD_NUM_THREADS", "1"))
         return env
 
-    def _fill_standby(self) -> None:
-        """Keep ``standby_workers`` pre-started workers (imports done) ready to take a rank."""
-        self._standby = [p for p in self._standby if p.poll() is None]
-        while len(self._standby) < self.standby_workers:
-            self._standby.append(
-                subprocess.Popen(
-                    [self.python, "-m", "trainyard.runtime.worker", "--standby"],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    env=self._base_env(),
-                    start_new_session=True,
-                )
-            )
+    def _start_fork_server(self) -> None:
+        self._server = subprocess.Popen(
+            [self.python, "-m", "trainyard.runtime.worker", "--fork-server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=self._base_env(),
+            start_new_session=True,
+        )
 
-    def _take_standby(self) -> subprocess.Popen[bytes] | None:
-        while self._standby:
-            proc = self._standby.pop(0)
-            if proc.poll() is None:
-                return proc
-        return None
+    def _fork(self, run_dir: Path, attempt: int, rank: int, log_path: Path) -> int | None:
+        """A worker forked by the warm server (milliseconds), or None when there is no server."""
+        server = self._server
+        if server is None or server.poll() is not None or not self._server_ready():
+            return None  # still warming up: a cold start now beats waiting for it
+        assert server.stdin is not None and server.stdout is not None
+        job = {"run_dir": str(run_dir), "attempt": attempt, "rank": rank, "log": str(log_path)}
+        try:
+            server.stdin.write((json.dumps(job) + "\n").encode())
+            server.stdin.flush()
+            reply = server.stdout.readline()  # the server answers once it has imported and forked
+        except OSError:
+            return None
+        try:
+            return int(json.loads(reply)["pid"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
-    def _stop_standby(self) -> None:
-        for proc in self._standby:
-            with contextlib.suppress(OSError):
-                assert proc.stdin is not None
-                proc.stdin.close()
-            _kill_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        self._standby = []
+    def _server_ready(self) -> bool:
+        if self._server_is_ready:
+            return True
+        server = self._server
+        assert server is not None and server.stdout is not None
+        readable, _, _ = select.select([server.stdout], [], [], 0)
+        if readable:
+            line = server.stdout.readline()
+            with contextlib.suppress(ValueError):
+                self._server_is_ready = bool(json.loads(line).get("ready"))
+        return self._server_is_ready
+
+    def wait_until_warm(self, timeout_s: float = 120.0) -> bool:
+        """Block until the fork server has finished importing (benchmarks and tests use this)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self._server is None or self._server.poll() is not None:
+                return False
+            if self._server_ready():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _stop_fork_server(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        with contextlib.suppress(OSError):
+            assert server.stdin is not None
+            server.stdin.close()
+        _kill_group(server.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=5)
 
     # ---- launch ----------------------------------------------------------------------------------
     def launch(self, req: LaunchRequest) -> list[WorkerInfo]:
@@ -219,23 +264,12 @@ class LocalExecutor:
                     log_path = run_dir / rank_log_name(r)
                     with open(log_path, "ab") as fh:
                         fh.write(f"--- attempt {req.attempt} rank {r} ---\n".encode())
-                    warm = self._take_standby()
-                    if warm is not None:
-                        assert warm.stdin is not None
-                        job = {
-                            "run_dir": str(run_dir),
-                            "attempt": req.attempt,
-                            "rank": r,
-                            "log": str(log_path),
-                        }
-                        try:
-                            warm.stdin.write((json.dumps(job) + "\n").encode())
-                            warm.stdin.close()
-                        except OSError:
-                            warm = None
-                    if warm is not None:
+                    pid = self._fork(run_dir, req.attempt, r, log_path)
+                    if pid is not None:
                         tail = EventTail(run_dir / event_file_name(req.attempt, r))
-                        ranks.append(_Rank(r, warm.pid, warm, tail))
+                        ranks.append(
+                            _Rank(r, pid, None, tail, exit_file=run_dir / exit_file_name(req.attempt, r))
+                        )
                         continue
                     log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
                     proc = subprocess.Popen(
@@ -273,7 +307,6 @@ class LocalExecutor:
                 entrypoint=bool((req.spec.get("entrypoint") or {}).get("command")),
             )
             self._gangs[req.job_id] = gang
-            self._fill_standby()
             infos = [WorkerInfo(rk.rank, rk.pid, self.host) for rk in ranks]
             (run_dir / f"workers-a{req.attempt}.json").write_text(json.dumps([w.to_dict() for w in infos]))
             return infos
@@ -334,7 +367,13 @@ class LocalExecutor:
             ranks = []
             for w in sorted(local, key=lambda w: w.rank):
                 assert w.pid is not None
-                rk = _Rank(w.rank, w.pid, None, EventTail(rd / event_file_name(attempt, w.rank)))
+                rk = _Rank(
+                    w.rank,
+                    w.pid,
+                    None,
+                    EventTail(rd / event_file_name(attempt, w.rank)),
+                    exit_file=rd / exit_file_name(attempt, w.rank),
+                )
                 ranks.append(rk)
                 have_terminal = have_terminal or _has_terminal(rk.tail.path)
             if not ranks or (not alive and not have_terminal):
@@ -372,7 +411,7 @@ class LocalExecutor:
                     if rk.log is not None and not rk.log.closed:
                         rk.log.close()
             self._gangs.clear()
-            self._stop_standby()
+            self._stop_fork_server()
 
     # ---- watching --------------------------------------------------------------------------------
     def poll(self) -> list[ExecutorEvent]:
@@ -578,6 +617,15 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _read_exit_file(path: Path | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return int(json.loads(path.read_text())["exit_code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _has_terminal(path: Path) -> bool:

@@ -174,6 +174,93 @@ def _peak_rss_gib() -> float:
     return 0.0
 
 
+class ProfileSession:
+    """A built model, optimizer and data for one spec; ``step()`` runs and times one optimizer step.
+
+    Keeping the session lets a benchmark interleave the steps of several configurations, so a burst of
+    load from other processes on a shared machine hits them all alike.
+    """
+
+    def __init__(
+        self, spec: JobSpec, *, device: str | None = None, threads: int | None = None, seed: int = 0
+    ) -> None:
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidInputError(
+                "CUDA was requested but no CUDA device is available", hint="Use --device cpu."
+            )
+        if threads is not None:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.spec, self.device = spec, dev
+        wl = spec.workload
+        self.micro_batch = min(wl.micro_batch or wl.global_batch, wl.global_batch)
+        self.accum = math.ceil(wl.global_batch / self.micro_batch)
+        self.model = Decoder(spec).to(dev)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if wl.optimizer == Optimizer.SGD:
+            self.opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=wl.learning_rate, momentum=0.9)
+        elif wl.optimizer == Optimizer.ADAFACTOR:
+            self.opt = torch.optim.Adafactor(params, lr=wl.learning_rate)
+        else:
+            self.opt = torch.optim.AdamW(params, lr=wl.learning_rate)
+        amp = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}.get(wl.precision)
+        if wl.precision == Precision.FP8_MIXED:
+            amp = torch.bfloat16  # fp8 kernels need Transformer Engine; profiled as bf16
+        self.amp_dtype = amp
+        self.vocab = spec.model.vocab_size or 2
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.data = torch.randint(
+            0, self.vocab, (self.accum, self.micro_batch, wl.seq_len + 1), generator=gen
+        ).to(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+
+    def _run(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        for i in range(self.accum):
+            x, y = self.data[i, :, :-1], self.data[i, :, 1:]
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits = self.model(x)
+                loss = F.cross_entropy(logits.float().reshape(-1, self.vocab), y.reshape(-1)) / self.accum
+            loss.backward()
+        self.opt.step()
+
+    def step(self) -> float:
+        """Run one optimizer step; its wall time in seconds."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self._run()
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def document(self, times: list[float], device_info: dict[str, Any] | None = None) -> dict[str, Any]:
+        wl = self.spec.workload
+        dev = self.device
+        peak = torch.cuda.max_memory_allocated(dev) / GIB if dev.type == "cuda" else _peak_rss_gib()
+        ck = wl.activation_checkpointing.value
+        return {
+            "format": 1,
+            "name": self.spec.name,
+            "accelerator": "cpu" if dev.type == "cpu" else "cuda",
+            "spec": self.spec.to_document(),
+            "plan": {
+                "micro_batch": self.micro_batch,
+                "grad_accum": self.accum,
+                "activation_checkpointing": "none" if ck == "auto" else ck,
+            },
+            "step_time_s": statistics.median(times),
+            "step_time_min_s": min(times),
+            "step_times_s": times,
+            "peak_memory_gib": peak,
+            "peak_memory_kind": "allocated" if dev.type == "cuda" else "process peak resident set",
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "device": device_info or {"type": dev.type},
+            "params": sum(p.numel() for p in self.model.parameters()),
+        }
+
+
 def profile_spec(
     spec: JobSpec,
     *,
@@ -187,75 +274,8 @@ def profile_spec(
     """Time ``steps`` real optimizer steps (after ``warmup``) and return the profile document."""
     if steps < 1 or warmup < 0:
         raise InvalidInputError("steps must be >= 1 and warmup >= 0")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError(
-            "CUDA was requested but no CUDA device is available", hint="Use --device cpu."
-        )
-    if threads is not None:
-        torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    wl = spec.workload
-    mb = min(wl.micro_batch or wl.global_batch, wl.global_batch)
-    accum = math.ceil(wl.global_batch / mb)
-    model = Decoder(spec).to(dev)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if wl.optimizer == Optimizer.SGD:
-        opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=wl.learning_rate, momentum=0.9)
-    elif wl.optimizer == Optimizer.ADAFACTOR:
-        opt = torch.optim.Adafactor(params, lr=wl.learning_rate)
-    else:
-        opt = torch.optim.AdamW(params, lr=wl.learning_rate)
-    amp_dtype = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}.get(wl.precision)
-    if wl.precision == Precision.FP8_MIXED:
-        amp_dtype = torch.bfloat16  # fp8 kernels need Transformer Engine; profiled as bf16
-    vocab = spec.model.vocab_size or 2
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    data = torch.randint(0, vocab, (accum, mb, wl.seq_len + 1), generator=gen).to(dev)
-
-    def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for i in range(accum):
-            x, y = data[i, :, :-1], data[i, :, 1:]
-            with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                logits = model(x)
-                loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1)) / accum
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        return total
-
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+    session = ProfileSession(spec, device=device, threads=threads, seed=seed)
     for _ in range(warmup):
-        step()
-    _sync(dev)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated(dev) / GIB if dev.type == "cuda" else _peak_rss_gib()
-    return {
-        "format": 1,
-        "name": spec.name,
-        "accelerator": "cpu" if dev.type == "cpu" else "cuda",
-        "spec": spec.to_document(),
-        "plan": {
-            "micro_batch": mb,
-            "grad_accum": accum,
-            "activation_checkpointing": "none"
-            if wl.activation_checkpointing.value == "auto"
-            else wl.activation_checkpointing.value,
-        },
-        "step_time_s": statistics.median(times),
-        "step_times_s": times,
-        "peak_memory_gib": peak,
-        "peak_memory_kind": "allocated" if dev.type == "cuda" else "process peak resident set",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "device": measure_device(dev) if measure else {"type": dev.type},
-        "params": sum(p.numel() for p in model.parameters()),
-    }
+        session.step()
+    times = [session.step() for _ in range(steps)]
+    return session.document(times, measure_device(session.device) if measure else None)

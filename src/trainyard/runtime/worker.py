@@ -15,6 +15,7 @@ command; the script uses ``trainyard.runtime.init()`` for checkpoints, preemptio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -192,22 +193,72 @@ def warm_up() -> None:
     importlib.import_module("trainyard.runtime.trainer")
 
 
-def standby() -> tuple[str, int, int] | None:
-    """A pre-started worker: warm up, then wait on stdin for ``{"run_dir", "attempt", "rank", "log"}``.
+def exit_file_name(attempt: int, rank: int) -> str:
+    """Where the fork server records a forked worker's exit status (it is the worker's parent)."""
+    return f"exit-a{attempt}-r{rank}.json"
 
-    The executor keeps a few of these so a (re)launch skips the interpreter and import start-up.
-    End of input (the executor went away) ends the process.
+
+def fork_server() -> None:
+    """A warm parent for workers: import once, then fork one worker per request.
+
+    Once warm it prints ``{"ready": true}``. Requests arrive on stdin as JSON lines
+    ``{"run_dir", "attempt", "rank", "log"}``; the reply on stdout is ``{"pid": ...}``.
+    Each child starts its own session (so it survives this server and the executor), sends its output to ``log`` and runs ``run()``. A reaper thread records each child's
+    exit status in ``run_dir/exit-a<A>-r<R>.json``. End of input (the executor went away) ends the
+    server; running workers keep going and can be adopted.
     """
+    import threading
+
     warm_up()
-    line = sys.stdin.readline()
-    if not line.strip():
-        return None
-    job = json.loads(line)
-    log_fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    return str(job["run_dir"]), int(job["attempt"]), int(job["rank"])
+    children: dict[int, tuple[str, int, int]] = {}
+    lock = threading.Lock()
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                time.sleep(0.05)
+                continue
+            with lock:
+                info = children.pop(pid, None)
+            if info is None:
+                continue
+            run_dir, attempt, rank = info
+            with contextlib.suppress(OSError):
+                path = Path(run_dir) / exit_file_name(attempt, rank)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"pid": pid, "exit_code": os.waitstatus_to_exitcode(status)}))
+                tmp.replace(path)
+
+    threading.Thread(target=reap, name="reaper", daemon=True).start()
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        with lock:
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = EXIT_INFRA_ERROR
+                try:
+                    os.setsid()
+                    devnull = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(devnull, 0)
+                    log_fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    os.dup2(log_fd, 1)
+                    os.dup2(log_fd, 2)
+                    code = run(str(job["run_dir"]), int(job["attempt"]), int(job["rank"]))
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            children[pid] = (str(job["run_dir"]), int(job["attempt"]), int(job["rank"]))
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")
+        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,15 +266,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir")
     parser.add_argument("--attempt", type=int)
     parser.add_argument("--rank", type=int)
-    parser.add_argument("--standby", action="store_true", help="warm up, then take an assignment from stdin")
+    parser.add_argument("--fork-server", action="store_true", help="warm up, then fork workers on request")
     args = parser.parse_args(argv)
-    if args.standby:
-        assignment = standby()
-        if assignment is None:
-            os._exit(0)
-        args.run_dir, args.attempt, args.rank = assignment
-    elif args.run_dir is None or args.attempt is None or args.rank is None:
-        parser.error("--run-dir, --attempt and --rank are required (or --standby)")
+    if args.fork_server:
+        fork_server()
+        os._exit(0)
+    if args.run_dir is None or args.attempt is None or args.rank is None:
+        parser.error("--run-dir, --attempt and --rank are required (or --fork-server)")
     t0 = time.time()
     code = run(args.run_dir, args.attempt, args.rank)
     sys.stdout.write(f"worker rank {args.rank} exiting with {code} after {time.time() - t0:.1f} s\n")
