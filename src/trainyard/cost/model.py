@@ -220,7 +220,8 @@ def poisson_quantile(mean: float, q: float) -> int:
         from statistics import NormalDist
 
         z = NormalDist().inv_cdf(q)
-        return max(0, math.ceil(mean + z * math.sqrt(mean) + 0.5))
+        # Cornish-Fisher: normal quantile + skewness term (z² - 1)/6, continuity-corrected; within ±1.
+        return max(0, math.ceil(mean + z * math.sqrt(mean) + (z * z - 1) / 6 - 0.5))
     p = math.exp(-mean)
     cdf, k = p, 0
     while cdf < q:
