@@ -203,8 +203,9 @@ def fork_server() -> None:
 
     Once warm it prints ``{"ready": true}``. Requests arrive on stdin as JSON lines
     ``{"run_dir", "attempt", "rank", "log"}``; the reply on stdout is ``{"pid": ...}``.
-    Each child starts its own session (so it survives this server and the executor), sends its output to ``log`` and runs ``run()``. A reaper thread records each child's
-    exit status in ``run_dir/exit-a<A>-r<R>.json``. End of input (the executor went away) ends the
+    Each child starts its own session (so it survives this server and the executor), sends its
+    output to ``log`` and runs ``run()``. A reaper thread records each child's exit status in
+    ``run_dir/exit-a<A>-r<R>.json``. End of input (the executor went away) ends the
     server; running workers keep going and can be adopted.
     """
     import threading
