@@ -313,7 +313,10 @@ def option_for(
         def pf(s: JobSpec, a: Accelerator, d: int) -> Prediction:
             return predict(s, a, d, **topology)
 
-    pred = prediction if prediction is not None else pf(spec, acc, devices)
+    try:
+        pred = prediction if prediction is not None else pf(spec, acc, devices)
+    except ValueError as exc:  # the predictor cannot model this combination: say so, do not crash a quote
+        return _infeasible(spec, pool, devices, f"predictor: {exc}")
     step_s, step_p90_s, fits, fit_reason = pred.step_time_s, pred.step_time_p90_s, pred.fits, pred.reason
     source = pred.source
     measured = spec.measured.step_time_s.get(acc.name)
