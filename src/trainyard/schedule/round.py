@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from trainyard.catalog.pools import Pool
 from trainyard.schedule.candidates import (
@@ -20,7 +20,15 @@ from trainyard.schedule.candidates import (
     to_candidate,
 )
 from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
-from trainyard.schedule.solver import PoolCapacity, ProblemJob, Solution, TenantLimit, solve, whole_nodes
+from trainyard.schedule.solver import (
+    PoolCapacity,
+    ProblemJob,
+    Solution,
+    TenantLimit,
+    greedy,
+    solve,
+    whole_nodes,
+)
 from trainyard.schedule.types import (
     Alternative,
     Candidate,
@@ -56,7 +64,9 @@ def _sort_key(c: Candidate) -> tuple[float, float, str, int]:
     return (c.objective_usd, c.expected_hours_p90, c.pool, c.devices)
 
 
-def prune(options: Sequence[Candidate], config: SchedulerConfig) -> tuple[Candidate, ...]:
+def prune(
+    options: Sequence[Candidate], config: SchedulerConfig, limit: int | None = None
+) -> tuple[Candidate, ...]:
     """Keep the cheapest options: ``max_options_per_pool`` per pool, ``max_options_per_job`` in all."""
     kept: list[Candidate] = []
     per_pool: dict[str, int] = defaultdict(int)
@@ -65,7 +75,7 @@ def prune(options: Sequence[Candidate], config: SchedulerConfig) -> tuple[Candid
             continue
         kept.append(c)
         per_pool[c.pool] += 1
-        if len(kept) >= config.max_options_per_job:
+        if len(kept) >= (config.max_options_per_job if limit is None else limit):
             break
     return tuple(kept)
 
@@ -116,41 +126,124 @@ def _infeasible_reason(cands: Sequence[Candidate], pools: Sequence[Pool]) -> str
     return f"no feasible option on any of {len(per_pool)} pools — " + "; ".join(parts) + tail
 
 
-def _alternatives(chosen: Candidate, feasible: Sequence[Candidate]) -> tuple[Alternative, ...]:
-    others = sorted(
-        (c for c in feasible if (c.pool, c.devices) != (chosen.pool, chosen.devices)),
-        key=lambda c: (c.expected_cost_usd, c.expected_hours, c.pool, c.devices),
-    )
-    return tuple(
-        Alternative(c.pool, c.devices, c.market, c.expected_cost_usd, c.expected_hours) for c in others[:2]
-    )
+def _cost_key(c: Candidate) -> tuple[float, float, str, int]:
+    return (c.expected_cost_usd, c.expected_hours, c.pool, c.devices)
+
+
+def _alternatives(chosen: Candidate, by_cost: Sequence[Candidate]) -> tuple[Alternative, ...]:
+    """The two cheapest other feasible options (``by_cost`` is sorted by expected cost)."""
+    out: list[Alternative] = []
+    for c in by_cost:
+        if (c.pool, c.devices) == (chosen.pool, chosen.devices):
+            continue
+        out.append(Alternative(c.pool, c.devices, c.market, c.expected_cost_usd, c.expected_hours))
+        if len(out) == 2:
+            break
+    return tuple(out)
 
 
 def _placement_reason(
-    chosen: Candidate, fitting: Sequence[Candidate], feasible: Sequence[Candidate], pools: Mapping[str, Pool]
+    chosen: Candidate,
+    fitting: Sequence[Candidate],
+    feasible: Sequence[Candidate],
+    by_cost: Sequence[Candidate],
+    pools: Mapping[str, Pool],
 ) -> str:
-    ranked = sorted(feasible, key=_sort_key)
+    ranked = feasible  # sorted by objective
     head = (
         f"{_label(chosen)}: {_fmt_usd(chosen.expected_cost_usd)}, ~{_fmt_dur(chosen.expected_hours * 3600)}"
     )
     if chosen.market == "reserved":
         why = "reserved capacity (already paid for) fits it"
-    elif ranked and ranked[0] is chosen:
-        why = f"cheapest of {len(feasible)} feasible options"
+    elif ranked and (ranked[0].pool, ranked[0].devices) == (chosen.pool, chosen.devices):
+        why = (
+            "the only feasible option"
+            if len(feasible) == 1
+            else f"cheapest of {len(feasible)} feasible options"
+        )
     elif ranked and not fits_now(ranked[0], pools[ranked[0].pool]):
         why = f"cheaper {_label(ranked[0])} is full ({capacity_reason(ranked[0], pools[ranked[0].pool])})"
-    elif fitting and sorted(fitting, key=_sort_key)[0] is not chosen:
+    elif fitting and (fitting[0].pool, fitting[0].devices) != (chosen.pool, chosen.devices):
         why = "cheaper options taken by higher-value jobs this round"
     else:
         why = "best trade of cost and time"
     extra = ""
     if chosen.market == "spot" and chosen.checkpoint_interval_s > 0:
         extra = f"; checkpoint every {_fmt_dur(chosen.checkpoint_interval_s)}"
-    alts = _alternatives(chosen, feasible)
+    alts = _alternatives(chosen, by_cost)
     alt = ""
     if alts:
         alt = "; next: " + ", ".join(f"{a.devices} × {a.pool} {_fmt_usd(a.expected_cost_usd)}" for a in alts)
     return f"{head} — {why}{extra}{alt}"
+
+
+@dataclass(frozen=True)
+class _SpecView:
+    """One distinct spec's candidates this round (shared by every queued job with that spec)."""
+
+    cands: list[Candidate]
+    feasible: list[Candidate]  # sorted by objective
+    fitting: list[Candidate]  # feasible and fitting the pools' free capacity now, sorted
+    pruned: tuple[Candidate, ...]
+    by_cost: list[Candidate]  # feasible, sorted by expected cost (alternatives in explanations)
+    min_p90_h: float  # the fastest feasible option's pessimistic hours
+    seed: tuple[Candidate, ...]  # the wider option list the greedy seeding pass looks at
+
+
+def _spec_view(
+    qj: QueuedJob,
+    pools: Sequence[Pool],
+    pool_by_name: Mapping[str, Pool],
+    now_s: float,
+    cfg: SchedulerConfig,
+    cache: CandidateCache,
+) -> _SpecView:
+    cands = [
+        _objective_for_job(c, qj.spec.objective.minimize, cfg)
+        for c in candidates_for(
+            job_id="",
+            tenant="",
+            spec=qj.spec,
+            pools=pools,
+            now_s=now_s,
+            deadline_abs_s=None,
+            config=cfg,
+            cache=cache,
+        )
+    ]
+    feasible = sorted((c for c in cands if c.feasible), key=_sort_key)
+    fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
+    return _SpecView(
+        cands,
+        feasible,
+        fitting,
+        prune(fitting, cfg),
+        sorted(feasible, key=_cost_key),
+        min((c.expected_hours_p90 for c in feasible), default=0.0),
+        _seed(fitting, cfg),
+    )
+
+
+def _seed(fitting: Sequence[Candidate], cfg: SchedulerConfig) -> tuple[Candidate, ...]:
+    if cfg.seed_options_per_job is None:
+        return tuple(fitting)
+    return prune(fitting, cfg, cfg.seed_options_per_job)
+
+
+def _tenant_limits(cfg: SchedulerConfig, running: Sequence[RunningJob]) -> dict[str, TenantLimit]:
+    """Quota left per tenant after its running jobs."""
+    devices: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    for rj in running:
+        devices[rj.tenant] += rj.devices
+        count[rj.tenant] += 1
+    return {
+        tenant: TenantLimit(
+            None if quota.max_devices is None else quota.max_devices - devices[tenant],
+            None if quota.max_jobs is None else quota.max_jobs - count[tenant],
+        )
+        for tenant, quota in cfg.quotas.items()
+    }
 
 
 def schedule_round(
@@ -173,7 +266,8 @@ def schedule_round(
     cache = cache if cache is not None else CandidateCache()
     pool_by_name = {p.name: p for p in pools}
     problem: list[ProblemJob] = []
-    info: dict[str, tuple[list[Candidate], list[Candidate]]] = {}  # job -> (all candidates, feasible)
+    # job -> (feasible, fitting now: both by objective; feasible by expected cost)
+    info: dict[str, tuple[list[Candidate], list[Candidate], list[Candidate]]] = {}
     unplaced: list[Unplaced] = []
     kept: list[str] = []
     base_devices: dict[str, int] = defaultdict(int)
@@ -181,46 +275,77 @@ def schedule_round(
     running_by_id: dict[str, RunningJob] = {}
     forced_reason: dict[str, str] = {}
 
+    views: dict[tuple[str, Minimize], _SpecView] = {}
+    full: list[tuple[ProblemJob, list[Candidate]]] = []
     for qj in jobs:
         deadline = qj.deadline_abs_s
-        cands = [
-            _objective_for_job(c, qj.spec.objective.minimize, cfg)
-            for c in candidates_for(
-                job_id=qj.job_id,
-                tenant=qj.tenant,
-                spec=qj.spec,
-                pools=pools,
-                now_s=now_s,
-                deadline_abs_s=deadline,
-                config=cfg,
-                cache=cache,
-            )
-        ]
-        feasible = [c for c in cands if c.feasible]
-        info[qj.job_id] = (cands, feasible)
+        vkey = (cache.key(qj.spec), qj.spec.objective.minimize)
+        view = views.get(vkey)
+        if view is None:
+            view = _spec_view(qj, pools, pool_by_name, now_s, cfg, cache)
+            views[vkey] = view
+        if deadline is None:
+            feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
+        else:
+            feasible = [c for c in view.feasible if c.finish_s <= deadline]
+            fitting = [c for c in view.fitting if c.finish_s <= deadline]
+            pruned = prune(fitting, cfg)
+            by_cost = [c for c in view.by_cost if c.finish_s <= deadline]
         if not feasible:
+            cands = view.cands
+            if deadline is not None:
+                cands = candidates_for(
+                    job_id=qj.job_id,
+                    tenant=qj.tenant,
+                    spec=qj.spec,
+                    pools=pools,
+                    now_s=now_s,
+                    deadline_abs_s=deadline,
+                    config=cfg,
+                    cache=cache,
+                )
             unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(cands, pools)))
             continue
-        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
-        reference = min(c.objective_usd for c in feasible)
+        info[qj.job_id] = (feasible, fitting, by_cost)
+        reference = by_cost[0].expected_cost_usd
         wait = waiting_cost_usd(
             priority=qj.priority,
             reference_usd=reference,
             queued_s=now_s - qj.submit_s,
             deadline_abs_s=deadline,
-            needed_s=min(c.expected_hours_p90 for c in feasible) * 3600.0,
+            needed_s=(view.min_p90_h if deadline is None else min(c.expected_hours_p90 for c in feasible))
+            * 3600.0,
             now_s=now_s,
             config=cfg,
         )
-        problem.append(
-            ProblemJob(
-                job_id=qj.job_id,
-                tenant=qj.tenant,
-                options=prune(fitting, cfg),
-                unplaced_usd=reference + wait,
-                rank_usd=wait,
-            )
+        pj = ProblemJob(
+            job_id=qj.job_id,
+            tenant=qj.tenant,
+            options=tuple(pruned),
+            unplaced_usd=reference + wait,
+            rank_usd=wait,
         )
+        seed_pool = view.seed if deadline is None else _seed(fitting, cfg)
+        full.append((pj, list(seed_pool)))
+
+    # Keep the model small (the cheapest few options per job) without losing good packings: each job also
+    # keeps the option a greedy pass over a wider list of its fitting options gives it.
+    capacities = {
+        p.name: PoolCapacity(
+            p.name, p.free_devices, whole_nodes(p.free_devices, p.devices_per_node), p.devices_per_node
+        )
+        for p in pools
+    }
+    seeds = greedy(
+        [replace(pj, options=tuple(f)) for pj, f in full], capacities, _tenant_limits(cfg, running)
+    )
+    for pj, fitting in full:
+        opts = list(pj.options)
+        g = seeds.get(pj.job_id)
+        if g is not None and not any(o is fitting[g] for o in opts):
+            opts.append(fitting[g])
+            opts.sort(key=_sort_key)
+        problem.append(replace(pj, options=tuple(opts)) if len(opts) != len(pj.options) else pj)
 
     for rj in running:
         running_by_id[rj.job_id] = rj
@@ -232,20 +357,10 @@ def schedule_round(
         else:
             problem.append(pj)
 
-    capacities = {
-        p.name: PoolCapacity(
-            p.name, p.free_devices, whole_nodes(p.free_devices, p.devices_per_node), p.devices_per_node
-        )
-        for p in pools
-    }
-    tenants: dict[str, TenantLimit] = {}
-    for tenant, quota in cfg.quotas.items():
-        tenants[tenant] = TenantLimit(
-            None if quota.max_devices is None else quota.max_devices - base_devices[tenant],
-            None if quota.max_jobs is None else quota.max_jobs - base_jobs[tenant],
-        )
+    tenants = _tenant_limits(cfg, running)
     sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
 
+    usage = _tenant_usage(problem, sol)
     placements: list[Placement] = []
     for pj in problem:
         idx = sol.choice.get(pj.job_id)
@@ -290,14 +405,13 @@ def schedule_round(
                 )
             )
             continue
-        cands, feasible = info[pj.job_id]
-        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
+        feasible, fitting, by_cost = info[pj.job_id]
         if idx is None:
             unplaced.append(
                 Unplaced(
                     pj.job_id,
                     pj.tenant,
-                    _unplaced_reason(pj, feasible, fitting, sol, problem, pool_by_name, tenants),
+                    _unplaced_reason(pj, feasible, fitting, usage, pool_by_name, tenants),
                 )
             )
             continue
@@ -314,8 +428,8 @@ def schedule_round(
                 expected_cost_usd=chosen.expected_cost_usd,
                 expected_hours=chosen.expected_hours,
                 checkpoint_interval_s=chosen.checkpoint_interval_s,
-                reason=_placement_reason(chosen, fitting, feasible, pool_by_name),
-                alternatives=_alternatives(chosen, feasible),
+                reason=_placement_reason(chosen, fitting, feasible, by_cost, pool_by_name),
+                alternatives=_alternatives(chosen, by_cost),
             )
         )
     order = {qj.job_id: i for i, qj in enumerate(jobs)}
@@ -331,6 +445,7 @@ def schedule_round(
         objective_usd=sol.objective_usd,
         solver_status=sol.status,
         greedy_objective_usd=sol.greedy_objective_usd,
+        lower_bound_usd=sol.lower_bound_usd,
     )
 
 
@@ -425,21 +540,33 @@ def _running_problem(
     )
 
 
+def _tenant_usage(problem: Sequence[ProblemJob], sol: Solution) -> dict[str, tuple[int, int]]:
+    """Devices and jobs each tenant takes in this round's solution (beyond its running jobs)."""
+    dev: dict[str, int] = defaultdict(int)
+    cnt: dict[str, int] = defaultdict(int)
+    for pj in problem:
+        i = sol.choice.get(pj.job_id)
+        if i is None:
+            continue
+        dev[pj.tenant] += pj.options[i].devices - pj.current_devices
+        cnt[pj.tenant] += 0 if pj.must_place else 1
+    return {t: (dev[t], cnt[t]) for t in dev}
+
+
 def _unplaced_reason(
     pj: ProblemJob,
     feasible: Sequence[Candidate],
     fitting: Sequence[Candidate],
-    sol: Solution,
-    problem: Sequence[ProblemJob],
+    usage: Mapping[str, tuple[int, int]],
     pools: Mapping[str, Pool],
     tenants: Mapping[str, TenantLimit],
 ) -> str:
-    cheapest = min(feasible, key=_sort_key)
+    cheapest = feasible[0]
     later = f"cheapest feasible later: {_label(cheapest)} at {_fmt_usd(cheapest.expected_cost_usd)}"
     if not fitting:
         seen: list[str] = []
         named: set[str] = set()
-        for c in sorted(feasible, key=_sort_key):
+        for c in feasible:
             if c.pool not in named:
                 named.add(c.pool)
                 seen.append(capacity_reason(c, pools[c.pool]))
@@ -448,17 +575,7 @@ def _unplaced_reason(
         return f"no capacity now: {'; '.join(seen)}; {later}"
     lim = tenants.get(pj.tenant)
     if lim is not None:
-        used_dev = 0
-        used_jobs = 0
-        for other in problem:
-            if other.tenant != pj.tenant:
-                continue
-            i = sol.choice.get(other.job_id)
-            if i is None:
-                continue
-            o = other.options[i]
-            used_dev += o.devices - other.current_devices
-            used_jobs += 0 if other.must_place else 1
+        used_dev, used_jobs = usage.get(pj.tenant, (0, 0))
         smallest = min(c.devices for c in fitting)
         if lim.jobs_left is not None and used_jobs >= lim.jobs_left:
             return f"tenant {pj.tenant} is at its concurrent-job quota; {later}"
@@ -468,7 +585,7 @@ def _unplaced_reason(
                 f"tenant {pj.tenant} device quota: {left} devices left, "
                 f"the smallest option needs {smallest}; {later}"
             )
-    best_now = min(fitting, key=_sort_key)
+    best_now = fitting[0]
     if pj.options and best_now.objective_usd >= (pj.unplaced_usd or 0.0):
         return (
             f"waiting is cheaper: best option available now is {_label(best_now)} at "

@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.sat.python import cp_model
+from scipy.optimize import linprog
+from scipy.sparse import csr_matrix
 
 from trainyard.schedule.types import Candidate, SchedulerConfig
 
@@ -61,8 +64,9 @@ class Solution:
     choice: Mapping[str, int | None]  # job id -> index into its options (None = unplaced)
     objective_usd: float
     greedy_objective_usd: float
-    status: str  # "optimal" | "feasible" | "greedy" | "empty"
-    wall_time_s: float
+    status: str  # "optimal" | "feasible" (CP-SAT) | "lp" (LP rounding) | "greedy" | "empty"
+    wall_time_s: float  # CP-SAT's own wall time (the LP and the greedy come on top)
+    lower_bound_usd: float  # a proven lower bound on the objective (LP relaxation or CP-SAT bound)
 
 
 def _units(usd: float, scale: int) -> int:
@@ -98,6 +102,9 @@ def greedy(
     A queued job is left out when even its cheapest fitting option costs more than waiting.
     """
     free = {p.name: node_free_list(p) for p in pools.values()}
+    # quick bounds per pool (whole free nodes, largest free share of a node) to skip hopeless options fast
+    whole = {name: sum(1 for f in fl if f == pools[name].devices_per_node) for name, fl in free.items()}
+    biggest = {name: max(fl, default=0) for name, fl in free.items()}
     t_dev = {t: lim.devices_left for t, lim in tenants.items()}
     t_jobs = {t: lim.jobs_left for t, lim in tenants.items()}
     order = sorted(jobs, key=lambda j: (not j.must_place, -j.rank_usd, len(j.options), j.job_id))
@@ -110,15 +117,24 @@ def greedy(
         for idx, opt in enumerate(job.options):
             if job.unplaced_usd is not None and opt.objective_usd >= job.unplaced_usd:
                 break  # options are sorted: waiting is cheaper than this and every later one
-            slot = None if opt.is_stay else find_slot(free[opt.pool], opt, pools[opt.pool].devices_per_node)
-            if not opt.is_stay and slot is None:
-                continue
+            slot = None
+            if not opt.is_stay:
+                if (opt.nodes > 1 and whole[opt.pool] < opt.nodes) or (
+                    opt.nodes == 1 and biggest[opt.pool] < opt.capacity_devices
+                ):
+                    continue
+                slot = find_slot(free[opt.pool], opt, pools[opt.pool].devices_per_node)
+                if slot is None:
+                    continue
             dl = t_dev.get(job.tenant)
             if dl is not None and _tenant_devices(job, opt) > dl:
                 continue
             choice[job.job_id] = idx
             if slot is not None:
-                take_slot(free[opt.pool], opt, slot)
+                fl = free[opt.pool]
+                take_slot(fl, opt, slot)
+                whole[opt.pool] = sum(1 for f in fl if f == pools[opt.pool].devices_per_node)
+                biggest[opt.pool] = max(fl, default=0)
             if dl is not None:
                 t_dev[job.tenant] = dl - _tenant_devices(job, opt)
             if jl is not None:
@@ -131,6 +147,182 @@ def greedy(
     return choice
 
 
+@dataclass
+class _Matrix:
+    """The round's 0/1 program in index form, shared by the LP relaxation and the CP-SAT model.
+
+    Variable k is option ``opt[k]`` of job ``job[k]``; ``coef[k]`` is its objective coefficient in integer
+    units (option cost minus the job's unplaced cost); rows are ``Σ a·x ≤ bound`` (capacity, quotas) and
+    one choice row per job (``= 1`` for running jobs, ``≤ 1`` for queued ones).
+    """
+
+    job: list[int] = field(default_factory=list)
+    opt: list[int] = field(default_factory=list)
+    coef: list[int] = field(default_factory=list)
+    choice_rows: list[tuple[int, int, bool]] = field(default_factory=list)  # (first var, count, exactly one)
+    rows: list[tuple[list[int], list[int], int]] = field(default_factory=list)
+    constant_units: int = 0
+    first: dict[str, int] = field(default_factory=dict)
+
+
+def _build(
+    jobs: Sequence[ProblemJob],
+    pools: Mapping[str, PoolCapacity],
+    tenants: Mapping[str, TenantLimit],
+    scale: int,
+) -> _Matrix:
+    m = _Matrix()
+    pool_dev: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    pool_nodes: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    ten_dev: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    ten_jobs: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    k = 0
+    for j, job in enumerate(jobs):
+        base = 0 if job.must_place else _units(job.unplaced_usd or 0.0, scale)
+        m.constant_units += base
+        if not job.options:
+            continue
+        m.first[job.job_id] = k
+        counts_job = _tenant_jobs(job)
+        for idx, opt in enumerate(job.options):
+            m.job.append(j)
+            m.opt.append(idx)
+            m.coef.append(_units(opt.objective_usd, scale) - base)
+            if not opt.is_stay:
+                pd = pool_dev[opt.pool]
+                pd[0].append(k)
+                pd[1].append(opt.capacity_devices)
+                if opt.nodes > 1:
+                    pn = pool_nodes[opt.pool]
+                    pn[0].append(k)
+                    pn[1].append(opt.nodes)
+            td = _tenant_devices(job, opt)
+            if td:
+                t = ten_dev[job.tenant]
+                t[0].append(k)
+                t[1].append(td)
+            if counts_job:
+                tj = ten_jobs[job.tenant]
+                tj[0].append(k)
+                tj[1].append(1)
+            k += 1
+        m.choice_rows.append((m.first[job.job_id], len(job.options), job.must_place))
+    for name, (vs, cs) in pool_dev.items():
+        m.rows.append((vs, cs, pools[name].free_devices))
+        if name in pool_nodes:
+            m.rows.append((*pool_nodes[name], pools[name].free_nodes))
+    for tenant, lim in tenants.items():
+        if lim.devices_left is not None and tenant in ten_dev:
+            m.rows.append((*ten_dev[tenant], max(lim.devices_left, 0)))
+        if lim.jobs_left is not None and tenant in ten_jobs:
+            m.rows.append((*ten_jobs[tenant], max(lim.jobs_left, 0)))
+    return m
+
+
+def _decode(m: _Matrix, jobs: Sequence[ProblemJob], values: Sequence[int]) -> dict[str, int | None]:
+    choice: dict[str, int | None] = {job.job_id: None for job in jobs}
+    for k, v in enumerate(values):
+        if v:
+            choice[jobs[m.job[k]].job_id] = m.opt[k]
+    return choice
+
+
+def _lp_round(
+    m: _Matrix,
+    jobs: Sequence[ProblemJob],
+    pools: Mapping[str, PoolCapacity],
+    tenants: Mapping[str, TenantLimit],
+    time_limit_s: float,
+) -> tuple[dict[str, int | None], float] | None:
+    """LP relaxation (HiGHS) and a rounding: options taken in decreasing LP value, each if it still fits.
+
+    The relaxation of this assignment-with-knapsacks program is nearly integral, so the rounding is
+    usually within a fraction of a percent of the optimum. Returns (choice, LP lower bound in units).
+    """
+    n = len(m.coef)
+    if n == 0:
+        return None
+    r_idx: list[int] = []
+    c_idx: list[int] = []
+    vals: list[int] = []
+    b_ub: list[float] = []
+    for vs, cs, bound in m.rows:
+        r = len(b_ub)
+        r_idx.extend([r] * len(vs))
+        c_idx.extend(vs)
+        vals.extend(cs)
+        b_ub.append(float(bound))
+    a_eq_rows: list[int] = []
+    eq_cols: list[int] = []
+    b_eq: list[float] = []
+    for start, count, exact in m.choice_rows:
+        if exact:
+            a_eq_rows.extend([len(b_eq)] * count)
+            eq_cols.extend(range(start, start + count))
+            b_eq.append(1.0)
+        else:
+            r = len(b_ub)
+            r_idx.extend([r] * count)
+            c_idx.extend(range(start, start + count))
+            vals.extend([1] * count)
+            b_ub.append(1.0)
+    a_ub = csr_matrix((np.asarray(vals, dtype=float), (r_idx, c_idx)), shape=(len(b_ub), n))
+    a_eq = None
+    if b_eq:
+        a_eq = csr_matrix((np.ones(len(eq_cols)), (a_eq_rows, eq_cols)), shape=(len(b_eq), n))
+    res = linprog(
+        np.asarray(m.coef, dtype=float),
+        A_ub=a_ub,
+        b_ub=np.asarray(b_ub),
+        A_eq=a_eq,
+        b_eq=np.asarray(b_eq) if b_eq else None,
+        bounds=(0.0, 1.0),
+        method="highs",
+        options={"time_limit": max(time_limit_s, 0.01), "presolve": True},
+    )
+    if res.status != 0 or res.x is None:
+        return None
+    x = np.round(np.asarray(res.x), 6)
+    coef = np.asarray(m.coef)
+    order = np.lexsort((np.arange(n), coef, -x))  # LP value desc, then cheaper, then stable
+    chosen = [False] * n
+    free = {p.name: node_free_list(p) for p in pools.values()}
+    t_dev = {t: lim.devices_left for t, lim in tenants.items()}
+    t_jobs = {t: lim.jobs_left for t, lim in tenants.items()}
+    taken: set[int] = set()
+    for k in order.tolist():
+        j = m.job[k]
+        job = jobs[j]
+        if j in taken or (coef[k] >= 0 and not job.must_place):
+            continue
+        opt = job.options[m.opt[k]]
+        jl = t_jobs.get(job.tenant)
+        if jl is not None and _tenant_jobs(job) > jl:
+            continue
+        dl = t_dev.get(job.tenant)
+        td = _tenant_devices(job, opt)
+        if dl is not None and td > dl:
+            continue
+        slot = None
+        if not opt.is_stay:
+            slot = find_slot(free[opt.pool], opt, pools[opt.pool].devices_per_node)
+            if slot is None:
+                continue
+            take_slot(free[opt.pool], opt, slot)
+        chosen[k] = True
+        taken.add(j)
+        if dl is not None:
+            t_dev[job.tenant] = dl - td
+        if jl is not None:
+            t_jobs[job.tenant] = jl - _tenant_jobs(job)
+    choice = _decode(m, jobs, chosen)
+    for job in jobs:  # a running job left without a fitting move stays
+        if job.must_place and choice[job.job_id] is None:
+            stays = [i for i, o in enumerate(job.options) if o.is_stay]
+            choice[job.job_id] = stays[0] if stays else None
+    return choice, float(res.fun) + m.constant_units
+
+
 def solve(
     jobs: Sequence[ProblemJob],
     pools: Mapping[str, PoolCapacity],
@@ -139,88 +331,88 @@ def solve(
     *,
     time_limit_s: float | None = None,
 ) -> Solution:
-    """Solve one round; falls back to the greedy answer when CP-SAT finds nothing better in time."""
+    """Solve one round.
+
+    Greedy (fallback) → LP relaxation + rounding (warm start, lower bound) → CP-SAT from the best of
+    the two as a complete hint; the best solution found wins. ``time_limit_s`` bounds the LP and the
+    CP-SAT search together.
+    """
     limit = config.time_limit_s if time_limit_s is None else time_limit_s
     g_choice = greedy(jobs, pools, tenants)
     g_obj = objective_usd(jobs, g_choice)
     if not any(j.options for j in jobs):
-        return Solution(g_choice, g_obj, g_obj, "empty", 0.0)
+        return Solution(g_choice, g_obj, g_obj, "empty", 0.0, g_obj)
     scale = config.cost_scale
+    m = _build(jobs, pools, tenants, scale)
+
+    best_choice, best_obj, best_status = g_choice, g_obj, "greedy"
+    bound_usd = -math.inf
+    lp = _lp_round(m, jobs, pools, tenants, limit * config.lp_time_share)
+    if lp is not None:
+        lp_choice, lp_bound_units = lp
+        bound_usd = lp_bound_units / scale
+        lp_obj = objective_usd(jobs, lp_choice)
+        if lp_obj < best_obj - 1e-9:
+            best_choice, best_obj, best_status = lp_choice, lp_obj, "lp"
+
+    gap_units = (best_obj - bound_usd) * scale
+    if bound_usd > -math.inf and gap_units <= config.skip_search_gap * max(abs(best_obj) * scale, 1.0):
+        # the LP bound proves the rounding within the tolerance: no search needed
+        return Solution(best_choice, best_obj, g_obj, best_status, 0.0, min(bound_usd, best_obj))
 
     model = cp_model.CpModel()
-    xs: dict[tuple[str, int], cp_model.IntVar] = {}
-    pool_dev: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    pool_nodes: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    ten_dev: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    ten_jobs: dict[str, list[cp_model.IntVar]] = defaultdict(list)
-    obj_terms: list[tuple[int, cp_model.IntVar]] = []
-    constant_units = 0
+    proto = model.proto
+    for start, count, exact in m.choice_rows:
+        c = proto.constraints.add()
+        (c.exactly_one if exact else c.at_most_one).literals.extend(range(start, start + count))
+    for _ in range(len(m.coef)):
+        proto.variables.add().domain.extend((0, 1))
+    for vs, cs, bound in m.rows:
+        c = proto.constraints.add()
+        c.linear.vars.extend(vs)
+        c.linear.coeffs.extend(cs)
+        c.linear.domain.extend((-(2**62), bound))
+    nz = [k for k, v in enumerate(m.coef) if v]
+    proto.objective.vars.extend(nz)
+    proto.objective.coeffs.extend([m.coef[k] for k in nz])
+    hint = [0] * len(m.coef)
     for job in jobs:
-        if not job.options:
-            constant_units += _units(job.unplaced_usd or 0.0, scale)
-            continue
-        row = []
-        base = 0 if job.must_place else _units(job.unplaced_usd or 0.0, scale)
-        constant_units += base
-        for idx, opt in enumerate(job.options):
-            x = model.new_bool_var(f"x[{job.job_id}][{idx}]")
-            xs[(job.job_id, idx)] = x
-            row.append(x)
-            coef = _units(opt.objective_usd, scale) - base
-            if coef:
-                obj_terms.append((coef, x))
-            if not opt.is_stay:
-                pool_dev[opt.pool].append((opt.capacity_devices, x))
-                if opt.spans_nodes:
-                    pool_nodes[opt.pool].append((opt.nodes, x))
-            td = _tenant_devices(job, opt)
-            if td:
-                ten_dev[job.tenant].append((td, x))
-            if _tenant_jobs(job):
-                ten_jobs[job.tenant].append(x)
-        if job.must_place:
-            model.add_exactly_one(row)
-        else:
-            model.add_at_most_one(row)
-    for name, terms in pool_dev.items():
-        cap = pools[name]
-        model.add(sum(c * x for c, x in terms) <= cap.free_devices)
-        if pool_nodes.get(name):
-            model.add(sum(c * x for c, x in pool_nodes[name]) <= cap.free_nodes)
-    for tenant, lim in tenants.items():
-        if lim.devices_left is not None and ten_dev.get(tenant):
-            model.add(sum(c * x for c, x in ten_dev[tenant]) <= max(lim.devices_left, 0))
-        if lim.jobs_left is not None and ten_jobs.get(tenant):
-            model.add(sum(ten_jobs[tenant]) <= max(lim.jobs_left, 0))
-    model.minimize(sum(c * x for c, x in obj_terms))
-    for job in jobs:
-        chosen = g_choice.get(job.job_id)
-        for idx in range(len(job.options)):
-            model.add_hint(xs[(job.job_id, idx)], 1 if chosen == idx else 0)
+        idx = best_choice.get(job.job_id)
+        if idx is not None and job.job_id in m.first:
+            hint[m.first[job.job_id] + idx] = 1
+    proto.solution_hint.vars.extend(range(len(m.coef)))
+    proto.solution_hint.values.extend(hint)
 
     solver = cp_model.CpSolver()
+    set_parameters(solver, config, limit * (1.0 - config.lp_time_share))
+    status = solver.solve(model)
+    wall = float(solver.wall_time)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound_usd = max(bound_usd, (solver.best_objective_bound + m.constant_units) / scale)
+        choice = _repair_packing(jobs, pools, _decode(m, jobs, list(solver.response_proto.solution)))
+        obj = objective_usd(jobs, choice)
+        if obj <= best_obj + 1e-9:
+            proven = (
+                status == cp_model.OPTIMAL
+                and obj <= (solver.objective_value + m.constant_units) / scale + 1e-6
+            )
+            best_choice, best_obj = choice, obj
+            best_status = "optimal" if proven else "feasible"
+    if bound_usd == -math.inf:
+        bound_usd = best_obj
+    return Solution(best_choice, best_obj, g_obj, best_status, wall, min(bound_usd, best_obj))
+
+
+def set_parameters(solver: cp_model.CpSolver, config: SchedulerConfig, limit_s: float) -> None:
+    """One worker, fixed seed, deterministic time limit (wall-clock cap as a safety net), light presolve."""
     params = solver.parameters
     params.num_workers = max(1, config.num_workers)
     params.random_seed = config.seed
-    params.max_deterministic_time = max(limit, 0.001)
-    params.max_time_in_seconds = max(limit * 4, 0.05)
+    params.max_deterministic_time = max(limit_s, 0.001)
+    params.max_time_in_seconds = max(limit_s * config.wall_limit_factor, 0.05)
+    params.cp_model_probing_level = 0
+    params.symmetry_level = 0
     params.log_search_progress = False
-    status = solver.solve(model)
-    wall = float(solver.wall_time)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solution(g_choice, g_obj, g_obj, "greedy", wall)
-    choice: dict[str, int | None] = {}
-    for job in jobs:
-        choice[job.job_id] = None
-        for idx in range(len(job.options)):
-            if solver.boolean_value(xs[(job.job_id, idx)]):
-                choice[job.job_id] = idx
-                break
-    choice = _repair_packing(jobs, pools, choice)
-    obj = objective_usd(jobs, choice)
-    if obj > g_obj + 1e-9:
-        return Solution(g_choice, g_obj, g_obj, "greedy", wall)
-    return Solution(choice, obj, g_obj, "optimal" if status == cp_model.OPTIMAL else "feasible", wall)
 
 
 def _repair_packing(

@@ -79,11 +79,17 @@ class TenantQuota:
 class SchedulerConfig:
     """Knobs of one scheduling round. Defaults are documented in docs/scheduler.md."""
 
-    time_limit_s: float = 0.35  # CP-SAT wall-clock limit per round
+    time_limit_s: float = 0.35  # the LP relaxation and the CP-SAT search together, per round
+    lp_time_share: float = 0.7  # share of time_limit_s given to the LP relaxation (HiGHS)
+    wall_limit_factor: float = 2.0  # CP-SAT stops at its deterministic limit, or this × it in wall time
+    # Skip the CP-SAT search when the LP bound already proves the rounded solution within this relative gap.
+    skip_search_gap: float = 0.0005
     seed: int = 0
     num_workers: int = 1  # 1 worker + fixed seed = identical answers for identical inputs
     max_options_per_job: int = 6  # candidates kept in the model per job (cheapest first)
     max_options_per_pool: int = 2  # of those, at most this many device counts per pool
+    # options the greedy seeding pass looks at per job (None: all fitting); its pick joins the model
+    seed_options_per_job: int | None = None
     cost_scale: int = 1000  # objective units per dollar (integer CP-SAT coefficients)
     quotas: Mapping[str, TenantQuota] = field(default_factory=dict)
     # Reserved capacity is already paid for: its options enter the objective at this share of their price.
@@ -223,8 +229,9 @@ class RoundResult:
     kept: tuple[str, ...]
     solve_time_s: float
     objective_usd: float
-    solver_status: str  # "optimal", "feasible", "greedy" (fallback), "empty"
+    solver_status: str  # "optimal", "feasible" (CP-SAT), "lp" (LP rounding), "greedy" (fallback), "empty"
     greedy_objective_usd: float
+    lower_bound_usd: float = 0.0  # proven lower bound on objective_usd (LP relaxation / CP-SAT bound)
 
     def to_contract(self) -> dict[str, Any]:
         return {
