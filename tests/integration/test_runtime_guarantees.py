@@ -155,6 +155,7 @@ def kill(rank: int = 0, sig: int = signal.SIGKILL) -> Callable[[list[WorkerInfo]
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     ex = LocalExecutor(heartbeat_timeout_s=60.0, failure_grace_s=1.0)
+    assert ex.wait_until_warm(180)
     h = Harness(ex, tmp_path_factory.mktemp("runtime"))
     yield h
     ex.shutdown(kill_workers=True)

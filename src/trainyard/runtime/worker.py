@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -91,6 +92,49 @@ def entrypoint_env(req: LaunchRequest, rank: int, run_dir: str) -> dict[str, str
     return env
 
 
+def in_process_python_script(command: list[str]) -> str | None:
+    """The script of ``[python, script.py, ...]`` when ``python`` is this very interpreter.
+
+    Such entrypoints run inside this (already warm) process with ``runpy`` instead of a new
+    interpreter that would import torch again; anything else is ``exec``-ed.
+    """
+    if len(command) < 2 or command[1].startswith("-"):
+        return None
+    exe = shutil.which(command[0])
+    if exe is None or os.path.realpath(exe) != os.path.realpath(sys.executable):
+        return None
+    return command[1] if command[1].endswith(".py") and os.path.isfile(command[1]) else None
+
+
+def run_python_in_process(
+    script: str, command: list[str], env: dict[str, str], req: LaunchRequest, rank: int, run_dir: str
+) -> int:
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [script, *command[2:]]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except BaseException as exc:
+        events = EventWriter(run_dir, req.job_id, req.attempt, rank)
+        events.emit(
+            "failed",
+            rank=rank,
+            reason=f"{exc.__class__.__name__}: {exc}",
+            classification=CLASSIFICATION_USER,
+            traceback_tail=traceback_tail(),
+        )
+        events.close()
+        sys.stderr.write(traceback.format_exc())
+        return EXIT_USER_ERROR
+    return EXIT_OK
+
+
 def init_process_groups(req: LaunchRequest, rank: int) -> tuple[Any, Any]:
     if req.world_size <= 1:
         return None, None
@@ -122,9 +166,14 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
     entry = (req.spec.get("entrypoint") or {}).get("command")
     if entry:
         events.emit("log", rank=rank, message=f"running entrypoint {entry[0]!r}")
+        env = entrypoint_env(req, rank, run_dir)
+        script = in_process_python_script(list(entry))
+        if script is not None:
+            events.close()
+            return run_python_in_process(script, list(entry), env, req, rank, run_dir)
         events.close()
         try:
-            os.execvpe(entry[0], list(entry), entrypoint_env(req, rank, run_dir))
+            os.execvpe(entry[0], list(entry), env)
         except OSError as exc:
             events = EventWriter(run_dir, req.job_id, attempt, rank)
             events.emit(
