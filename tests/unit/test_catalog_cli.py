@@ -46,3 +46,16 @@ def test_bad_filters_exit_2() -> None:
     assert r.exit_code == 2 and "unknown accelerator" in r.output
     r = runner.invoke(app, ["accelerators", "--family", "quantum"])
     assert r.exit_code == 2 and "--family" in r.output
+
+
+def test_accelerators_json_contract() -> None:
+    r = runner.invoke(app, ["accelerators", "--json"])
+    assert r.exit_code == 0
+    accs = {a["name"]: a for a in json.loads(r.stdout)["accelerators"]}
+    assert {"a100-80gb", "h100", "tpu-v5e", "trn1", "cpu"} <= set(accs)
+    h100 = accs["h100"]
+    assert h100["vendor"] == "NVIDIA" and h100["memory_gib"] == 80 and h100["offers"] > 0
+    assert accs["tpu-v5e"]["compile_required"] is True and accs["h100"]["compile_required"] is False
+    assert h100["min_spot_usd_per_device_hour"] < h100["min_on_demand_usd_per_device_hour"]
+    only_tpu = json.loads(runner.invoke(app, ["accelerators", "--json", "--family", "google-tpu"]).stdout)
+    assert {a["family"] for a in only_tpu["accelerators"]} == {"google-tpu"}
