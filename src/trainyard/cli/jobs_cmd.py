@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from trainyard.cli._remote import client, money
 from trainyard.cli.common import console, handle_errors, print_json
@@ -32,7 +32,7 @@ def list_jobs(
     if as_json:
         print_json(page)
         return
-    table = Table("ID", "NAME", "STATE", "POOL", "DEVICES", "COST", "CREATED")
+    table = Table(Column("ID", no_wrap=True), "NAME", "STATE", "POOL", "DEVICES", "COST", "CREATED")
     for j in page["jobs"]:
         p = j.get("placement") or {}
         table.add_row(

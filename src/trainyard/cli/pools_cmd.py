@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Table
+from rich.table import Column, Table
 
 from trainyard.catalog.pools import load_pools
 from trainyard.cli._remote import client
@@ -26,7 +26,14 @@ def list_pools(as_json: bool = typer.Option(False, "--json", help="Print {pools}
         print_json(doc)
         return
     table = Table(
-        "NAME", "ACCELERATOR", "DEVICES", "IN USE", "MARKET", "$/DEVICE-H", "INTERRUPTS/H", "REGION"
+        Column("NAME", no_wrap=True),
+        "ACCELERATOR",
+        "DEVICES",
+        "IN USE",
+        "MARKET",
+        "$/DEVICE-H",
+        "INTERRUPTS/H",
+        "REGION",
     )
     for p in doc["pools"]:
         total = p["nodes"] * p["devices_per_node"]
