@@ -187,3 +187,12 @@ def test_whole_catalog_quote_for_7b_lora() -> None:
     assert feasible[0].expected_cost_usd <= feasible[-1].expected_cost_usd
     assert any(not o.feasible for o in opts)  # e.g. T4/K80 memory
     assert len({o.pool for o in opts}) == len({o.pool for o in opts if o.pool})
+
+
+def test_a_gang_of_nodes_is_interrupted_more_often() -> None:
+    spec = _spec()
+    pool = _pool(market="spot", devices_per_node=1, nodes=8, interruption_rate_per_hour=0.1)
+    one, four = option_for(spec, pool, 1), option_for(spec, pool, 4)
+    assert one.interruption_rate_per_hour == pytest.approx(0.1)
+    assert four.interruption_rate_per_hour == pytest.approx(0.4)
+    assert four.checkpoint_interval_s <= one.checkpoint_interval_s

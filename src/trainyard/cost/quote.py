@@ -64,7 +64,7 @@ class QuoteOption:
     prediction: Prediction | None = None
     checkpoint_s: float = 0.0  # stall per save
     checkpoint_overhead_usd: float = 0.0
-    interruption_rate_per_hour: float = 0.0
+    interruption_rate_per_hour: float = 0.0  # of the whole allocation: the per-instance rate × nodes
     notice_s: float = 0.0
     step_time_p90_s: float = 0.0
     step_time_source: str = ""  # "measured", "measured-scaled" or the predictor's source
@@ -359,7 +359,8 @@ def option_for(
         compile_s = pred.compile_time_s if pred.compile_time_s > 0 else acc.first_compile_s
     provisioning_s = params.provisioning_s.get(acc.family, cm.DEFAULT_PROVISIONING_S)
     rst_s = cm.restart_s(provisioning_s=provisioning_s, load_s=load_s, recompile_s=compile_s)
-    rate_h = pool_interruption_rate_per_hour(pool)
+    # The pool's rate is per instance; a gang stops when any of its nodes is reclaimed.
+    rate_h = pool_interruption_rate_per_hour(pool) * nodes
     rate_s = rate_h / cm.SECONDS_PER_HOUR
     interval_s = cm.choose_interval_s(spec.checkpoint.interval_s, stall_s, rate_s, params)
     ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
