@@ -196,3 +196,11 @@ def test_a_gang_of_nodes_is_interrupted_more_often() -> None:
     assert one.interruption_rate_per_hour == pytest.approx(0.1)
     assert four.interruption_rate_per_hour == pytest.approx(0.4)
     assert four.checkpoint_interval_s <= one.checkpoint_interval_s
+
+
+def test_unpriced_pool_is_an_infeasible_option_not_a_crash() -> None:
+    pool = _pool(price_usd_per_device_hour=None, instance_type="nope.large")
+    opts = quote(_spec(), [pool, _pool(name="ok")])
+    bad = [o for o in opts if o.pool == "p"]
+    assert bad and all(not o.feasible and o.reason.startswith("no price:") for o in bad)
+    assert any(o.feasible and o.pool == "ok" for o in opts)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.catalog.offers import with_catalog_price
 from trainyard.catalog.pools import load_pools
 from trainyard.cli.common import console, handle_errors, print_json
 from trainyard.cost.model import CostParams
@@ -112,9 +113,14 @@ def quote_command(
 @handle_errors
 def _run(spec_path: Path, pools_path: Path | None, as_json: bool, limit: int | None) -> None:
     spec = load_spec(spec_path)
-    pools = load_pools(pools_path) if pools_path is not None else None
     settings = load_settings()
     params = CostParams(reserved_discount=settings.reserved_discount_1y)
+    pools = None
+    if pools_path is not None:
+        # a pool without a price of its own must have one in the catalog: fail on the file, not per option
+        pools = [
+            with_catalog_price(p, reserved_discount=params.reserved_discount) for p in load_pools(pools_path)
+        ]
     options = quote(spec, pools, params=params, now=datetime.now(UTC))
     if as_json:
         print_json({"options": [o.to_contract() for o in options]})

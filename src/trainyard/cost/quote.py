@@ -26,6 +26,7 @@ from trainyard.catalog.offers import (
 )
 from trainyard.catalog.pools import Pool
 from trainyard.cost import model as cm
+from trainyard.errors import PoolsFileError
 from trainyard.predict import Prediction, predict
 from trainyard.spec.models import JobSpec, Minimize
 
@@ -300,7 +301,10 @@ def option_for(
             f"pool {pool.name}: {devices} devices does not fit "
             f"{pool.nodes} x {pool.devices_per_node} ({shape})",
         )  # fmt: skip
-    price_dev_h = price_usd_per_device_hour_for(pool, reserved_discount=params.reserved_discount)
+    try:
+        price_dev_h = price_usd_per_device_hour_for(pool, reserved_discount=params.reserved_discount)
+    except PoolsFileError as exc:  # no price anywhere: this pool cannot be quoted (callers may pre-check)
+        return _infeasible(spec, pool, devices, f"no price: {exc.message}")
     price_h = price_dev_h * devices
     nodes = math.ceil(devices / pool.devices_per_node)
 
