@@ -533,12 +533,13 @@ class Simulator:
         from trainyard.cost.quote import option_for
 
         progress = min(1.0, job.durable_steps / job.total_steps) if job.total_steps > 0 else 0.0
+        live = ps.live()
         opt = option_for(
             job.spec,
-            ps.live(),
+            live,
             devices,
             elapsed_fraction=min(progress, 0.999999),
-            predict_fn=self.book.predict,
+            predict_fn=self.book.predictor(live),
         )
         write_s = (
             self.config.checkpoint_write_s if self.config.checkpoint_write_s is not None else opt.checkpoint_s

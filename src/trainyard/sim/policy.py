@@ -98,8 +98,9 @@ class OptionBook:
     counts: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     options: dict[tuple[str, str, int], QuoteOption] = field(default_factory=dict)
     base_pools: dict[str, Pool] = field(default_factory=dict)
-    predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    predictions: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    _predictors: dict[tuple[Any, ...], Callable[[JobSpec, Any, int], Any]] = field(default_factory=dict)
 
     def shape_key(self, spec: JobSpec) -> str:
         hit = self._shapes.get(id(spec))
@@ -111,15 +112,27 @@ class OptionBook:
         self._shapes[id(spec)] = (spec, key)
         return key
 
-    def predict(self, spec: JobSpec, accelerator: Any, devices: int) -> Any:
+    def predictor(self, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
+        """The predictor as the cost model calls it for ``pool`` (with the pool's topology), memoised."""
+        from trainyard.cost.quote import predict_kwargs, pool_accelerator
         from trainyard.predict import predict
 
-        key = (self.shape_key(spec), accelerator.name, devices)
-        hit = self.predictions.get(key)
-        if hit is None:
-            hit = predict(spec, accelerator, devices)
-            self.predictions[key] = hit
-        return hit
+        topology = predict_kwargs(pool, pool_accelerator(pool))
+        topo_key = (pool.accelerator, *sorted(topology.items()))
+        hit = self._predictors.get(topo_key)
+        if hit is not None:
+            return hit
+
+        def cached(spec: JobSpec, accelerator: Any, devices: int) -> Any:
+            key = (self.shape_key(spec), accelerator.name, accelerator.memory_gib, devices, topo_key)
+            pred = self.predictions.get(key)
+            if pred is None:
+                pred = predict(spec, accelerator, devices, **topology)
+                self.predictions[key] = pred
+            return pred
+
+        self._predictors[topo_key] = cached
+        return cached
 
     def set_pools(self, pools: Sequence[Pool]) -> None:
         self.base_pools = {p.name: p.model_copy(update={"available_devices": None}) for p in pools}
@@ -140,7 +153,8 @@ class OptionBook:
         key = (job_id, pool_name, devices)
         hit = self.options.get(key)
         if hit is None:
-            hit = option_for(spec, self.base_pools[pool_name], devices, predict_fn=self.predict)
+            pool = self.base_pools[pool_name]
+            hit = option_for(spec, pool, devices, predict_fn=self.predictor(pool))
             self.options[key] = hit
         return hit
 
