@@ -1,0 +1,249 @@
+"""A Ray cluster of one or more nodes on this machine, bound to 127.0.0.1, for development and tests.
+
+Each node is one ``ray start --block`` process in its own session and its own temporary directory,
+labelled with trainyard's pool resources (``trainyard/pool:<name>``), so a laptop can stand in for a
+cluster of several pools. Stopping a node kills exactly that node's process group (never other Ray
+processes on the machine); ``kill_raylet`` simulates losing a node abruptly.
+
+Production clusters are started by the operator (docs/ray.md); this module is not used there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainyard.errors import ServiceUnavailableError
+
+#: Environment for every process of a loopback cluster (and the driver that connects to it): keep Ray on
+#: 127.0.0.1, detect a dead node within about a second, and keep memory and background work low.
+LOOPBACK_ENV: dict[str, str] = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "300",
+    "RAY_health_check_timeout_ms": "300",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_memory_monitor_refresh_ms": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_BACKEND_LOG_LEVEL": "warning",
+    "RAY_num_prestart_python_workers": "0",
+    "RAY_prestart_worker_first_driver": "0",
+}
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+START_TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_cli() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    return str(candidate) if candidate.exists() else "ray"
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> dict[int, int]:
+    """Every live process whose parent chain leads to ``pid``: pid → start time (read from /proc)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _stat(int(entry))
+        if st is not None:
+            children.setdefault(st[0], []).append((int(entry), st[1]))
+    out: dict[int, int] = {}
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for c, start in children.get(p, []):
+            out[c] = start
+            todo.append(c)
+    return out
+
+
+def _same_process(pid: int, start: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] == start
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class LoopbackNode:
+    name: str
+    ip: str
+    resources: dict[str, float]
+    num_cpus: int
+    temp_dir: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    pids: dict[int, int] = field(default_factory=dict)  # pid → start time of every process seen (teardown)
+
+    def remember_processes(self) -> None:
+        if self.proc.poll() is None:
+            self.pids.update(_descendants(self.proc.pid))
+
+    def raylet_pid(self) -> int | None:
+        self.remember_processes()
+        for pid, start in sorted(self.pids.items()):
+            if _comm(pid) == "raylet" and _same_process(pid, start):
+                return pid
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class LoopbackRayCluster:
+    """``with LoopbackRayCluster() as c: c.add_node(...)`` — a head node plus workers on 127.0.0.1."""
+
+    def __init__(self, *, root: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None):
+        self.root = Path(tempfile.mkdtemp(prefix="tyray-", dir=root or "/tmp"))  # short: socket paths
+        self.env = {**os.environ, **LOOPBACK_ENV, **(env or {})}
+        self.port: int | None = None
+        self.head_ip = "127.0.0.2"
+        self.nodes: list[LoopbackNode] = []
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the cluster has no head node yet")
+        return f"{self.head_ip}:{self.port}"
+
+    def __enter__(self) -> LoopbackRayCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add_node(self, name: str, *, resources: dict[str, float], num_cpus: int = 2) -> LoopbackNode:
+        """Start a node (the first one is the head) and wait until the cluster lists it as alive."""
+        head = self.port is None
+        if head:
+            self.port = _free_port()
+        temp_dir = self.root / name
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            _ray_cli(),
+            "start",
+            "--block",
+            f"--num-cpus={num_cpus}",
+            "--num-gpus=0",
+            f"--resources={json.dumps(resources)}",
+            f"--temp-dir={temp_dir}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            "--include-log-monitor=false",
+            "--disable-usage-stats",
+        ]
+        env = dict(self.env)
+        ip = f"127.0.0.{len(self.nodes) + 2}"
+        args.append(f"--node-ip-address={ip}")
+        if head:
+            self.head_ip = ip
+            args += [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={_free_port()}",
+            ]
+        else:
+            args += [f"--address={self.address}"]
+        log_path = self.root / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        node = LoopbackNode(name, ip, dict(resources), num_cpus, temp_dir, proc, log_path)
+        self.nodes.append(node)
+        deadline = time.time() + START_TIMEOUT_S
+        while time.time() < deadline:
+            node.remember_processes()
+            if not node.alive:
+                raise ServiceUnavailableError(
+                    f"ray start for node {name!r} exited with {proc.returncode}: "
+                    f"{log_path.read_text(errors='replace')[-2000:]}",
+                    hint="Check that Ray is installed in this environment and that /tmp is writable.",
+                )
+            if "Ray runtime started" in log_path.read_text(errors="replace"):
+                node.remember_processes()
+                return node
+            time.sleep(0.2)
+        raise ServiceUnavailableError(
+            f"node {name!r} did not join the Ray cluster within {START_TIMEOUT_S:.0f} s: "
+            f"{log_path.read_text(errors='replace')[-2000:]}"
+        )
+
+    def kill_raylet(self, node: LoopbackNode) -> int:
+        """SIGKILL the node's raylet: the node and everything on it goes away as in a machine loss."""
+        pid = node.raylet_pid()
+        if pid is None:
+            raise RuntimeError(f"node {node.name!r} has no raylet process")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop_node(self, node: LoopbackNode, *, timeout_s: float = 15.0) -> None:
+        node.remember_processes()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(node.proc.pid, signal.SIGTERM)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and node.proc.poll() is None:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(node.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.proc.wait(timeout=5)
+        for pid, start in node.pids.items():  # processes that left the group (reparented workers)
+            if _same_process(pid, start):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stop every node (workers first), then remove the temporary directories."""
+        for node in reversed(self.nodes):
+            self.stop_node(node)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "nodes": [{"name": n.name, "resources": n.resources, "alive": n.alive} for n in self.nodes],
+        }
