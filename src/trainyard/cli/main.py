@@ -10,6 +10,7 @@ from trainyard.cli import catalog_cmd, quote_cmd
 from trainyard.cli import simulate_cmd
 from trainyard.cli import jobs_cmd, pools_cmd, submit_cmd, tenants_cmd, up_cmd
 from trainyard.cli import predict_cmd, profile_cmd
+from trainyard.cli import checkpoint_cmd
 
 app = typer.Typer(
     name="trainyard",
@@ -31,6 +32,7 @@ app.add_typer(tenants_cmd.app, name="tenants")
 app.add_typer(pools_cmd.app, name="pools")
 app.command("predict")(predict_cmd.predict_command)
 app.command("profile")(profile_cmd.profile_command)
+app.add_typer(checkpoint_cmd.app, name="checkpoint")
 
 
 @app.command("version")

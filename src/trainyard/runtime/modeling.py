@@ -60,7 +60,7 @@ POLICIES = {
     "bf16-mixed": PrecisionPolicy("bf16-mixed", "float32", "bfloat16", "float32"),
     "fp16-mixed": PrecisionPolicy("fp16-mixed", "float32", "float16", "float32"),
     # parameters themselves in bf16 (half the checkpoint size); produced by `trainyard checkpoint convert`
-    "bf16": PrecisionPolicy("bf16", "bfloat16", "bfloat16", "float32"),
+    "bf16": PrecisionPolicy("bf16", "bfloat16", "bfloat16", "bfloat16"),
 }
 
 
