@@ -42,6 +42,9 @@ class CandidateCache:
     predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
     device_counts: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)
     eligible: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    views: dict[tuple[Any, ...], Any] = field(
+        default_factory=dict
+    )  # priced candidate lists per spec and pools
     _keys: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     max_entries: int = 500_000
 
@@ -54,11 +57,13 @@ class CandidateCache:
         return k
 
     def trim(self) -> None:
-        if len(self.options) > self.max_entries:
+        """Drop everything once the memo grows past ``max_entries`` (call between rounds)."""
+        if len(self.options) + len(self.views) > self.max_entries:
             self.options.clear()
             self.predictions.clear()
             self.device_counts.clear()
             self.eligible.clear()
+            self.views.clear()
             self._keys.clear()
 
 

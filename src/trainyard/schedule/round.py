@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainyard.catalog.pools import Pool
 from trainyard.schedule.candidates import (
@@ -16,6 +17,7 @@ from trainyard.schedule.candidates import (
     candidates_for,
     capacity_reason,
     fits_now,
+    pool_price_key,
     price_option,
     to_candidate,
 )
@@ -67,10 +69,13 @@ def _sort_key(c: Candidate) -> tuple[float, float, str, int]:
 def prune(
     options: Sequence[Candidate], config: SchedulerConfig, limit: int | None = None
 ) -> tuple[Candidate, ...]:
-    """Keep the cheapest options: ``max_options_per_pool`` per pool, ``max_options_per_job`` in all."""
+    """Keep the cheapest options: ``max_options_per_pool`` per pool, ``max_options_per_job`` in all.
+
+    ``options`` must be sorted cheapest first (by ``_sort_key``).
+    """
     kept: list[Candidate] = []
     per_pool: dict[str, int] = defaultdict(int)
-    for c in sorted(options, key=_sort_key):
+    for c in options:
         if per_pool[c.pool] >= config.max_options_per_pool:
             continue
         kept.append(c)
@@ -194,31 +199,40 @@ def _spec_view(
     qj: QueuedJob,
     pools: Sequence[Pool],
     pool_by_name: Mapping[str, Pool],
-    now_s: float,
+    pools_key: tuple[Any, ...],
     cfg: SchedulerConfig,
     cache: CandidateCache,
 ) -> _SpecView:
-    cands = [
-        _objective_for_job(c, qj.spec.objective.minimize, cfg)
-        for c in candidates_for(
-            job_id="",
-            tenant="",
-            spec=qj.spec,
-            pools=pools,
-            now_s=now_s,
-            deadline_abs_s=None,
-            config=cfg,
-            cache=cache,
-        )
-    ]
-    feasible = sorted((c for c in cands if c.feasible), key=_sort_key)
+    """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
+    and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
+    skey = (cache.key(qj.spec), qj.spec.objective.minimize, pools_key, cfg.reserved_cost_factor,
+            cfg.time_value_usd_per_hour)  # fmt: skip
+    static = cache.views.get(skey)
+    if static is None:
+        cands = [
+            _objective_for_job(c, qj.spec.objective.minimize, cfg)
+            for c in candidates_for(
+                job_id="",
+                tenant="",
+                spec=qj.spec,
+                pools=pools,
+                now_s=0.0,  # finish_s then holds the p90 duration; deadlines are checked per job below
+                deadline_abs_s=None,
+                config=cfg,
+                cache=cache,
+            )
+        ]
+        feasible_all = sorted((c for c in cands if c.feasible), key=_sort_key)
+        static = (cands, feasible_all, sorted(feasible_all, key=_cost_key))
+        cache.views[skey] = static
+    cands, feasible, by_cost = static
     fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
     return _SpecView(
         cands,
         feasible,
         fitting,
         prune(fitting, cfg),
-        sorted(feasible, key=_cost_key),
+        by_cost,
         min((c.expected_hours_p90 for c in feasible), default=0.0),
         _seed(fitting, cfg),
     )
@@ -270,27 +284,27 @@ def schedule_round(
     info: dict[str, tuple[list[Candidate], list[Candidate], list[Candidate]]] = {}
     unplaced: list[Unplaced] = []
     kept: list[str] = []
-    base_devices: dict[str, int] = defaultdict(int)
-    base_jobs: dict[str, int] = defaultdict(int)
     running_by_id: dict[str, RunningJob] = {}
     forced_reason: dict[str, str] = {}
 
     views: dict[tuple[str, Minimize], _SpecView] = {}
     full: list[tuple[ProblemJob, list[Candidate]]] = []
+    pools_key = tuple(pool_price_key(p) for p in pools)
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize)
         view = views.get(vkey)
         if view is None:
-            view = _spec_view(qj, pools, pool_by_name, now_s, cfg, cache)
+            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache)
             views[vkey] = view
         if deadline is None:
             feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
         else:
-            feasible = [c for c in view.feasible if c.finish_s <= deadline]
-            fitting = [c for c in view.fitting if c.finish_s <= deadline]
+            left_s = deadline - now_s  # the view's finish_s is the p90 duration
+            feasible = [c for c in view.feasible if c.finish_s <= left_s]
+            fitting = [c for c in view.fitting if c.finish_s <= left_s]
             pruned = prune(fitting, cfg)
-            by_cost = [c for c in view.by_cost if c.finish_s <= deadline]
+            by_cost = [c for c in view.by_cost if c.finish_s <= left_s]
         if not feasible:
             cands = view.cands
             if deadline is not None:
@@ -349,13 +363,11 @@ def schedule_round(
 
     for rj in running:
         running_by_id[rj.job_id] = rj
-        base_devices[rj.tenant] += rj.devices
-        base_jobs[rj.tenant] += 1
-        pj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
-        if pj is None:
+        rpj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
+        if rpj is None:
             kept.append(rj.job_id)
         else:
-            problem.append(pj)
+            problem.append(rpj)
 
     tenants = _tenant_limits(cfg, running)
     sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
@@ -529,7 +541,7 @@ def _running_problem(
         stay = replace(stay, objective_usd=stay.objective_usd + 10.0 * (stay.expected_cost_usd + 1.0) + 1e4)
     if not options:
         return None
-    opts = (*prune(options, cfg), stay)
+    opts = (*prune(sorted(options, key=_sort_key), cfg), stay)
     return ProblemJob(
         job_id=rj.job_id,
         tenant=rj.tenant,

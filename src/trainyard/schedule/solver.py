@@ -66,7 +66,7 @@ class Solution:
     greedy_objective_usd: float
     status: str  # "optimal" | "feasible" (CP-SAT) | "lp" (LP rounding) | "greedy" | "empty"
     wall_time_s: float  # CP-SAT's own wall time (the LP and the greedy come on top)
-    lower_bound_usd: float  # a proven lower bound on the objective (LP relaxation or CP-SAT bound)
+    lower_bound_usd: float | None  # a proven lower bound on the objective (LP or CP-SAT); None if unknown
 
 
 def _units(usd: float, scale: int) -> int:
@@ -103,7 +103,7 @@ def greedy(
     """
     free = {p.name: node_free_list(p) for p in pools.values()}
     # quick bounds per pool (whole free nodes, largest free share of a node) to skip hopeless options fast
-    whole = {name: sum(1 for f in fl if f == pools[name].devices_per_node) for name, fl in free.items()}
+    whole = {name: fl.count(pools[name].devices_per_node) for name, fl in free.items()}
     biggest = {name: max(fl, default=0) for name, fl in free.items()}
     t_dev = {t: lim.devices_left for t, lim in tenants.items()}
     t_jobs = {t: lim.jobs_left for t, lim in tenants.items()}
@@ -111,34 +111,40 @@ def greedy(
     choice: dict[str, int | None] = {}
     for job in order:
         choice[job.job_id] = None
-        jl = t_jobs.get(job.tenant)
-        if jl is not None and _tenant_jobs(job) > jl and not job.must_place:
-            continue
+        tenant = job.tenant
+        jl = t_jobs.get(tenant)
+        dl = t_dev.get(tenant)
+        if not job.must_place and ((jl is not None and jl < 1) or (dl is not None and dl < 1)):
+            continue  # the tenant's quota is used up (every queued option needs a job slot and a device)
+        limit = job.unplaced_usd
+        held = job.current_devices
         for idx, opt in enumerate(job.options):
-            if job.unplaced_usd is not None and opt.objective_usd >= job.unplaced_usd:
+            if limit is not None and opt.objective_usd >= limit:
                 break  # options are sorted: waiting is cheaper than this and every later one
+            if dl is not None and opt.devices - held > dl:
+                continue
             slot = None
             if not opt.is_stay:
-                if (opt.nodes > 1 and whole[opt.pool] < opt.nodes) or (
-                    opt.nodes == 1 and biggest[opt.pool] < opt.capacity_devices
-                ):
+                pool = opt.pool
+                nodes = opt.nodes
+                if nodes > 1:
+                    if whole[pool] < nodes:
+                        continue
+                elif biggest[pool] < opt.capacity_devices:
                     continue
-                slot = find_slot(free[opt.pool], opt, pools[opt.pool].devices_per_node)
+                per_node = pools[pool].devices_per_node
+                fl = free[pool]
+                slot = find_slot(fl, opt, per_node)
                 if slot is None:
                     continue
-            dl = t_dev.get(job.tenant)
-            if dl is not None and _tenant_devices(job, opt) > dl:
-                continue
-            choice[job.job_id] = idx
-            if slot is not None:
-                fl = free[opt.pool]
                 take_slot(fl, opt, slot)
-                whole[opt.pool] = sum(1 for f in fl if f == pools[opt.pool].devices_per_node)
-                biggest[opt.pool] = max(fl, default=0)
+                whole[pool] = fl.count(per_node)
+                biggest[pool] = max(fl, default=0)
+            choice[job.job_id] = idx
             if dl is not None:
-                t_dev[job.tenant] = dl - _tenant_devices(job, opt)
+                t_dev[tenant] = dl - (opt.devices - held)
             if jl is not None:
-                t_jobs[job.tenant] = jl - _tenant_jobs(job)
+                t_jobs[tenant] = jl - _tenant_jobs(job)
             break
         if job.must_place and choice[job.job_id] is None:
             # a running job can always stay; its stay option is present by construction
@@ -398,9 +404,8 @@ def solve(
             )
             best_choice, best_obj = choice, obj
             best_status = "optimal" if proven else "feasible"
-    if bound_usd == -math.inf:
-        bound_usd = best_obj
-    return Solution(best_choice, best_obj, g_obj, best_status, wall, min(bound_usd, best_obj))
+    lower = None if bound_usd == -math.inf else min(bound_usd, best_obj)
+    return Solution(best_choice, best_obj, g_obj, best_status, wall, lower)
 
 
 def set_parameters(solver: cp_model.CpSolver, config: SchedulerConfig, limit_s: float) -> None:

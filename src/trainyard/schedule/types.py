@@ -134,7 +134,7 @@ class Candidate:
     step_time_s: float
     price_usd_per_hour: float
     checkpoint_interval_s: float
-    finish_s: float  # expected finish on the caller's clock if started now (pessimistic p90)
+    finish_s: float  # p90 finish if started at the now_s it was built for (per-spec lists: built at 0)
     feasible: bool
     reasons: tuple[str, ...] = ()  # why infeasible (empty when feasible)
     # Capacity this option consumes from its pool: whole nodes when it spans nodes, else its devices.
@@ -231,7 +231,7 @@ class RoundResult:
     objective_usd: float
     solver_status: str  # "optimal", "feasible" (CP-SAT), "lp" (LP rounding), "greedy" (fallback), "empty"
     greedy_objective_usd: float
-    lower_bound_usd: float = 0.0  # proven lower bound on objective_usd (LP relaxation / CP-SAT bound)
+    lower_bound_usd: float | None = None  # proven lower bound on objective_usd (LP / CP-SAT), if known
 
     def to_contract(self) -> dict[str, Any]:
         return {
