@@ -254,7 +254,7 @@ def evaluate(
         w.trainable / (tp * pp * shard) * w.optimizer_bytes_per_trainable / (hw.mem_bw_bytes_s * p.mem_eff)
     )
 
-    step = t_pipe + fs_exposed + ar_exposed + t_opt
+    step = t_pipe + fs_exposed + ar_exposed + t_opt + p.step_overhead_s
 
     # --- memory per device ---
     st = w.states

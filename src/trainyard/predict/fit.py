@@ -134,14 +134,15 @@ def fit_params(
     *,
     key: str,
     prior_scale: float = 1.0,
+    upper: dict[str, float] | None = None,
 ) -> EfficiencyParams:
-    """Regularised least squares in log space around ``prior``."""
+    """Regularised least squares in log space around ``prior`` (``upper`` overrides upper bounds)."""
     if not prepared or not free:
         return replace(prior, key=key, n_rows=len(prepared))
     x0 = _to_vec(prior, free)
     sig = np.array([_FREE[k][0] * prior_scale for k in free])
     lo = np.array([math.log(_FREE[k][1]) for k in free])
-    hi = np.array([math.log(_FREE[k][2]) for k in free])
+    hi = np.array([math.log((upper or {}).get(k, _FREE[k][2])) for k in free])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
     meas = np.array([r.measured_s for r in prepared])
 
@@ -368,9 +369,31 @@ def calibrate_from_profiles(
     updates = {}
     for group, prepared in by_group.items():
         prior = cal.params.get(group) or PRIORS["cpu"]
-        free = ("mm_max", "layer_overhead_s") if len(prepared) >= 2 else ("mm_max",)
-        p = fit_params(prepared, prior, free, key=f"{group}/profiled", prior_scale=3.0)
+        p = _fit_linear_cpu(prepared, replace(prior, key=f"{group}/profiled"))
         resid = [math.log(x.measured_s / x.time(p)) for x in prepared]
         band = max(0.05, max(abs(r) for r in resid) * 2)
         updates[group] = replace(p, log_resid_p10=-band, log_resid_p90=band, n_rows=len(prepared))
     return cal.with_params(updates, version=f"{base.version}+profiles")
+
+
+def _fit_linear_cpu(prepared: Sequence[_Prepared], prior: EfficiencyParams) -> EfficiencyParams:
+    """On one device the step time is linear in 1/mm_max and in the fixed per-step overhead:
+    ``t = T_compute / mm_max + overhead + T_rest``; solve for both by bounded linear least squares on
+    relative errors (the matmul cap is relative to the profile's own measured matmul rate, itself a sample,
+    so it may exceed 1). With one profile only the cap is fitted."""
+    from scipy.optimize import lsq_linear
+
+    rows, rhs = [], []
+    for x in prepared:
+        t1 = x.time(replace(prior, mm_max=1.0, step_overhead_s=0.0))
+        t2 = x.time(replace(prior, mm_max=0.5, step_overhead_s=0.0))
+        t_c, rest = t2 - t1, 2 * t1 - t2  # compute time at mm_max = 1; everything else
+        rows.append([t_c / x.measured_s, 1.0 / x.measured_s])
+        rhs.append(1.0 - rest / x.measured_s)
+    a, b = np.array(rows), np.array(rhs)
+    if len(prepared) < 2:
+        u = float(b[0] / a[0, 0]) if a[0, 0] > 0 else 1.0 / prior.mm_max
+        return replace(prior, mm_max=float(np.clip(1.0 / max(u, 1e-9), 0.05, 4.0)))
+    sol = lsq_linear(a, b, bounds=([0.25, 0.0], [20.0, 10.0]))
+    u, v = sol.x
+    return replace(prior, mm_max=float(1.0 / u), step_overhead_s=float(v))

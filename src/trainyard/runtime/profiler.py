@@ -121,9 +121,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_device(device: torch.device, repeats: int = 5) -> dict[str, Any]:
-    """Achievable matmul FLOP/s (fp32 and, on CUDA, bf16) and memory bandwidth of the device."""
-    out: dict[str, Any] = {"type": device.type}
+def measure_device(device: torch.device, repeats: int = 5, clock: str = "wall") -> dict[str, Any]:
+    """Achievable matmul FLOP/s (fp32 and, on CUDA, bf16) and memory bandwidth of the device.
+
+    ``clock="process"`` (CPU, one thread) times with this process's CPU time, like the profiled steps.
+    """
+    perf = time.process_time if clock == "process" and device.type == "cpu" else time.perf_counter
+    out: dict[str, Any] = {"type": device.type, "clock": clock}
     n = 1024 if device.type == "cpu" else 8192
     for dt in [torch.float32] if device.type == "cpu" else [torch.float32, torch.bfloat16]:
         a = torch.randn(n, n, device=device, dtype=dt)
@@ -132,10 +136,10 @@ def measure_device(device: torch.device, repeats: int = 5) -> dict[str, Any]:
         _sync(device)
         ts = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = perf()
             torch.matmul(a, b)
             _sync(device)
-            ts.append(time.perf_counter() - t0)
+            ts.append(perf() - t0)
         name = "fp32" if dt == torch.float32 else "bf16"
         out[f"matmul_flops_{name}"] = 2.0 * n**3 / statistics.median(ts)
     out["matmul_flops"] = out["matmul_flops_fp32"]
@@ -150,10 +154,10 @@ def measure_device(device: torch.device, repeats: int = 5) -> dict[str, Any]:
     _sync(device)
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = perf()
         y.copy_(x)
         _sync(device)
-        ts.append(time.perf_counter() - t0)
+        ts.append(perf() - t0)
     out["mem_bw_bytes_s"] = 2.0 * x.numel() * x.element_size() / statistics.median(ts)
     if device.type == "cuda":
         out["name"] = torch.cuda.get_device_name(device)
@@ -182,8 +186,16 @@ class ProfileSession:
     """
 
     def __init__(
-        self, spec: JobSpec, *, device: str | None = None, threads: int | None = None, seed: int = 0
+        self,
+        spec: JobSpec,
+        *,
+        device: str | None = None,
+        threads: int | None = None,
+        seed: int = 0,
+        clock: str = "wall",
     ) -> None:
+        if clock not in ("wall", "process"):
+            raise InvalidInputError(f"clock {clock!r} is not wall or process")
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise InvalidInputError(
@@ -192,7 +204,9 @@ class ProfileSession:
         if threads is not None:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.spec, self.device = spec, dev
+        if clock == "process" and (dev.type != "cpu" or torch.get_num_threads() != 1):
+            raise InvalidInputError("the process clock is only meaningful on CPU with one thread")
+        self.spec, self.device, self.clock = spec, dev, clock
         wl = spec.workload
         self.micro_batch = min(wl.micro_batch or wl.global_batch, wl.global_batch)
         self.accum = math.ceil(wl.global_batch / self.micro_batch)
@@ -227,12 +241,17 @@ class ProfileSession:
         self.opt.step()
 
     def step(self) -> float:
-        """Run one optimizer step; its wall time in seconds."""
+        """Run one optimizer step; its time in seconds.
+
+        ``wall`` clock: elapsed time. ``process`` clock (CPU, one thread): CPU time of this process, which
+        leaves out the time other processes hold the core — the step time of an unshared machine.
+        """
+        clk = time.process_time if self.clock == "process" else time.perf_counter
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0 = clk()
         self._run()
         _sync(self.device)
-        return time.perf_counter() - t0
+        return clk() - t0
 
     def document(self, times: list[float], device_info: dict[str, Any] | None = None) -> dict[str, Any]:
         wl = self.spec.workload
@@ -249,6 +268,7 @@ class ProfileSession:
                 "grad_accum": self.accum,
                 "activation_checkpointing": "none" if ck == "auto" else ck,
             },
+            "clock": self.clock,
             "step_time_s": statistics.median(times),
             "step_time_min_s": min(times),
             "step_times_s": times,
@@ -278,4 +298,4 @@ def profile_spec(
     for _ in range(warmup):
         session.step()
     times = [session.step() for _ in range(steps)]
-    return session.document(times, measure_device(session.device) if measure else None)
+    return session.document(times, measure_device(session.device, clock=session.clock) if measure else None)
