@@ -93,6 +93,9 @@ def test_candidate_counts_respect_shape_and_bounds() -> None:
         _spec(resources={"min_devices": 3, "max_devices": 12}), _pool(devices_per_node=1, nodes=16)
     ) == [3, 4, 8, 12]
     assert candidate_device_counts(_spec(resources={"min_devices": 32}), _pool()) == []
+    whole = _pool(whole_nodes_only=True, nodes=8)
+    assert candidate_device_counts(_spec(resources={"max_devices": 44}), whole) == [8, 16, 32, 40]
+    assert candidate_device_counts(_spec(resources={"min_devices": 3}), whole) == [8, 16, 32, 64]
 
 
 @pytest.mark.parametrize(
@@ -204,3 +207,24 @@ def test_unpriced_pool_is_an_infeasible_option_not_a_crash() -> None:
     bad = [o for o in opts if o.pool == "p"]
     assert bad and all(not o.feasible and o.reason.startswith("no price:") for o in bad)
     assert any(o.feasible and o.pool == "ok" for o in opts)
+
+
+def test_nothing_fits_gives_finite_numbers_and_the_predictors_reason() -> None:
+    import json
+    import math
+
+    from trainyard.predict import Prediction
+
+    nothing = Prediction(
+        accelerator="a100-80gb", devices=1, step_time_s=math.inf, tokens_per_s=0.0, mfu=0.0,
+        memory_per_device_gib=math.inf, fits=False, plan={}, reason="needs 900 GiB per device",
+    )  # fmt: skip
+    o = option_for(_spec(), _pool(), 1, prediction=nothing)
+    assert not o.feasible and o.reason == "needs 900 GiB per device"
+    json.dumps(o.to_contract(), allow_nan=False)
+    # measured at one device, predicted nowhere: scaled linearly instead of by the predictor
+    spec = _spec(measured={"step_time_s": {"a100-80gb": 0.8}})
+    two = option_for(spec, _pool(), 2, predict_fn=lambda s, a, d: nothing)
+    assert not two.feasible  # the predictor says it does not fit at 2 devices
+    one = option_for(spec, _pool(), 1, predict_fn=lambda s, a, d: nothing)
+    assert one.feasible and one.step_time_s == 0.8  # measured: it ran

@@ -134,10 +134,10 @@ def candidate_device_counts(spec: JobSpec, pool: Pool) -> list[int]:
             cand.add(s)
             s *= 2
     cand.add(lo)
+    cand.add(math.ceil(lo / dpn) * dpn)  # the fewest whole nodes that reach lo
     if hi is not None:
         cand.add(hi)
-        # the smallest whole-node count that reaches lo, for pools whose nodes are larger than lo
-    cand.add(math.ceil(lo / dpn) * dpn)
+        cand.add(hi // dpn * dpn)  # the most whole nodes within hi
     upper = pool.total_devices if hi is None else min(hi, pool.total_devices)
     return sorted(d for d in cand if lo <= d <= upper and _shape_ok(pool, d))
 
@@ -235,6 +235,10 @@ def _infeasible(spec: JobSpec, pool: Pool, devices: int, reason: str, **extra: A
 
 
 PredictFn = Callable[[JobSpec, Accelerator, int], Prediction]
+
+
+def _finite_positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
 
 
 @dataclass(frozen=True)
@@ -335,15 +339,28 @@ def option_for(
                 "measured",
             )
         else:
-            ref = pf(spec, acc, d0)
-            scale = pred.step_time_s / ref.step_time_s if ref.step_time_s > 0 else 1.0
+            try:
+                ref_s = pf(spec, acc, d0).step_time_s
+            except ValueError:
+                ref_s = math.nan
+            usable = _finite_positive(pred.step_time_s) and _finite_positive(ref_s)
+            # the predictor's scaling from the measured count; linear scaling when it has none
+            scale = pred.step_time_s / ref_s if usable else d0 / devices
             p90_ratio = (
-                pred.step_time_p90_s / pred.step_time_s if pred.step_time_s > 0 else MEASURED_P90_FACTOR
+                pred.step_time_p90_s / pred.step_time_s
+                if usable and _finite_positive(pred.step_time_p90_s)
+                else MEASURED_P90_FACTOR
             )
             step_s = measured * scale
             step_p90_s = step_s * max(p90_ratio, MEASURED_P90_FACTOR)
             source = "measured-scaled"
-    if step_p90_s <= 0:
+    if not fits or not _finite_positive(step_s):
+        reason = fit_reason or f"does not fit in memory on {devices} x {acc.name}"
+        return _infeasible(
+            spec, pool, devices, reason, price_usd_per_hour=price_h, prediction=pred,
+            step_time_s=step_s if _finite_positive(step_s) else 0.0, step_time_source=source,
+        )  # fmt: skip
+    if not _finite_positive(step_p90_s) or step_p90_s < step_s:
         step_p90_s = step_s
     total_steps = facts.total_steps
     remaining_steps = total_steps * (1.0 - elapsed_fraction)
@@ -412,9 +429,7 @@ def option_for(
         total_steps=total_steps,
     )
     reason = ""
-    if not fits:
-        reason = fit_reason or f"does not fit in memory on {devices} x {acc.name}"
-    elif spec.resources.min_interconnect_gbps is not None:
+    if spec.resources.min_interconnect_gbps is not None:
         link = interconnect_gbps(pool, acc, devices)
         if link < spec.resources.min_interconnect_gbps:
             reason = (
