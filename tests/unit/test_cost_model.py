@@ -59,7 +59,8 @@ def test_young_daly_minimises_expected_overhead(c: float, lam: float, r: float, 
 def test_rounded_interval_costs_little(c: float, lam: float, r: float) -> None:
     tau = cm.choose_interval_s(None, c, lam)
     opt = cm.young_daly_interval_s(c, lam)
-    if 300.0 <= opt < cm.DEFAULT_PARAMS.max_interval_s:  # below 5 min one 60 s grid step is a large share of τ*
+    # below 5 min one 60 s grid step is a large share of τ*, so the bound holds from there
+    if 300.0 <= opt < cm.DEFAULT_PARAMS.max_interval_s:
         # the interval-dependent part of the overhead grows by at most a few percent
         part = lambda t: c / t + lam * t / 2  # noqa: E731
         assert part(tau) <= part(opt) * 1.03
