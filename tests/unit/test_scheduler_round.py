@@ -105,8 +105,8 @@ def test_occupied_big_memory_pool_gives_a_capacity_reason_and_the_cheapest_later
     r = schedule_round([job(s)], pools, config=CFG)
     assert not r.placements
     (u,) = r.unplaced
-    assert "no capacity now" in u.reason
-    assert "8 × h100 in one node on h100; 0 available" in u.reason
+    assert "no capacity now: needs 8 × h100 in one node" in u.reason
+    assert "the only pool that can run it, h100, has 0 of 16 devices available" in u.reason
     assert "cheapest feasible later: 8 × h100 on_demand on h100" in u.reason
 
 

@@ -576,15 +576,28 @@ def _unplaced_reason(
     cheapest = feasible[0]
     later = f"cheapest feasible later: {_label(cheapest)} at {_fmt_usd(cheapest.expected_cost_usd)}"
     if not fitting:
+        named = list(dict.fromkeys(c.pool for c in feasible))
+        if len(named) == 1:
+            pool = pools[cheapest.pool]
+            shape = (
+                f"{cheapest.nodes} whole {pool.devices_per_node}-device nodes"
+                if cheapest.nodes > 1
+                else f"{cheapest.devices} × {cheapest.accelerator} in one node"
+            )
+            return (
+                f"no capacity now: needs {shape}; the only pool that can run it, {pool.name}, has "
+                f"{pool.free_devices} of {pool.total_devices} devices available; {later}"
+            )
         seen: list[str] = []
-        named: set[str] = set()
+        done: set[str] = set()
         for c in feasible:
-            if c.pool not in named:
-                named.add(c.pool)
+            if c.pool not in done:
+                done.add(c.pool)
                 seen.append(capacity_reason(c, pools[c.pool]))
             if len(seen) == 2:
                 break
-        return f"no capacity now: {'; '.join(seen)}; {later}"
+        more = f" (and {len(named) - 2} more pools)" if len(named) > 2 else ""
+        return f"no capacity now on the {len(named)} pools that can run it: {'; '.join(seen)}{more}; {later}"
     lim = tenants.get(pj.tenant)
     if lim is not None:
         used_dev, used_jobs = usage.get(pj.tenant, (0, 0))
