@@ -150,7 +150,7 @@ def bench(
     }
     if optimal_limit_s:
         # the same model, CP-SAT always searching, with a long limit
-        long_cfg = replace(cfg, skip_search_gap=0.0, lp_time_share=0.05, wall_limit_factor=1.0)
+        long_cfg = replace(cfg, skip_search_gap=0.0, wall_limit_factor=1.0)
         t0 = time.perf_counter()
         best = schedule_round(
             jobs, pools, now_s=0.0, config=long_cfg, cache=cache, time_limit_s=optimal_limit_s

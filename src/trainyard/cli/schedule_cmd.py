@@ -35,7 +35,13 @@ def schedule(
     now_s: float | None = typer.Option(
         None, "--now-s", help="The round's clock in seconds (default: the latest submit_s in JOBS)."
     ),
-    time_limit_s: float = typer.Option(0.35, "--time-limit-s", min=0.01, max=600, help="Solver time limit."),
+    time_limit_s: float = typer.Option(
+        SchedulerConfig().time_limit_s,
+        "--time-limit-s",
+        min=0.01,
+        max=600,
+        help="CP-SAT search limit, seconds.",
+    ),
 ) -> None:
     """Place a queue of jobs on pools in one optimisation round (cost + waiting, gangs, capacity, quotas)."""
     queue = parse_jobs(_read_jobs(jobs), str(jobs))

@@ -238,7 +238,7 @@ def _lp_round(
     jobs: Sequence[ProblemJob],
     pools: Mapping[str, PoolCapacity],
     tenants: Mapping[str, TenantLimit],
-    time_limit_s: float,
+    config: SchedulerConfig,
 ) -> tuple[dict[str, int | None], float] | None:
     """LP relaxation (HiGHS) and a rounding: options taken in decreasing LP value, each if it still fits.
 
@@ -284,7 +284,12 @@ def _lp_round(
         b_eq=np.asarray(b_eq) if b_eq else None,
         bounds=(0.0, 1.0),
         method="highs",
-        options={"time_limit": max(time_limit_s, 0.01), "presolve": True},
+        # an iteration cap keeps the answer independent of machine load; the wall clock is only a safety net
+        options={
+            "maxiter": config.lp_iteration_limit,
+            "time_limit": config.lp_wall_limit_s,
+            "presolve": True,
+        },
     )
     if res.status != 0 or res.x is None:
         return None
@@ -340,8 +345,8 @@ def solve(
     """Solve one round.
 
     Greedy (fallback) → LP relaxation + rounding (warm start, lower bound) → CP-SAT from the best of
-    the two as a complete hint; the best solution found wins. ``time_limit_s`` bounds the LP and the
-    CP-SAT search together.
+    the two as a complete hint; the best solution found wins. ``time_limit_s`` is CP-SAT's deterministic
+    limit; the LP stops at ``lp_iteration_limit`` simplex iterations.
     """
     limit = config.time_limit_s if time_limit_s is None else time_limit_s
     g_choice = greedy(jobs, pools, tenants)
@@ -353,7 +358,7 @@ def solve(
 
     best_choice, best_obj, best_status = g_choice, g_obj, "greedy"
     bound_usd = -math.inf
-    lp = _lp_round(m, jobs, pools, tenants, limit * config.lp_time_share)
+    lp = _lp_round(m, jobs, pools, tenants, config)
     if lp is not None:
         lp_choice, lp_bound_units = lp
         bound_usd = lp_bound_units / scale
@@ -390,7 +395,7 @@ def solve(
     proto.solution_hint.values.extend(hint)
 
     solver = cp_model.CpSolver()
-    set_parameters(solver, config, limit * (1.0 - config.lp_time_share))
+    set_parameters(solver, config, limit)
     status = solver.solve(model)
     wall = float(solver.wall_time)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -79,8 +79,9 @@ class TenantQuota:
 class SchedulerConfig:
     """Knobs of one scheduling round. Defaults are documented in docs/scheduler.md."""
 
-    time_limit_s: float = 0.35  # the LP relaxation and the CP-SAT search together, per round
-    lp_time_share: float = 0.7  # share of time_limit_s given to the LP relaxation (HiGHS)
+    time_limit_s: float = 0.1  # CP-SAT search per round (deterministic time; see wall_limit_factor)
+    lp_iteration_limit: int = 50_000  # LP relaxation (HiGHS) simplex iterations: deterministic
+    lp_wall_limit_s: float = 5.0  # LP safety net in wall-clock seconds
     wall_limit_factor: float = 2.0  # CP-SAT stops at its deterministic limit, or this × it in wall time
     # Skip the CP-SAT search when the LP bound already proves the rounded solution within this relative gap.
     skip_search_gap: float = 0.0005
