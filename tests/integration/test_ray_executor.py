@@ -185,7 +185,7 @@ def test_gang_that_cannot_fit_waits_without_starting_partially(world: RayWorld) 
     assert pg["state"] == "REMOVED"
 
 
-def test_node_loss_is_reported_and_the_job_resumes_with_identical_weights(world: RayWorld) -> None:
+def test_node_loss_and_preemption_then_resume_with_identical_weights(world: RayWorld) -> None:
     ex = world.executor
     reference = world.reference_sha256
     assert reference, "the uninterrupted run of the first test provides the reference weights"
@@ -216,14 +216,35 @@ def test_node_loss_is_reported_and_the_job_resumes_with_identical_weights(world:
 
     # what the service does on "lost": a new attempt wherever there is capacity now (pool ray-b, one node)
     ex.launch(_request(world, "survivor", 2, "ray-b"))
-    resumed = _run_until(ex, "survivor", lambda evs: bool(_terminal(evs)))
-    (end,) = _terminal(resumed)
-    assert end.kind == "succeeded" and end.attempt == 2, end.data
+    resume_from = committed[-1]
+
+    def training_again(evs: list[ExecutorEvent]) -> bool:
+        return any(e.kind == "heartbeat" and e.data["step"] > resume_from for e in evs) or bool(
+            _terminal(evs)
+        )
+
+    resumed = _run_until(ex, "survivor", training_again)
     started = [e for e in resumed if e.kind == "started"]
-    assert {e.data["resumed_from_step"] for e in started} == {committed[-1]}
+    assert {e.data["resumed_from_step"] for e in started} == {resume_from}
     assert {e.data["node_ip"] for e in started} == {world.head.ip}
-    assert end.data["final_step"] == STEPS
-    assert end.data["model_sha256"] == reference
+    assert not _terminal(resumed), resumed[-1].data
+
+    # a preemption notice reaches the ranks through their actors: emergency checkpoint, then exit
+    ex.preempt("survivor", notice_s=30.0)
+    resumed += _run_until(ex, "survivor", lambda evs: bool(_terminal(evs)))
+    (end,) = _terminal(resumed)
+    assert end.kind == "preempted" and end.attempt == 2, end.data
+    assert end.data["checkpoint_step"] == end.data["step"] > resume_from
+    assert _committed_steps(world.shared, "survivor")[-1] == end.data["step"]
+
+    ex.launch(_request(world, "survivor", 3, "ray-b"))
+    final = _run_until(ex, "survivor", lambda evs: bool(_terminal(evs)))
+    (end3,) = _terminal(final)
+    assert end3.kind == "succeeded" and end3.attempt == 3, end3.data
+    assert {e.data["resumed_from_step"] for e in final if e.kind == "started"} == {end.data["step"]}
+    assert end3.data["final_step"] == STEPS
+    # the same weights as the uninterrupted run, after a node loss and a preemption
+    assert end3.data["model_sha256"] == reference
 
 
 def _placement_groups() -> dict[str, dict[str, Any]]:

@@ -170,6 +170,7 @@ class LoopbackRayCluster:
             "--disable-usage-stats",
         ]
         env = dict(self.env)
+        env["TRAINYARD_RAY_WORKDIR"] = str(temp_dir / "trainyard")  # ranks' files, removed with the node
         ip = f"127.0.0.{len(self.nodes) + 2}"
         args.append(f"--node-ip-address={ip}")
         if head:
