@@ -191,3 +191,15 @@ def test_chosen_interval_is_the_best_grid_point(c: float, lam: float) -> None:
     chosen = cm.choose_interval_s(None, c, lam)
     assert chosen in grid
     assert part(chosen) <= min(part(t) for t in grid) * (1 + 1e-12)
+
+
+@FAST
+@given(wait=st.floats(min_value=1.0, max_value=4 * 3600.0), r=st.floats(min_value=0.01, max_value=1.0))
+def test_waiting_for_spot_capacity_takes_time_not_money(wait: float, r: float) -> None:
+    spec = _spec(20000)
+    base = option_for(spec, _pool(0.7, r, "spot"), 1)
+    waiting = option_for(spec, _pool(0.7, r, "spot"), 1, params=cm.CostParams(spot_capacity_wait_s=wait))
+    assert waiting.expected_cost_usd == base.expected_cost_usd
+    assert waiting.expected_hours > base.expected_hours
+    assert waiting.expected_hours_p90 >= base.expected_hours_p90
+    assert waiting.capacity_wait_hours == pytest.approx(waiting.expected_hours - base.expected_hours)

@@ -70,6 +70,7 @@ class QuoteOption:
     step_time_p90_s: float = 0.0
     step_time_source: str = ""  # "measured", "measured-scaled" or the predictor's source
     total_steps: int = 0
+    capacity_wait_hours: float = 0.0  # unbilled part of expected_hours (CostParams.spot_capacity_wait_s)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_contract(self) -> dict[str, Any]:
@@ -92,6 +93,7 @@ class QuoteOption:
             step_time_p90_s=self.step_time_p90_s,
             step_time_source=self.step_time_source,
             total_steps=self.total_steps,
+            capacity_wait_hours=self.capacity_wait_hours,
         )
         return d
 
@@ -387,7 +389,9 @@ def option_for(
     ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
     pre_frac = cm.preemption_fraction(interval_s, rate_s, rst_s)
     startup_s = provisioning_s + compile_s + (load_s if elapsed_fraction > 0 else 0.0)
-    wall_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
+    billed_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
+    wait_s = params.spot_capacity_wait_s if rate_s > 0 else 0.0
+    wall_s = billed_s + rate_s * work_s * wait_s  # waiting for capacity lengthens the run, costs nothing
     wall_p90_s = cm.pessimistic_wall_s(
         work_p_s=work_p90_s,
         checkpoint_frac=ckpt_frac,
@@ -396,8 +400,9 @@ def option_for(
         restart_s=rst_s,
         startup_s=startup_s,
         quantile=params.deadline_quantile,
+        wait_s=wait_s,
     )
-    cost = cm.dollars(price_h, wall_s)
+    cost = cm.dollars(price_h, billed_s)
     opt: dict[str, Any] = dict(
         accelerator=acc.name,
         devices=devices,
@@ -427,6 +432,7 @@ def option_for(
         step_time_p90_s=step_p90_s,
         step_time_source=source,
         total_steps=total_steps,
+        capacity_wait_hours=(wall_s - billed_s) / cm.SECONDS_PER_HOUR,
     )
     reason = ""
     if spec.resources.min_interconnect_gbps is not None:
@@ -453,7 +459,7 @@ def option_for(
         budget = spec.objective.budget_usd
         reason = f"objective.budget_usd: expected ${cost:,.2f} exceeds the budget ${budget:,.2f}"
     if not reason and spec.resources.accelerator_hours is not None:
-        dev_h = devices * wall_s / cm.SECONDS_PER_HOUR
+        dev_h = devices * billed_s / cm.SECONDS_PER_HOUR
         if dev_h > spec.resources.accelerator_hours:
             reason = (
                 f"resources.accelerator_hours: {dev_h:,.1f} device-hours exceed the limit "
