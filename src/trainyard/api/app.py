@@ -55,6 +55,11 @@ def create_app(
     install_error_handlers(app)
     for r in (health.router, jobs.router, quotes.router, pools.router, tenants.router, catalog.router):
         app.include_router(r)
+    from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts
+    from trainyard.web import install_dashboard
+
+    install_observability(app, platform)
+    install_dashboard(app, platform)
     app.add_middleware(
         ServiceMiddleware, metrics=metrics, max_body_bytes=max_body_bytes, access_log=access_log
     )

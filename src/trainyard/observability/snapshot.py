@@ -1,0 +1,106 @@
+"""Read-only aggregate queries for metrics and alerts, over the store's tables.
+
+One scrape or one dashboard load costs a handful of grouped queries, independent of the number of jobs
+except for the open ones (which the alert rules look at one by one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+
+from trainyard.observability.alerts import JobHealth
+from trainyard.services.execution import attempt_cost_usd
+from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
+from trainyard.store.models import JobEventRow, JobRow
+from trainyard.store.repositories import JobRepo, TenantRepo
+
+OPEN_STATES = [s.value for s in JobState if s not in TERMINAL_STATES]
+MAX_OPEN_JOBS = 10_000
+
+
+@dataclass(frozen=True)
+class PlatformSnapshot:
+    now_s: float
+    tenants: dict[str, str]  # id -> name
+    jobs_by_tenant_state: dict[tuple[str, str], int]
+    cost_usd_by_tenant: dict[str, float]  # closed attempts
+    open_jobs: list[JobHealth]
+    pool_devices: list[dict[str, Any]]  # {pool, accelerator, market, total, available, in_use, price}
+
+
+def _budget(spec: dict[str, Any]) -> float | None:
+    b = (spec.get("objective") or {}).get("budget_usd")
+    return float(b) if isinstance(b, int | float) else None
+
+
+def take(platform: Any, now_s: float) -> PlatformSnapshot:
+    with platform.db.session() as s:
+        tenants = {t.id: t.name for t in TenantRepo(s).list()}
+        by_state = {
+            (tid, st): int(n)
+            for tid, st, n in s.execute(
+                select(JobRow.tenant_id, JobRow.state, func.count()).group_by(JobRow.tenant_id, JobRow.state)
+            )
+        }
+        costs = {
+            tid: float(c or 0.0)
+            for tid, c in s.execute(
+                select(JobRow.tenant_id, func.sum(JobRow.cost_usd)).group_by(JobRow.tenant_id)
+            )
+        }
+        open_jobs = JobRepo(s).list(states=OPEN_STATES, limit=MAX_OPEN_JOBS)
+        ids = [j.id for j in open_jobs]
+        counts: dict[tuple[str, str], int] = {}
+        if ids:
+            rows = s.execute(
+                select(JobEventRow.job_id, JobEventRow.kind, func.count())
+                .where(JobEventRow.job_id.in_(ids), JobEventRow.kind.in_(["failed", "lost", "preempted"]))
+                .group_by(JobEventRow.job_id, JobEventRow.kind)
+            )
+            counts = {(jid, kind): int(n) for jid, kind, n in rows}
+    health = []
+    used: dict[str, int] = {}
+    for j in open_jobs:
+        running_usd = 0.0
+        age = None
+        if j.state in ACTIVE_STATES:
+            if j.placement is not None:
+                used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
+            _, running_usd = attempt_cost_usd(j.placement, j.attempt_started_at_s, now_s)
+            last = j.progress.get("time_s")
+            ref = float(last) if isinstance(last, int | float) else j.attempt_started_at_s
+            if j.attempt_started_at_s is not None and ref is not None:
+                ref = max(ref, j.attempt_started_at_s)  # a previous attempt's heartbeat does not count
+            age = max(0.0, now_s - ref) if ref is not None else None
+        health.append(
+            JobHealth(
+                job_id=j.id,
+                tenant_id=j.tenant_id,
+                tenant_name=tenants.get(j.tenant_id, j.tenant_id),
+                name=j.name,
+                state=j.state.value,
+                attempt=j.attempt,
+                failures=counts.get((j.id, "failed"), 0) + counts.get((j.id, "lost"), 0),
+                preemptions=counts.get((j.id, "preempted"), 0),
+                last_report_age_s=age,
+                cost_usd=j.cost_usd + running_usd,
+                budget_usd=_budget(j.spec),
+            )
+        )
+    pools = []
+    for p in platform.pools.pools():
+        pools.append(
+            {
+                "pool": p.name,
+                "accelerator": p.accelerator,
+                "market": str(getattr(p.market, "value", p.market)),
+                "total": p.total_devices,
+                "available": p.free_devices,
+                "in_use": used.get(p.name, 0),
+                "price": p.price_usd_per_device_hour,
+            }
+        )
+    return PlatformSnapshot(now_s, tenants, by_state, costs, health, pools)

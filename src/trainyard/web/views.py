@@ -1,0 +1,350 @@
+"""What the dashboard pages show, computed from the control plane's public services and repositories.
+
+Every function takes the platform and the logged-in principal and reads only that tenant's jobs; a job
+of another tenant is not found. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainyard.errors import NotFoundError, TrainyardError
+from trainyard.services.domain import Job, JobEvent, Principal, iso
+from trainyard.services.execution import attempt_cost_usd
+from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
+from trainyard.store.repositories import JobRepo
+
+EVENT_LIMIT = 5000  # the event log page shows the newest events up to this many
+JOBS_PAGE = 50
+
+
+def fmt_usd(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "–"
+    if v == 0:
+        return "$0"
+    if abs(v) < 0.01:
+        return f"${v:.5f}"
+    return f"${v:,.2f}"
+
+
+def fmt_duration_s(v: float | None) -> str:
+    if v is None or not math.isfinite(v):
+        return "–"
+    v = max(0.0, v)
+    if v < 1:
+        return f"{v * 1000:.0f} ms"
+    if v < 120:
+        return f"{v:.1f} s"
+    if v < 7200:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
+
+
+def total_steps(job: Job) -> int | None:
+    """Steps of the whole run: reported by the workers, else derived from the spec."""
+    reported = job.progress.get("total_steps")
+    if isinstance(reported, int | float) and reported > 0:
+        return int(reported)
+    workload = job.spec.get("workload") or {}
+    if workload.get("steps"):
+        return int(workload["steps"])
+    try:
+        from trainyard.spec.loader import spec_from_dict
+
+        return spec_from_dict(job.spec).workload.total_steps()
+    except (TrainyardError, AssertionError, ValueError, TypeError):
+        return None
+
+
+def cost_so_far_usd(job: Job, now_s: float) -> float:
+    """Closed attempts' cost plus the running attempt's cost up to now."""
+    running = 0.0
+    if job.attempt_started_at_s is not None and job.state in ACTIVE_STATES:
+        _, running = attempt_cost_usd(job.placement, job.attempt_started_at_s, now_s)
+    return job.cost_usd + running
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    name: str
+    state: str
+    placement: str
+    cost_usd: float
+    step: int | None
+    total_steps: int | None
+    progress_fraction: float | None
+    attempt: int
+    created_at: str | None
+    reason: str
+
+
+def job_row(job: Job, now_s: float) -> JobRow:
+    steps = total_steps(job)
+    step = job.progress.get("step")
+    step_i = int(step) if isinstance(step, int | float) else None
+    if job.state == JobState.SUCCEEDED and steps:
+        step_i = steps if step_i is None else step_i
+    frac = min(1.0, step_i / steps) if steps and step_i is not None else None
+    p = job.placement
+    placement = f"{p.pool} · {p.devices}× {p.accelerator} ({p.market})" if p else "–"
+    return JobRow(
+        id=job.id,
+        name=job.name,
+        state=job.state.value,
+        placement=placement,
+        cost_usd=cost_so_far_usd(job, now_s),
+        step=step_i,
+        total_steps=steps,
+        progress_fraction=frac,
+        attempt=job.attempt,
+        created_at=iso(job.created_at_s),
+        reason=job.reason,
+    )
+
+
+def state_counts(platform: Any, principal: Principal) -> dict[str, int]:
+    with platform.db.session() as s:
+        repo = JobRepo(s)
+        return {st.value: repo.count(tenant_id=principal.tenant_id, states=[st.value]) for st in JobState}
+
+
+def overview(
+    platform: Any,
+    principal: Principal,
+    *,
+    state: str | None,
+    cursor: str | None,
+    now_s: float,
+) -> dict[str, Any]:
+    states = [state] if state in {s.value for s in JobState} else None
+    page = platform.jobs.list(principal, states=states, cursor=cursor, limit=JOBS_PAGE)
+    counts = state_counts(platform, principal)
+    return {
+        "counts": counts,
+        "total": sum(counts.values()),
+        "open": sum(n for st, n in counts.items() if JobState(st) not in TERMINAL_STATES),
+        "rows": [job_row(j, now_s) for j in page.jobs],
+        "next_cursor": page.next_cursor,
+        "state_filter": states[0] if states else None,
+    }
+
+
+# ---- one job -------------------------------------------------------------------------------------
+@dataclass
+class AttemptCost:
+    attempt: int
+    pool: str
+    devices: int
+    price_usd_per_device_hour: float
+    started_s: float | None
+    ended_s: float | None
+    outcome: str
+    total_usd: float
+    startup_usd: float = 0.0
+    checkpoint_usd: float = 0.0
+    lost_work_usd: float = 0.0
+    running: bool = False
+
+    @property
+    def compute_usd(self) -> float:
+        return max(0.0, self.total_usd - self.startup_usd - self.checkpoint_usd - self.lost_work_usd)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_s is None or self.ended_s is None:
+            return None
+        return max(0.0, self.ended_s - self.started_s)
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    row: JobRow
+    events: list[JobEvent]
+    loss_by_attempt: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    step_times: list[tuple[float, float]] = field(default_factory=list)
+    predicted_step_time_s: float | None = None
+    predicted_source: str = ""
+    measured_step_time_s: float | None = None
+    attempts: list[AttemptCost] = field(default_factory=list)
+    quote_best: dict[str, Any] | None = None
+
+
+def _predicted(job: Job) -> tuple[float | None, str, dict[str, Any] | None]:
+    """The step time we predicted at submission for the placement the job got (else the best option)."""
+    quote = [o for o in (job.quote or []) if o.get("feasible")]
+    if not quote:
+        return None, "", None
+    if job.placement is not None:
+        for o in quote:
+            if o.get("pool") == job.placement.pool and int(o.get("devices") or 0) == job.placement.devices:
+                return float(o["step_time_s"]), f"quote for {job.placement.pool} × {job.placement.devices}", o
+    best = quote[0]
+    st = best.get("step_time_s")
+    return (float(st) if st is not None else None), f"best quoted option ({best.get('pool')})", best
+
+
+def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[AttemptCost]:
+    """Split each attempt's dollars into start-up, checkpoint stalls, lost work and useful compute, as far
+    as the events say: start-up runs from placement to the first heartbeat or start, checkpoint stalls are
+    the workers' reported ``stall_s``, lost work is the time since the last checkpoint of an attempt that
+    was preempted, failed or lost."""
+    placed: dict[int, tuple[float, dict[str, Any]]] = {}
+    first_progress: dict[int, float] = {}
+    stalls_s: dict[int, float] = {}
+    last_ckpt: dict[int, float] = {}
+    closed: dict[int, tuple[float, dict[str, Any]]] = {}
+    outcome: dict[int, str] = {}
+    for e in events:
+        a = int(e.data.get("attempt") or 0)
+        if e.kind == "placement":
+            placed[a] = (e.time_s, e.data)
+        elif e.kind in ("started", "heartbeat") and a not in first_progress:
+            first_progress[a] = e.time_s
+        elif e.kind == "checkpoint":
+            stalls_s[a] = stalls_s.get(a, 0.0) + float(e.data.get("stall_s") or 0.0)
+            last_ckpt[a] = e.time_s
+        elif e.kind == "cost":
+            closed[a] = (e.time_s, e.data)
+        elif e.kind in ("preempted", "failed", "lost"):
+            outcome[a] = e.kind
+    out: list[AttemptCost] = []
+    for a in sorted(set(placed) | set(closed)):
+        start_s, pdata = placed.get(a, (None, {}))
+        devices = int(pdata.get("devices") or (job.placement.devices if job.placement else 0) or 0)
+        price = float(pdata.get("price_usd_per_device_hour") or 0.0)
+        pool = str(pdata.get("pool") or "")
+        running = False
+        if a in closed:
+            end_s, cdata = closed[a]
+            total = float(cdata.get("usd") or 0.0)
+            price = float(cdata.get("price_usd_per_device_hour") or price)
+            pool = str(cdata.get("pool") or pool)
+        elif a == job.attempt and job.state in ACTIVE_STATES:
+            end_s, running = now_s, True
+            total = cost_so_far_usd(job, now_s) - job.cost_usd
+        else:
+            continue
+        rate = devices * price / 3600.0  # dollars per wall second of this attempt
+        res = AttemptCost(
+            attempt=a,
+            pool=pool,
+            devices=devices,
+            price_usd_per_device_hour=price,
+            started_s=start_s,
+            ended_s=end_s,
+            outcome="running" if running else outcome.get(a, "finished" if a == job.attempt else "ended"),
+            total_usd=total,
+            running=running,
+        )
+        if start_s is not None:
+            up = first_progress.get(a, end_s if outcome.get(a) else start_s)
+            res.startup_usd = min(total, max(0.0, up - start_s) * rate)
+        res.checkpoint_usd = min(total - res.startup_usd, stalls_s.get(a, 0.0) * rate)
+        if outcome.get(a) in ("preempted", "failed", "lost"):
+            since = last_ckpt.get(a, first_progress.get(a, start_s))
+            if since is not None:
+                res.lost_work_usd = min(
+                    total - res.startup_usd - res.checkpoint_usd, max(0.0, end_s - since) * rate
+                )
+        if a == job.attempt and job.state == JobState.FAILED and a not in outcome:
+            res.outcome = "failed"
+        out.append(res)
+    return out
+
+
+def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -> JobDetail:
+    if not job_id or len(job_id) > 64:
+        raise NotFoundError(f"no job {job_id[:64]!r}")
+    job, events = platform.jobs.get_with_events(principal, job_id, limit=EVENT_LIMIT)
+    detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
+    measured: list[float] = []
+    for e in events:
+        if e.kind != "heartbeat":
+            continue
+        a = int(e.data.get("attempt") or 0)
+        step, loss, st = e.data.get("step"), e.data.get("loss"), e.data.get("step_time_s")
+        if isinstance(step, int | float) and isinstance(loss, int | float) and math.isfinite(loss):
+            detail.loss_by_attempt.setdefault(a, []).append((float(step), float(loss)))
+        if isinstance(step, int | float) and isinstance(st, int | float) and st > 0:
+            detail.step_times.append((float(step), float(st)))
+            measured.append(float(st))
+    for a, pts in detail.loss_by_attempt.items():
+        dedup = dict(pts)  # a step reported twice (several ranks) keeps its last value
+        detail.loss_by_attempt[a] = sorted(dedup.items())
+    detail.step_times.sort()
+    detail.measured_step_time_s = statistics.median(measured) if measured else None
+    detail.predicted_step_time_s, detail.predicted_source, detail.quote_best = _predicted(job)
+    detail.attempts = _attempt_costs(job, events, now_s)
+    return detail
+
+
+# ---- pools ---------------------------------------------------------------------------------------
+def pools_view(platform: Any) -> list[dict[str, Any]]:
+    with platform.db.session() as s:
+        active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
+    used: dict[str, int] = {}
+    for j in active:
+        if j.placement is not None:
+            used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
+    rows = []
+    for rec in platform.pools.list():
+        d = rec.doc
+        total = int(d.get("nodes", 1)) * int(d.get("devices_per_node", 1))
+        available = d.get("available_devices")
+        free_now = (total if available is None else int(available)) - used.get(rec.name, 0)
+        rows.append(
+            {
+                "name": rec.name,
+                "accelerator": d.get("accelerator"),
+                "market": d.get("market"),
+                "cloud": d.get("cloud") or "–",
+                "region": d.get("region"),
+                "instance_type": d.get("instance_type") or "–",
+                "nodes": d.get("nodes"),
+                "devices_per_node": d.get("devices_per_node"),
+                "total_devices": total,
+                "available_devices": total if available is None else int(available),
+                "in_use": used.get(rec.name, 0),
+                "free_now": max(0, free_now),
+                "price_usd_per_device_hour": d.get("price_usd_per_device_hour"),
+                "interruption_rate_per_hour": d.get("interruption_rate_per_hour"),
+                "source": rec.source,
+                "updated_at": iso(rec.updated_at_s),
+            }
+        )
+    return rows
+
+
+# ---- quotes --------------------------------------------------------------------------------------
+MAX_QUOTE_ROWS = 60
+
+
+def quote_view(platform: Any, text: str) -> dict[str, Any]:
+    """Quote a pasted spec on the live pools (and the packaged catalog when the platform uses it)."""
+    from trainyard.services.quoting import cost_quote, option_document, quote_pools
+    from trainyard.spec.loader import load_spec_text
+
+    spec = load_spec_text(text, source="pasted spec")
+    pools = quote_pools(platform.pools.pools(), with_catalog=platform.options.with_catalog)
+    options = (platform.options.quoter or cost_quote)(spec, pools)
+    docs = [option_document(o) for o in options]
+    feasible = [d for d in docs if d.get("feasible")]
+    infeasible = [d for d in docs if not d.get("feasible")]
+    reasons: dict[str, int] = {}
+    for d in infeasible:
+        key = str(d.get("reason") or "infeasible")
+        reasons[key] = reasons.get(key, 0) + 1
+    return {
+        "spec_name": spec.name,
+        "options": feasible[:MAX_QUOTE_ROWS],
+        "feasible_total": len(feasible),
+        "infeasible_total": len(infeasible),
+        "infeasible_reasons": sorted(reasons.items(), key=lambda kv: -kv[1])[:15],
+        "pools_considered": len(pools),
+    }

@@ -1,0 +1,291 @@
+"""The dashboard against a real SQLite store: jobs submitted through the API, worker reports (started,
+heartbeats, checkpoints, preemption) fed through the real supervisor by the scripted executor, pages
+rendered by the real app. Login/logout, tenant isolation, friendly 404s, /metrics and traces."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane_support import tiny_spec
+from fakes import FakeExecutor
+from trainyard.api.app import create_app
+from trainyard.services.platform import Platform, PlatformOptions
+from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.settings import Settings
+from trainyard.web.session import COOKIE_NAME
+
+PRICE_USD_PER_DEVICE_HOUR = 3.6  # $0.001 per device-second
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Env:
+    def __init__(self, home: Path) -> None:
+        self.clock = Clock()
+        self.ex = FakeExecutor()
+        self.p = Platform.open(
+            Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),
+            PlatformOptions(
+                executor=self.ex,
+                schedule_round=GreedyCheapestRound(),
+                cpu_count=2,
+                clock=self.clock,
+                with_catalog=False,
+            ),
+        )
+        self.app = create_app(self.p, access_log=False)
+        self.key = self.p.settings.api_key_path.read_text().strip()
+        self.h = {"Authorization": f"Bearer {self.key}"}
+        self.p.pools.update("local-cpu", {"price_usd_per_device_hour": PRICE_USD_PER_DEVICE_HOUR})
+
+    def client(self) -> TestClient:
+        return TestClient(self.app, base_url="http://127.0.0.1")
+
+    def browser(self, key: str | None = None) -> TestClient:
+        c = self.client()
+        r = c.post("/login", data={"api_key": key or self.key, "next": "/"}, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        return c
+
+    def submit(self, spec: dict[str, Any], key: str | None = None) -> str:
+        h = {"Authorization": f"Bearer {key}"} if key else self.h
+        r = self.client().post("/v1/jobs", json={"spec": spec}, headers=h)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    def event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        self.ex.emit(job_id, kind, data, time_s=self.clock.now)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    e.p.close()
+
+
+HEARTBEATS = [(5, 3.25, 0.11), (10, 2.75, 0.12), (15, 2.5, 0.1), (20, 2.125, 0.13)]
+
+
+def run_job(e: Env, name: str = "dash", preempt: bool = False, **workload: Any) -> str:
+    """Submit, place, start, report heartbeats every 10 s (event time) and one checkpoint."""
+    jid = e.submit(tiny_spec(name, **workload))
+    e.p.tick()  # admit, place, launch
+    e.clock.now += 4  # four seconds of start-up before the workers report
+    e.event(jid, "started", {"rank": 0, "pid": 4242, "host": "fakehost", "resumed_from_step": 0})
+    for i, (step, loss, st) in enumerate(HEARTBEATS):
+        e.clock.now += 10
+        e.event(
+            jid, "heartbeat", {"rank": 0, "step": step, "loss": loss, "step_time_s": st, "total_steps": 40}
+        )
+        if i == 1:
+            e.event(
+                jid, "checkpoint", {"step": step, "path": f"file:///ck/{jid}/step-{step}", "stall_s": 2.0}
+            )
+    e.p.tick()
+    if preempt:
+        e.clock.now += 6
+        e.event(jid, "preempted", {"step": 20, "checkpoint_step": 10, "lost_steps": 10})
+        e.p.tick()
+    return jid
+
+
+def svg(html: str, chart_id: str) -> str:
+    m = re.search(rf'<svg[^>]*id="{chart_id}".*?</svg>', html, re.S)
+    assert m, f"no {chart_id} in page"
+    return m.group(0)
+
+
+def points(svg_text: str) -> list[tuple[float, float]]:
+    return [
+        (float(x), float(y))
+        for x, y in re.findall(r'<circle[^>]*data-x="([^"]+)" data-y="([^"]+)"', svg_text)
+    ]
+
+
+def test_pages_need_login_and_render_on_an_empty_database(env: Env) -> None:
+    c = env.client()
+    for path in ("/", "/pools", "/quote", "/jobs/job-000000000000"):
+        r = c.get(path, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login?next="), path
+    b = env.browser()
+    r = b.get("/")
+    assert r.status_code == 200 and "No jobs yet" in r.text
+    assert 'data-state="running"' in r.text and "no data yet" in r.text
+    r = b.get("/pools")
+    assert r.status_code == 200 and "local-cpu" in r.text
+    r = b.get("/quote")
+    assert r.status_code == 200 and "<textarea" in r.text
+    assert b.get("/static/style.css").status_code == 200
+    assert b.get("/static/quote.js").status_code == 200
+
+
+def test_login_cookie_is_httponly_strict_and_logout_ends_the_session(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = env.client()
+    r = c.post("/login", data={"api_key": "ty_not_a_key", "next": "/"}, follow_redirects=False)
+    assert r.status_code == 401 and "not valid" in r.text and "set-cookie" not in r.headers
+    r = c.post("/login", data={"api_key": env.key, "next": "//evil.example/x"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/"  # no open redirect
+    cookie = r.headers["set-cookie"]
+    assert (
+        cookie.startswith(f"{COOKIE_NAME}=") and "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
+    )
+    assert env.key not in cookie  # the cookie holds a session token, not the key
+    page = c.get("/")
+    assert page.status_code == 200 and "tenant <strong>default</strong>" in page.text
+    assert c.get("/login", follow_redirects=False).status_code == 303  # already logged in
+    r = c.post("/logout", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    c.cookies.clear()
+    c.cookies.set(COOKIE_NAME, cookie.split(";")[0].split("=", 1)[1])  # replaying the old token fails
+    assert c.get("/", follow_redirects=False).status_code == 303
+    out = capsys.readouterr()
+    assert env.key not in out.out + out.err
+
+
+def test_job_page_plots_heartbeats_against_the_prediction(env: Env) -> None:
+    jid = run_job(env)
+    b = env.browser()
+    r = b.get(f"/jobs/{jid}")
+    assert r.status_code == 200, r.text
+    html = r.text
+    loss = points(svg(html, "loss-chart"))
+    assert loss == [(float(s), loss_) for s, loss_, _ in HEARTBEATS]
+    step_svg = svg(html, "step-time-chart")
+    assert points(step_svg) == [(float(s), st) for s, _, st in HEARTBEATS]
+    job = env.client().get(f"/v1/jobs/{jid}", headers=env.h).json()
+    placed = job["placement"]
+    predicted = next(
+        o["step_time_s"]
+        for o in job["quote"]
+        if o["pool"] == placed["pool"] and o["devices"] == placed["devices"]
+    )
+    m = re.search(r'class="hline" data-y="([^"]+)"', step_svg)
+    assert m and float(m.group(1)) == pytest.approx(predicted)
+    assert f"file:///ck/{jid}/step-10" in html  # checkpoints list
+    assert "fakehost" in html and "4242" in html  # workers
+    assert "ev-heartbeat" in html and "ev-checkpoint" in html and "ev-placement" in html  # event log
+    assert "20/40" in html  # progress from the heartbeats
+
+
+def test_preempted_attempt_cost_breakdown(env: Env) -> None:
+    jid = run_job(env, "preempt-me", preempt=True)
+    b = env.browser()
+    html = b.get(f"/jobs/{jid}").text
+    cost = svg(html, "cost-chart")
+    bars = dict(re.findall(r'data-label="([^"]+)" data-value="([^"]+)"', cost))
+    devices = env.ex.launches[0].world_size
+    rate = devices * PRICE_USD_PER_DEVICE_HOUR / 3600.0
+    # attempt 1: placed at t0, started at +4, checkpoint at +24 (stall 2 s), preempted at +50
+    assert float(bars["start-up"]) == pytest.approx(4 * rate)
+    assert float(bars["checkpoints"]) == pytest.approx(2 * rate)
+    assert float(bars["lost work"]) == pytest.approx(26 * rate)
+    assert float(bars["compute"]) == pytest.approx((50 - 4 - 2 - 26) * rate)
+    assert "preempted" in html
+    doc = env.client().get(f"/v1/jobs/{jid}", headers=env.h).json()
+    assert sum(float(v) for v in bars.values()) == pytest.approx(doc["cost_usd"], abs=1e-5)
+
+
+def test_overview_counts_and_rows(env: Env) -> None:
+    running = run_job(env, "runs")
+    queued = env.submit(tiny_spec("waits"))
+    b = env.browser()
+    html = b.get("/").text
+    assert running in html and queued in html
+    assert re.search(r'data-state="running"><span class="n">1</span>', html)
+    assert re.search(r'data-state="pending"><span class="n">1</span>', html)
+    assert "local-cpu" in html
+    only = b.get("/?state=running").text
+    assert running in only and queued not in only
+    assert b.get("/?cursor=not-a-cursor").status_code == 422  # friendly page, not a 500
+
+
+def test_tenants_see_only_their_own_jobs(env: Env) -> None:
+    _, other_key = env.p.tenants.create("other")
+    mine = run_job(env, "mine")
+    theirs = env.submit(tiny_spec("theirs"), key=other_key)
+    other = env.browser(other_key)
+    r = other.get(f"/jobs/{mine}")
+    assert r.status_code == 404 and "There is no job" in r.text and "mine" not in r.text.split("<main>")[1]
+    home = other.get("/").text
+    assert theirs in home and mine not in home
+    me = env.browser()
+    assert me.get(f"/jobs/{theirs}").status_code == 404
+    assert theirs not in me.get("/").text
+
+
+@pytest.mark.parametrize("bad", ["x" * 300, "%00", "job-%F0%9F%92%A5", "..%2F..%2Fetc", "job-'<script>"])
+def test_bad_job_ids_get_a_friendly_404(env: Env, bad: str) -> None:
+    r = env.browser().get(f"/jobs/{bad}")
+    assert r.status_code == 404 and "text/html" in r.headers["content-type"]
+    assert "<script>" not in r.text
+
+
+def test_quote_page_ranks_options_and_explains_bad_specs(env: Env) -> None:
+    import yaml
+
+    b = env.browser()
+    r = b.post("/quote", data={"spec": yaml.safe_dump(tiny_spec("q"))})
+    assert r.status_code == 200, r.text
+    assert "local-cpu" in r.text and "feasible options" in r.text
+    bad = tiny_spec("q")
+    bad["workload"] = {**bad["workload"], "seq_len": -1}
+    r = b.post("/quote", data={"spec": yaml.safe_dump(bad)})
+    assert r.status_code == 422 and "workload.seq_len" in r.text
+    r = b.post("/quote", data={"spec": "{not yaml: ["})
+    assert r.status_code == 422
+
+
+def test_metrics_expose_jobs_scheduler_pools_and_alerts(env: Env) -> None:
+    budget = tiny_spec("burns")
+    budget["objective"] = {"budget_usd": 0.5}
+    jid = env.submit(budget)
+    env.p.tick()
+    env.event(jid, "started", {"rank": 0, "pid": 1, "host": "fakehost"})
+    env.p.tick()
+    env.clock.now += 3600  # an hour at $3.60/device-hour: far over the $0.50 budget, and no heartbeat
+    text = env.client().get("/metrics").text
+    assert re.search(r'trainyard_tenant_jobs\{state="running",tenant="default"\} 1\.0', text)
+    assert re.search(r"trainyard_scheduler_rounds_total [1-9]", text)
+    assert re.search(r"trainyard_scheduler_placements_total 1\.0", text)
+    assert re.search(r'trainyard_executor_launches_total\{outcome="ok"\} 1\.0', text)
+    assert re.search(r'trainyard_pool_devices\{kind="in_use",pool="local-cpu"\} [1-9]', text)
+    assert re.search(r'trainyard_alerts_firing\{rule="budget_burn",severity="critical"\} 1\.0', text)
+    assert re.search(r'trainyard_alerts_firing\{rule="heartbeat_missed",severity="critical"\} 1\.0', text)
+    assert re.search(
+        rf'trainyard_job_last_report_age_seconds\{{job_id="{jid}",tenant="default"\}} 3600', text
+    )
+    html = env.browser().get("/").text
+    assert "budget_burn" in html and "heartbeat_missed" in html
+
+
+def test_requests_rounds_and_launches_are_traced(env: Env) -> None:
+    jid = run_job(env, "traced")
+    env.browser().get(f"/jobs/{jid}")
+    buf = env.app.state.trace_buffer
+    names = {s.name for s in buf.spans()}
+    assert {"scheduler.round", "executor.launch", "GET /jobs/{job_id:path}", "POST /v1/jobs"} <= names
+    launch = buf.spans("executor.launch")[0]
+    assert launch.attributes["trainyard.job_id"] == jid
+    rnd = buf.spans("scheduler.round")[0]
+    assert rnd.attributes["trainyard.placed"] == 1
+    req = buf.spans("POST /v1/jobs")[0]
+    assert (
+        req.attributes["http.response.status_code"] == 201 and req.attributes["trainyard.tenant"] == "default"
+    )
+    for s in buf.spans():
+        assert env.key not in repr(dict(s.attributes or {}))
