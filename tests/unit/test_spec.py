@@ -38,7 +38,12 @@ def test_llama2_7b_param_count():
         {
             "name": "llama2-7b",
             "model": {
-                "n_layers": 32, "d_model": 4096, "n_heads": 32, "d_ff": 11008, "ffn": "gated", "vocab_size": 32000,
+                "n_layers": 32,
+                "d_model": 4096,
+                "n_heads": 32,
+                "d_ff": 11008,
+                "ffn": "gated",
+                "vocab_size": 32000,
             },
             "workload": {"seq_len": 4096, "global_batch": 1024, "tokens": 2e12},
         }
@@ -109,15 +114,21 @@ def test_accelerator_aliases_canonicalised():
     assert spec.requirements.allow == ["a100-40gb", "nvidia", "trn1"]
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("36h", 129600), ("90m", 5400), ("1h30m", 5400), ("2d", 172800), (45, 45)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("36h", 129600), ("90m", 5400), ("1h30m", 5400), ("2d", 172800), (45, 45)]
+)
 def test_durations(text, seconds):
     assert parse_duration_s(text) == seconds
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                    max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=12,
+    )
+)
 def test_parser_never_crashes_on_junk(junk):
     """Arbitrary documents either parse or raise SpecError, never anything else."""
     try:
@@ -127,8 +138,11 @@ def test_parser_never_crashes_on_junk(junk):
 
 
 @settings(max_examples=200, deadline=None)
-@given(section=st.sampled_from(["model", "workload"]), key=st.sampled_from(["n_layers", "d_model", "seq_len", "global_batch", "steps"]),
-       value=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=4), st.none()))
+@given(
+    section=st.sampled_from(["model", "workload"]),
+    key=st.sampled_from(["n_layers", "d_model", "seq_len", "global_batch", "steps"]),
+    value=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=4), st.none()),
+)
 def test_field_mutations_give_spec_errors(section, key, value):
     doc = with_(f"{section}.{key}", value)
     try:

@@ -56,14 +56,38 @@ class Accelerator:
 # DCN between slices (v5p doc: 50 Gbps per chip, used for all TPUs); trn1n 1600 Gbps / 16 chips = 100;
 # PCIe-only GPUs in cloud VMs get 25-100 Gbps per VM: 25 / device assumed.
 _INTER_NODE_GBPS = {
-    "k80": 10.0, "p100": 25.0, "v100": 25.0, "t4": 25.0, "a10g": 25.0, "l4": 25.0,
-    "a100-40gb": 50.0, "a100-80gb": 50.0, "h100": 400.0, "h200": 400.0,
-    "tpu-v4": 50.0, "tpu-v5e": 50.0, "tpu-v5p": 50.0, "tpu-v6e": 50.0,
-    "trn1": 100.0, "trn2": 200.0, "mi250": 100.0, "mi300x": 400.0, "gaudi2": 300.0, "cpu": 25.0,
+    "k80": 10.0,
+    "p100": 25.0,
+    "v100": 25.0,
+    "t4": 25.0,
+    "a10g": 25.0,
+    "l4": 25.0,
+    "a100-40gb": 50.0,
+    "a100-80gb": 50.0,
+    "h100": 400.0,
+    "h200": 400.0,
+    "tpu-v4": 50.0,
+    "tpu-v5e": 50.0,
+    "tpu-v5p": 50.0,
+    "tpu-v6e": 50.0,
+    "trn1": 100.0,
+    "trn2": 200.0,
+    "mi250": 100.0,
+    "mi300x": 400.0,
+    "gaudi2": 300.0,
+    "cpu": 25.0,
 }
 # Devices per node as sold: 8-GPU HGX boards; TPU hosts carry 4 chips (v5e/v6e: 8 per host for 1-8 slices,
 # 4 on v4/v5p); trn1.32xlarge has 16 chips; trn2.48xlarge 16.
-_MAX_DEVICES_PER_NODE = {"tpu-v4": 4, "tpu-v5p": 4, "tpu-v5e": 8, "tpu-v6e": 8, "trn1": 16, "trn2": 16, "cpu": 1}
+_MAX_DEVICES_PER_NODE = {
+    "tpu-v4": 4,
+    "tpu-v5p": 4,
+    "tpu-v5e": 8,
+    "tpu-v6e": 8,
+    "trn1": 16,
+    "trn2": 16,
+    "cpu": 1,
+}
 # First compile of a transformer training step: XLA on TPU typically 2-10 min for billion-parameter models
 # (MaxText/PyTorch-XLA reports); Neuron (neuronx-cc) 10-40 min cold, cached afterwards (Neuron docs advise
 # neuron_parallel_compile because of it). We use 300 s for XLA and 1200 s for Neuron as typical values.

@@ -17,7 +17,9 @@ app = typer.Typer(help="Validate job specs and print their JSON Schema.", no_arg
 @handle_errors
 def validate(
     path: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the normalised spec and derived sizes as JSON."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the normalised spec and derived sizes as JSON."
+    ),
 ) -> None:
     """Check a job spec and show what trainyard derived from it."""
     spec = load_spec(path)
@@ -26,7 +28,9 @@ def validate(
         "active_params": spec.model.active_params,
         "trainable_params": spec.trainable_params,
         "tokens_per_step": spec.tokens_per_step,
-        "total_steps": spec.workload.total_steps() if spec.workload.epochs is None or spec.workload.dataset_tokens else None,
+        "total_steps": spec.workload.total_steps()
+        if spec.workload.epochs is None or spec.workload.dataset_tokens
+        else None,
     }
     if as_json:
         print_json({"valid": True, "spec": spec.to_document(), "derived": derived})

@@ -43,9 +43,9 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> list[di
             msg = "unknown key (not part of trainyard/v1)"
         elif kind == "missing":
             msg = "required"
-        elif kind == "literal_error":
-            msg = f"{given!r}: {msg}"
-        elif given is not None and not isinstance(given, dict | list) and kind not in ("value_error",):
+        elif kind == "literal_error" or (
+            given is not None and not isinstance(given, dict | list) and kind != "value_error"
+        ):
             msg = f"{given!r}: {msg}"
         out.append({"field": field, "message": msg})
     return out

@@ -115,7 +115,9 @@ class ModelSpec(_Strict):
                 "(or set architecture: custom with params_b)"
             )
         if missing:
-            raise ValueError(f"give all of n_layers, d_model, n_heads, vocab_size, or none; missing {missing}")
+            raise ValueError(
+                f"give all of n_layers, d_model, n_heads, vocab_size, or none; missing {missing}"
+            )
         assert self.d_model is not None and self.n_heads is not None
         if self.head_dim is None and self.d_model % self.n_heads != 0:
             raise ValueError(
@@ -133,11 +135,11 @@ class ModelSpec(_Strict):
             and self.experts_per_token is not None
             and self.experts_per_token > self.n_experts
         ):
-            raise ValueError(
-                f"experts_per_token {self.experts_per_token} exceeds n_experts {self.n_experts}"
-            )
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds n_experts {self.n_experts}")
         if self.params_b is not None:
-            raise ValueError("params_b is only for architecture: custom; the architecture fields define the size")
+            raise ValueError(
+                "params_b is only for architecture: custom; the architecture fields define the size"
+            )
         return self
 
     # ---- derived shape -------------------------------------------------------------------------
@@ -299,7 +301,11 @@ class ResourcesSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_range(self) -> ResourcesSpec:
-        if self.min_devices is not None and self.max_devices is not None and self.min_devices > self.max_devices:
+        if (
+            self.min_devices is not None
+            and self.max_devices is not None
+            and self.min_devices > self.max_devices
+        ):
             raise ValueError(f"min_devices {self.min_devices} exceeds max_devices {self.max_devices}")
         return self
 
@@ -345,7 +351,9 @@ class RequirementsSpec(_Strict):
         return v
 
 
-_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
+_DURATION_RE = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
+)
 
 
 def parse_duration_s(value: str | float | int) -> float:
@@ -458,7 +466,9 @@ class MeasuredSpec(_Strict):
         for name, t in v.items():
             canonical = normalize_accelerator_name(name)
             if canonical is None:
-                raise ValueError(f"{name!r} is not an accelerator; accelerators: {', '.join(ACCELERATOR_NAMES)}")
+                raise ValueError(
+                    f"{name!r} is not an accelerator; accelerators: {', '.join(ACCELERATOR_NAMES)}"
+                )
             out[canonical] = t
         return out
 
