@@ -25,10 +25,12 @@ from trainyard.runtime.profiler import ProfileSession, measure_device
 from trainyard.spec.models import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS, WARMUP = 9, 2
+STEPS, WARMUP = 15, 2
 # This machine's two cores are shared: time steps by this process's CPU time (one thread), i.e. the step
 # time the machine gives when nobody else is using the core.
 CLOCK = "process"
+# Median of the interleaved steps (the minimum proved erratic under heavy load: single outliers).
+STATISTIC = "median"
 
 
 def spec(layers: int, batch: int, d_model: int = 128, seq: int = 128) -> JobSpec:
@@ -69,7 +71,7 @@ def measure(specs: list[JobSpec], rounds: int) -> list[dict]:
     for _ in range(rounds):
         for k, sess in enumerate(sessions):
             times[k].append(sess.step())
-    return [sess.document(t) for sess, t in zip(sessions, times, strict=True)]
+    return [sess.document(t, statistic=STATISTIC) for sess, t in zip(sessions, times, strict=True)]
 
 
 def main() -> None:
@@ -89,8 +91,8 @@ def main() -> None:
         rows.append(("profiled" if k < len(TRAIN) else "unseen", s.name, doc["step_time_s"], p.step_time_s))
     elapsed = time.perf_counter() - t0
     print(
-        f"device: matmul {device['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {device['mem_bw_bytes_s'] / 1e9:.1f} GB/s"
-        f" (1 thread); {elapsed:.0f} s"
+        f"device: matmul {device['matmul_flops'] / 1e9:.1f} GFLOP/s, "
+        f"copy {device['mem_bw_bytes_s'] / 1e9:.1f} GB/s (1 thread); {elapsed:.0f} s"
     )
     print(f"{'set':9} {'config':12} {'measured_ms':>12} {'predicted_ms':>13} {'error':>8}")
     for kind, name, m, p in rows:
@@ -106,6 +108,8 @@ def main() -> None:
                 "device": device,
                 "threads": 1,
                 "clock": CLOCK,
+                "statistic": STATISTIC,
+                "step_times_s": {d["name"]: d["step_times_s"] for d in docs},
                 "steps": STEPS,
                 "params": params,
                 "rows": [
