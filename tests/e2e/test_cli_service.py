@@ -26,7 +26,7 @@ from trainyard.cli.main import app
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("cli-home")).start()
+    srv = ServerProcess(tmp_path_factory.mktemp("cli-home"), executor="local").start()
     yield srv
     assert srv.stop() == 0, srv.log_text()
     assert '"event": "stopped"' in srv.log_text()
@@ -71,6 +71,12 @@ def test_submit_subprocess_prints_one_json_document(server: ServerProcess, tmp_p
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["name"] == "cli-sub" and doc["id"].startswith("job-")
+    import httpx
+
+    r = httpx.post(
+        f"{server.url}/v1/jobs/{doc['id']}/cancel", headers={"Authorization": f"Bearer {server.api_key}"}
+    )
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: {architecture: decoder\n")
     proc = subprocess_cli(["submit", str(bad), "--json"], server.cli_env())
@@ -100,11 +106,38 @@ def test_submit_get_cancel_events(
     assert [e["data"]["to"] for e in events["events"] if e["kind"] == "state"][-1] == "cancelled"
     followed = run(["jobs", "events", doc["id"], "--follow", "--json", "--poll-s", "0.1"], monkeypatch, env)
     lines = [json.loads(x) for x in followed.stdout.splitlines()]
-    assert followed.exit_code == 0 and lines[-1]["data"]["to"] == "cancelled"
+    assert followed.exit_code == 0
+    assert [e["data"]["to"] for e in lines if e["kind"] == "state"][-1] == "cancelled"
     logs = run(["jobs", "logs", doc["id"]], monkeypatch, env)
-    assert logs.exit_code == 0 and logs.stdout == ""
+    assert logs.exit_code == 0  # the job may have started: the log holds what its rank printed
     again = run(["jobs", "cancel", doc["id"]], monkeypatch, env)
     assert again.exit_code == 4 and "cannot go from cancelled" in again.stderr
+
+
+def test_real_cpu_job_runs_to_success(
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN §3.5: a job with requirements.allow: [cpu] runs for real on this machine (local executor)."""
+    spec_path = tmp_path / "real.yaml"
+    spec_path.write_text(yaml.safe_dump(tiny_spec("real-cpu", steps=6)))
+    doc = js(
+        run(
+            ["submit", str(spec_path), "--wait", "--timeout-s", "240", "--json"],
+            monkeypatch,
+            server.cli_env(),
+        )
+    )
+    assert doc["state"] == "succeeded", doc["reason"]
+    assert doc["placement"]["pool"] == "local-cpu"
+    assert doc["result"]["model_sha256"] and len(doc["result"]["model_sha256"]) == 64
+    assert doc["checkpoints"] and doc["checkpoints"][-1]["path"].startswith("file://")
+    assert doc["workers"] and all(w["pid"] for w in doc["workers"])
+    kinds = [e["kind"] for e in doc["events"]]
+    assert {"placement", "workers", "started", "checkpoint", "cost"} <= set(kinds)
+    states = [e["data"]["to"] for e in doc["events"] if e["kind"] == "state"]
+    assert states == ["pending", "queued", "starting", "running", "succeeded"]
+    logs = run(["jobs", "logs", doc["id"]], monkeypatch, server.cli_env())
+    assert logs.exit_code == 0
 
 
 def test_tenants_isolation_and_pools(

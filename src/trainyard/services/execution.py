@@ -68,6 +68,7 @@ class Supervisor:
         self.runs_dir = runs_dir
         self.checkpoint_url = checkpoint_url
         self.schedule_round: ScheduleRound = schedule_round or GreedyCheapestRound()
+        self._fallback_round = GreedyCheapestRound()
         self.restart_policy = restart_policy or RestartPolicy()
         self.clock = clock
         self._last_heartbeat_event: dict[str, float] = {}
@@ -75,10 +76,12 @@ class Supervisor:
 
     # ---- one tick of the control loop ----------------------------------------------------------
     def tick(self) -> None:
-        self.jobs.admit_pending()
-        self.schedule_once()
-        self.poll_once()
-        self.sweep_cancelled()
+        """One pass of the control loop; a failing phase is logged and does not stop the others."""
+        for phase in (self.jobs.admit_pending, self.schedule_once, self.poll_once, self.sweep_cancelled):
+            try:
+                phase()
+            except Exception:
+                log.exception("control_loop_phase_failed", phase=phase.__name__)
 
     # ---- scheduling ----------------------------------------------------------------------------
     def free_pools(self) -> list[Pool]:
@@ -121,7 +124,12 @@ class Supervisor:
             )
             for j in queued
         ]
-        result = self.schedule_round(views, self.free_pools(), self.clock())
+        free = self.free_pools()
+        try:
+            result = self.schedule_round(views, free, self.clock())
+        except Exception:
+            log.exception("schedule_round_failed_using_greedy")
+            result = self._fallback_round(views, free, self.clock())
         self.last_round = result
         pools = {p.name: p for p in self.pools.pools()}
         for job_id, placement in result.placements.items():

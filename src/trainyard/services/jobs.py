@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,9 +30,12 @@ from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
 from trainyard.tenancy.quotas import check_queue_quota
 
+log = structlog.get_logger("trainyard.jobs")
+
 OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 MAX_PAGE = 500
 QUOTE_CACHE_SIZE = 256
+MAX_BROKEN_REPORTED = 5
 
 
 def new_job_id() -> str:
@@ -302,9 +306,29 @@ class JobService:
         from trainyard.services.quoting import cost_quote
         from trainyard.spec.loader import spec_from_dict
 
+        quoter = self._quoter or cost_quote
         try:
             spec = spec_from_dict(spec_doc)
-            options = (self._quoter or cost_quote)(spec, pools)
+            options = quoter(spec, pools)
         except TrainyardError as exc:
             return exc
+        except Exception:
+            # A defect in pricing one pool must not wedge admission for everyone: price pool by pool and
+            # keep the pools that can be priced; the others are recorded as infeasible with the error.
+            log.exception("quote_failed_retrying_per_pool", spec_name=spec_doc.get("name"))
+            options, broken = [], []
+            for pool in pools:
+                try:
+                    options.extend(quoter(spec, [pool]))
+                except TrainyardError:
+                    continue
+                except Exception as exc:
+                    broken.append({"pool": pool.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            options.sort(key=lambda o: (not o.feasible, o.expected_cost_usd))
+            doc = stored_quote(options)
+            for b in broken[:MAX_BROKEN_REPORTED]:
+                doc.append(
+                    {"pool": b["pool"], "feasible": False, "reason": f"could not be priced ({b['error']})"}
+                )
+            return doc
         return stored_quote(options)
