@@ -191,3 +191,24 @@ def test_duplicate_names_get_line_ids_and_rounds_are_deterministic(examples_dir)
     assert strip(a) == strip(b)
     # spot A100 holds 4 single-device nodes: all three fit there
     assert {p.pool for p in a.placements} == {"a100-spot"}
+
+
+def test_jobs_file_errors_name_the_line() -> None:
+    import pytest as _pytest
+
+    from trainyard.schedule import JobsFileError
+
+    cases = {
+        "": "no jobs",
+        '{"submit_s": 0, "tenant": "t"}': "missing 'spec'",
+        '{"submit_s": "x", "tenant": "t", "spec": {}}': "submit_s must be",
+        '{"submit_s": 0, "tenant": "", "spec": {}}': "tenant must be",
+        '{"submit_s": 0, "tenant": "t", "spec": {}, "extra": 1}': "unknown key 'extra'",
+        "[1, 2]": "expected a JSON object",
+        '{"submit_s": 0, "tenant": "t", "spec": {"name": "x"}}': "q.jsonl:1: spec.",
+    }
+    for text, needle in cases.items():
+        with _pytest.raises(JobsFileError) as err:
+            parse_jobs(text, "q.jsonl")
+        assert needle in err.value.message, (text, err.value.message)
+        assert err.value.exit_code == 2

@@ -22,13 +22,14 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
-from ortools.sat.python import cp_model
-from scipy.optimize import linprog
-from scipy.sparse import csr_matrix
+from typing import TYPE_CHECKING
 
 from trainyard.schedule.types import Candidate, SchedulerConfig
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+# OR-Tools and SciPy load on the first solve, so importing the scheduler (and the CLI) stays quick.
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,10 @@ def _lp_round(
     The relaxation of this assignment-with-knapsacks program is nearly integral, so the rounding is
     usually within a fraction of a percent of the optimum. Returns (choice, LP lower bound in units).
     """
+    import numpy as np
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix
+
     n = len(m.coef)
     if n == 0:
         return None
@@ -348,6 +353,8 @@ def solve(
     the two as a complete hint; the best solution found wins. ``time_limit_s`` is CP-SAT's deterministic
     limit; the LP stops at ``lp_iteration_limit`` simplex iterations.
     """
+    from ortools.sat.python import cp_model
+
     limit = config.time_limit_s if time_limit_s is None else time_limit_s
     g_choice = greedy(jobs, pools, tenants)
     g_obj = objective_usd(jobs, g_choice)
