@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from trainyard.catalog.accelerators import get_accelerator, load_accelerators
-from trainyard.predict import Calibration, default_calibration, predict
+from trainyard.predict import Calibration, default_calibration, predict, predict_many
 from trainyard.predict.calib_data import maxtext_training_flops, packaged_rows
 from trainyard.predict.fit import fit_calibration, ingest_measurement
 from trainyard.predict.workload import (
@@ -415,3 +415,12 @@ def test_cli_single_and_batch_json(tmp_path: Any) -> None:
     assert out[3]["accelerator"] == "tpu-v5e"
     r = runner.invoke(app, ["predict", str(tmp_path / "missing.yaml"), "--accelerator", "h100", "--json"])
     assert r.exit_code == 2
+
+
+def test_predict_many_equals_one_by_one() -> None:
+    spec = make_spec(global_batch=16)
+    accs = [get_accelerator(n) for n in ("h100", "tpu-v5e", "t4", "cpu")]
+    counts = [1, 2, 3, 8, 32]
+    many = predict_many(spec, accs, counts)
+    one = [predict(spec, a, n) for a in accs for n in counts]
+    assert [p.to_dict() for p in many] == [p.to_dict() for p in one]

@@ -127,8 +127,9 @@ def enumerate_candidates(
                         rows.append((tp, pp, dp, scope, shard, ck, mb, b_local))
     if not rows:
         return {}
+    rows = [(*r, n) for r in rows]
     arr = np.array(rows, dtype=np.int64)
-    names = ("tp", "pp", "dp", "scope", "shard", "ck", "mb", "b_local")
+    names = ("tp", "pp", "dp", "scope", "shard", "ck", "mb", "b_local", "n")
     out = {k: arr[:, i] for i, k in enumerate(names)}
     out.update({f"{k}_f": arr[:, i].astype(float) for i, k in enumerate(names)})
     return out
@@ -218,8 +219,8 @@ def evaluate(
     if cp > 1:
         kv = tokens_mb * 2 * sh.kv_dim * ab / tp
         t_cp = (L / pp) * 2.0 * (cp - 1) * kv / (intra if tp * cp <= topo.fast_domain else inter)
-    span_all = topo.devices > topo.fast_domain
-    t_p2p = np.where(pp > 1, 2.0 * tokens_mb * d * ab / tp / (inter if span_all else intra), 0.0)
+    span_all = cand["n_f"] > topo.fast_domain
+    t_p2p = np.where(pp > 1, 2.0 * tokens_mb * d * ab / tp / np.where(span_all, inter, intra), 0.0)
     t_mb_total = t_mb + t_tp + t_cp + t_p2p
     bubble = (pp - 1.0) / vp * t_mb_total
     t_pipe = n_micro * t_mb_total + bubble
@@ -273,6 +274,19 @@ def evaluate(
     hw_flops = n_micro * (mm_flops + at_flops)
     comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p)
     return Evaluation(step, mem, n_micro * t_comp, comm, bubble, hw_flops, n_micro)
+
+
+def concat_candidates(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Candidate sets of several device counts as one set (same topology otherwise)."""
+    return {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+
+
+def slice_evaluation(ev: Evaluation, a: int, b: int) -> Evaluation:
+    return Evaluation(*(getattr(ev, f)[a:b] for f in Evaluation.__dataclass_fields__))
+
+
+def slice_candidates(cand: dict[str, np.ndarray], a: int, b: int) -> dict[str, np.ndarray]:
+    return {k: v[a:b] for k, v in cand.items()}
 
 
 def plan_dict(cand: dict[str, np.ndarray], i: int, pins: Pins, ev: Evaluation) -> dict[str, Any]:

@@ -281,11 +281,49 @@ def predict(
         plan=plan,
         fast_domain_devices=fast_domain_devices,
     )
+    topo, cand = _candidates(ctx, devices)
+    ev = engine.evaluate(ctx.w, cand, topo, ctx.hw, ctx.params, ctx.pins) if cand else None
+    return _finalize(
+        spec,
+        accelerator,
+        devices,
+        ctx,
+        cal,
+        notes,
+        source,
+        st,
+        cand,
+        ev,
+        dict(
+            devices_per_node=devices_per_node,
+            inter_node_gbps=inter_node_gbps,
+            stack=stack,
+            plan=plan,
+            fast_domain_devices=fast_domain_devices,
+        ),
+        search_min_devices,
+    )
+
+
+def _finalize(
+    spec: JobSpec,
+    accelerator: Accelerator,
+    devices: int,
+    ctx: _Context,
+    cal: Calibration,
+    notes: list[str],
+    source: str,
+    st: str,
+    cand: dict[str, np.ndarray],
+    ev: engine.Evaluation | None,
+    kwargs: dict[str, Any],
+    search_min_devices: bool,
+) -> Prediction:
+    """Pick the fastest fitting plan of an evaluated candidate set and build the prediction."""
     w = ctx.w
     dtype = compute_dtype(spec.workload.precision)
     model_flops = training_flops_per_step(spec)
     capacity_gib = ctx.hw.memory_bytes / GIB
-    topo, cand = _candidates(ctx, devices)
     compile_s = accelerator.first_compile_s
     if compile_s:
         notes.append(f"one-off {st.upper()} compile of about {compile_s:.0f} s, not included in step time")
@@ -312,7 +350,7 @@ def predict(
             memory_capacity_gib=capacity_gib,
             calibration_key=key,
         )
-    ev = engine.evaluate(w, cand, topo, ctx.hw, ctx.params, ctx.pins)
+    assert ev is not None
     fit_mask = ev.memory_bytes <= ctx.hw.memory_bytes
     fits = bool(fit_mask.any())
     if fits:
@@ -333,13 +371,9 @@ def predict(
                 spec.model_copy(update={"measured": type(spec.measured)()}),
                 accelerator,
                 ref,
-                devices_per_node=devices_per_node,
-                inter_node_gbps=inter_node_gbps,
                 calibration=cal,
-                stack=stack,
-                plan=plan,
-                fast_domain_devices=fast_domain_devices,
                 search_min_devices=False,
+                **kwargs,
             )
             scale = step / ref_pred.step_time_s if math.isfinite(ref_pred.step_time_s) else 1.0
         step = measured * scale
@@ -397,5 +431,39 @@ def predict_many(
     device_counts: list[int],
     **kwargs: Any,
 ) -> list[Prediction]:
-    """Predictions for every accelerator × device count (same keyword arguments as :func:`predict`)."""
-    return [predict(spec, acc, n, **kwargs) for acc in accelerators for n in device_counts]
+    """Predictions for every accelerator × device count (same keyword arguments as :func:`predict`).
+
+    Evaluates all device counts of one accelerator in a single vectorised pass; results equal
+    :func:`predict` called one by one.
+    """
+    search = kwargs.pop("search_min_devices", True)
+    cal = kwargs.pop("calibration", None)
+    cal = cal if cal is not None else default_calibration()
+    opts = {
+        k: kwargs.get(k)
+        for k in ("devices_per_node", "inter_node_gbps", "stack", "plan", "fast_domain_devices")
+    }
+    unknown = set(kwargs) - set(opts)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    if any(n < 1 for n in device_counts):
+        raise ValueError("devices must be >= 1")
+    out: list[Prediction] = []
+    for acc in accelerators:
+        ctx, notes, source, st = _context(spec, acc, calibration=cal, **opts)
+        parts = [(n, *_candidates(ctx, n)) for n in device_counts]
+        live = [c for _, _, c in parts if c]
+        ev_all = None
+        if live:
+            cand_all = engine.concat_candidates(live)
+            ev_all = engine.evaluate(ctx.w, cand_all, parts[0][1], ctx.hw, ctx.params, ctx.pins)
+        start = 0
+        for n, _topo, cand in parts:
+            ev = None
+            if cand:
+                end = start + len(cand["tp"])
+                assert ev_all is not None
+                ev = engine.slice_evaluation(ev_all, start, end)
+                start = end
+            out.append(_finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search))
+    return out

@@ -362,10 +362,20 @@ def _workload(spec: JobSpec) -> Workload:
     )
 
 
+_BY_ID: dict[int, tuple[JobSpec, Workload]] = {}
+
+
 def workload_of(spec: JobSpec) -> Workload:
-    """The workload of a spec (memoised on the spec's model and workload sections)."""
+    """The workload of a spec (memoised per spec object, then on its model and workload sections)."""
+    hit = _BY_ID.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
     key = spec.model.model_dump_json() + spec.workload.model_dump_json()
-    return _cached_by_key(key, spec)
+    w = _cached_by_key(key, spec)
+    if len(_BY_ID) > 4096:
+        _BY_ID.clear()
+    _BY_ID[id(spec)] = (spec, w)
+    return w
 
 
 _CACHE: dict[str, Workload] = {}
