@@ -9,6 +9,7 @@ import pytest
 from trainyard.catalog.pools import Pool, load_pools
 from trainyard.schedule import (
     CandidateCache,
+    JobsFileError,
     QueuedJob,
     SchedulerConfig,
     TenantQuota,
@@ -194,10 +195,6 @@ def test_duplicate_names_get_line_ids_and_rounds_are_deterministic(examples_dir)
 
 
 def test_jobs_file_errors_name_the_line() -> None:
-    import pytest as _pytest
-
-    from trainyard.schedule import JobsFileError
-
     cases = {
         "": "no jobs",
         '{"submit_s": 0, "tenant": "t"}': "missing 'spec'",
@@ -208,7 +205,7 @@ def test_jobs_file_errors_name_the_line() -> None:
         '{"submit_s": 0, "tenant": "t", "spec": {"name": "x"}}': "q.jsonl:1: spec.",
     }
     for text, needle in cases.items():
-        with _pytest.raises(JobsFileError) as err:
+        with pytest.raises(JobsFileError) as err:
             parse_jobs(text, "q.jsonl")
         assert needle in err.value.message, (text, err.value.message)
         assert err.value.exit_code == 2
