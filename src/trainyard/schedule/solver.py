@@ -412,7 +412,7 @@ def solve(
         if obj <= best_obj + 1e-9:
             proven = (
                 status == cp_model.OPTIMAL
-                and obj <= (solver.objective_value + m.constant_units) / scale + 1e-6
+                and obj <= (solver.objective_value + m.constant_units + len(jobs)) / scale  # unit rounding
             )
             best_choice, best_obj = choice, obj
             best_status = "optimal" if proven else "feasible"
