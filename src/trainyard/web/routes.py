@@ -17,12 +17,24 @@ from markupsafe import Markup
 
 from trainyard.errors import AuthenticationError, NotFoundError, TrainyardError
 from trainyard.services.domain import Principal, iso
+from trainyard.services.lifecycle import TERMINAL_STATES
 from trainyard.web import charts, views
 from trainyard.web.session import COOKIE_NAME, SessionStore
 
 log = structlog.get_logger("trainyard.web")
 
 TEMPLATES = Path(__file__).parent / "templates"
+STATE_COLORS = {
+    "pending": "#9ca3af",
+    "queued": "#d97706",
+    "starting": "#60a5fa",
+    "running": "#2563eb",
+    "preempted": "#ea580c",
+    "succeeded": "#16a34a",
+    "failed": "#dc2626",
+    "cancelled": "#6b7280",
+}
+REFRESH_S = 15  # pages with live jobs reload themselves
 MAX_FORM_BYTES = 262_144  # a pasted spec is a few kB
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
@@ -170,8 +182,24 @@ def jobs_overview(request: Request, state: str | None = None, cursor: str | None
     if evaluate is not None:
         alerts = [a for a in evaluate() if a.tenant_id in (None, principal.tenant_id)]
     bars = [(st, float(n)) for st, n in data["counts"].items() if n]
-    counts_svg = Markup(charts.bar_chart(bars, title="Jobs by state", unit="jobs", chart_id="state-counts"))
-    return render(request, "jobs.html", principal=principal, counts_svg=counts_svg, alerts=alerts, **data)
+    counts_svg = Markup(
+        charts.bar_chart(
+            bars,
+            title="Jobs by state",
+            unit="jobs",
+            chart_id="state-counts",
+            colors=[STATE_COLORS.get(st, "#6b7280") for st, _ in bars],
+        )
+    )
+    return render(
+        request,
+        "jobs.html",
+        principal=principal,
+        counts_svg=counts_svg,
+        alerts=alerts,
+        refresh_s=REFRESH_S if data["open"] else None,
+        **data,
+    )
 
 
 @router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
@@ -239,6 +267,7 @@ def job_page(request: Request, job_id: str) -> Response:
         breakdown=breakdown,
         events=list(reversed(events)),
         events_total=len(d.events),
+        refresh_s=None if d.job.state in TERMINAL_STATES else REFRESH_S,
     )
 
 
