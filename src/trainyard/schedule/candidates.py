@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainyard.catalog.accelerators import load_accelerators
@@ -312,7 +312,3 @@ def capacity_reason(c: Candidate, pool: Pool) -> str:
             f"{whole} whole node(s) free ({free} devices available)"
         )
     return f"needs {c.devices} × {c.accelerator} in one node on {pool.name}; {free} available"
-
-
-def with_objective(c: Candidate, **changes: Any) -> Candidate:
-    return replace(c, **changes)

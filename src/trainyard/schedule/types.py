@@ -82,7 +82,7 @@ class SchedulerConfig:
     time_limit_s: float = 0.1  # CP-SAT search per round (deterministic time; see wall_limit_factor)
     lp_iteration_limit: int = 50_000  # LP relaxation (HiGHS) simplex iterations: deterministic
     lp_wall_limit_s: float = 5.0  # LP safety net in wall-clock seconds
-    wall_limit_factor: float = 2.0  # CP-SAT stops at its deterministic limit, or this × it in wall time
+    wall_limit_factor: float = 10.0  # CP-SAT stops at its deterministic limit, or this × it in wall time
     # Skip the CP-SAT search when the LP bound already proves the rounded solution within this relative gap.
     skip_search_gap: float = 0.0005
     seed: int = 0
