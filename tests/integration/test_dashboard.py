@@ -289,3 +289,25 @@ def test_requests_rounds_and_launches_are_traced(env: Env) -> None:
     )
     for s in buf.spans():
         assert env.key not in repr(dict(s.attributes or {}))
+
+
+def test_trainyard_up_serves_the_dashboard(tmp_path: Path) -> None:
+    import httpx
+
+    from controlplane_support import ServerProcess
+
+    server = ServerProcess(tmp_path / "home", executor="none").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            r = c.get("/")
+            assert r.status_code == 303 and r.headers["location"].startswith("/login")
+            r = c.post("/login", data={"api_key": server.api_key, "next": "/pools"})
+            assert r.status_code == 303 and r.headers["location"] == "/pools"
+            pools = c.get("/pools")
+            assert pools.status_code == 200 and "local-cpu" in pools.text
+            assert "default-src 'self'" in pools.headers["content-security-policy"]
+            assert c.get("/").status_code == 200
+            assert "trainyard_scheduler_queue_depth" in c.get("/metrics").text
+        assert server.api_key not in server.log_text()
+    finally:
+        assert server.stop() == 0
