@@ -6,6 +6,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trainyard.catalog.pools import Pool
 from trainyard.cost import model as cm
@@ -250,3 +252,34 @@ def test_trainyard_saves_against_baselines(runs: dict[str, object]) -> None:
     fast = runs["fastest"].summary()  # type: ignore[attr-defined]
     assert ty["total_cost_usd"] < od["total_cost_usd"] < fast["total_cost_usd"]
     assert od["preemptions"] == 0 and fast["preemptions"] == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 6),
+    policy=st.sampled_from(["cheapest-hourly", "fastest"]),
+    drops=st.lists(st.tuples(st.floats(0, 20_000), st.integers(0, 8)), max_size=4),
+    sigma=st.floats(0.0, 0.5),
+)
+def test_invariants_hold_under_random_preemptions(
+    seed: int, n: int, policy: str, drops: list[tuple[float, int]], sigma: float
+) -> None:
+    jobs = generate_trace(TraceMix(n_jobs=n, span_s=4 * 3600.0, job_hours=(0.2, 1.5)), seed=seed)
+    pools = [
+        pool("spot", name="s", nodes=1, devices_per_node=8, interruption_rate_per_hour=0.5, notice_s=30.0),
+        pool("on_demand", name="o", nodes=1, devices_per_node=8),
+    ]
+    changes = (
+        *(PoolChange(t, "s", available_devices=d) for t, d in drops),
+        PoolChange(25_000.0, "s", available_devices=8),  # capacity comes back, so every job can finish
+    )
+    r = simulate(jobs, pools, policy, SimConfig(seed=seed, step_time_error_sigma=sigma, changes=changes))
+    assert all(j.completion_s is not None and j.completion_s >= j.submit_s for j in r.jobs)
+    assert r.billed_device_s == pytest.approx(r.held_device_s, rel=1e-9)
+    assert sum(j.cost_usd for j in r.jobs) == pytest.approx(r.total_cost_usd, rel=1e-9)
+    assert all(j.lost_work_device_s >= 0 and j.attempts == j.preemptions + 1 for j in r.jobs)
+    for j in r.jobs:  # nobody beats running alone on the cheapest option at true speed
+        assert j.cost_usd >= j.lower_bound_cost_usd * (1 - 1e-9)
+    on_demand = next(ps for ps in r.pools if ps.name == "o")
+    assert on_demand.held_device_s <= on_demand.capacity_device_s + 1e-6
