@@ -17,7 +17,8 @@ from trainyard.services.execution import attempt_cost_usd
 from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 from trainyard.store.repositories import JobRepo
 
-EVENT_LIMIT = 5000  # the event log page shows the newest events up to this many
+EVENT_PAGE = 5000  # events read per query (the service's page limit)
+MAX_EVENTS = 200_000  # a job page reads at most this many events (~23 days of heartbeats every 10 s)
 JOBS_PAGE = 50
 
 
@@ -261,7 +262,14 @@ def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[Attem
 def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -> JobDetail:
     if not job_id or len(job_id) > 64:
         raise NotFoundError(f"no job {job_id[:64]!r}")
-    job, events = platform.jobs.get_with_events(principal, job_id, limit=EVENT_LIMIT)
+    job = platform.jobs.get(principal, job_id)
+    events: list[JobEvent] = []
+    while len(events) < MAX_EVENTS:
+        after = events[-1].id if events else 0
+        page = platform.jobs.events(principal, job_id, after_id=after, limit=EVENT_PAGE)
+        events.extend(page)
+        if len(page) < EVENT_PAGE:
+            break
     detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
     measured: list[float] = []
     for e in events:
