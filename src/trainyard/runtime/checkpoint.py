@@ -7,8 +7,9 @@ sha256 and size of every other file, the config and code hashes, every rank's RN
 data-loader position. A step directory without a manifest does not exist for loading; one whose files
 do not match their recorded sha256 is skipped with an event and never loaded.
 
-Saving is asynchronous by default: the state is staged (copied) in memory while training waits, then
-written by a background thread; rank 0 hashes the files and commits the manifest once every rank's
+Saving is asynchronous by default: a background thread copies the state into reused CPU buffers while
+training runs the next forward/backward pass (the trainer waits for the copy only before its next
+optimizer update), then writes the copy; rank 0 hashes the files and commits the manifest once every rank's
 shards are durable. Retention keeps the last ``keep_last`` committed steps plus the best (lowest-loss)
 one. A second root (``fallback_url``, a local directory) receives an emergency save when the primary
 storage fails, and loading considers both.
@@ -21,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -66,6 +68,70 @@ class SaveResult:
     total_s: float  # from the save call to the committed manifest
     emergency: bool = False
     files: dict[str, Any] = field(default_factory=dict)
+
+
+class ReusedBufferStager:
+    """DCP async stager that copies the state into CPU buffers kept from the previous save.
+
+    Staging is the part of an asynchronous save that training waits for. Allocating fresh memory for
+    every save costs page faults that dwarf the copy itself; reusing buffers (one save in flight at a
+    time, which the manager guarantees) leaves a plain memory copy.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: Any = None
+        self._signature: Any = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    @staticmethod
+    def _sig(obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return ("t", tuple(obj.shape), obj.dtype)
+        if isinstance(obj, dict):
+            return ("d", tuple((k, ReusedBufferStager._sig(v)) for k, v in obj.items()))
+        if isinstance(obj, list | tuple):
+            return ("l", type(obj).__name__, tuple(ReusedBufferStager._sig(v) for v in obj))
+        return ("o",)
+
+    @staticmethod
+    def _copy(src: Any, dst: Any) -> Any:
+        import copy
+
+        import torch
+
+        if isinstance(src, torch.Tensor):
+            if dst is None:
+                return src.detach().to("cpu", copy=True)
+            dst.copy_(src.detach())
+            return dst
+        if isinstance(src, dict):
+            return {
+                k: ReusedBufferStager._copy(v, None if dst is None else dst.get(k)) for k, v in src.items()
+            }
+        if isinstance(src, list | tuple):
+            items = [ReusedBufferStager._copy(v, None if dst is None else dst[i]) for i, v in enumerate(src)]
+            return items if isinstance(src, list) else type(src)(items)
+        return copy.deepcopy(src)
+
+    def stage(self, state_dict: Any) -> Any:
+        sig = self._sig(state_dict)
+        reuse = self._cache if sig == self._signature else None
+        self._cache = self._copy(state_dict, reuse)
+        self._signature = sig
+        return self._cache
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 def code_hash() -> str:
@@ -115,6 +181,9 @@ class CheckpointManager:
         self.commit_delay_s = float(os.environ.get("TRAINYARD_CHECKPOINT_COMMIT_DELAY_S", "0") or 0)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
         self._pending: Future[SaveResult] | None = None
+        self._stager = ReusedBufferStager()
+        self._staged: threading.Event | None = None
+        self._stall_s = 0.0
         self.last_save: SaveResult | None = None
         self._code_hash = code_hash()
 
@@ -234,11 +303,14 @@ class CheckpointManager:
         blocking: bool = False,
         emergency: bool = False,
         root: str | None = None,
+        overlap_staging: bool = False,
     ) -> Future[SaveResult]:
         """Save ``state`` (a DCP state dict) as ``step``; ``meta`` goes into the manifest.
 
         Returns a future; with ``blocking`` it is already done. Only one save is in flight at a time:
-        a new save first waits for the previous one.
+        a new save first waits for the previous one. An asynchronous save returns once the state has
+        been copied, unless ``overlap_staging``: then it returns at once and the caller must call
+        ``wait_staged()`` before it modifies any tensor of ``state``.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -251,36 +323,27 @@ class CheckpointManager:
             writer = FsspecWriter(url, sync_files=True)
             if blocking:
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
-                upload: Future[Any] = Future()
-                upload.set_result(None)
-            else:
-                upload = dcp.async_save(  # type: ignore[assignment]
-                    state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist()
-                )
         except CheckpointWriteError:
             raise
         except Exception as exc:
             raise CheckpointWriteError(f"writing {url} failed: {exc.__class__.__name__}: {exc}") from exc
-        stage_s = time.perf_counter() - t0
+        self._stall_s = time.perf_counter() - t0
 
-        def finish() -> SaveResult:
-            try:
-                upload.result()
-            except Exception as exc:
-                raise CheckpointWriteError(f"writing {url} failed: {_root_cause(exc)}") from exc
-            result = SaveResult(step, url, 0, stage_s, 0.0, emergency)
+        def commit() -> SaveResult:
+            result = SaveResult(step, url, 0, self._stall_s, 0.0, emergency)
             if self.rank == 0:
                 self._commit(url, step, meta, result)
                 with contextlib.suppress(Exception):
                     self.apply_retention(current_step=step, root=root)
             result.total_s = time.perf_counter() - t0
+            result.stage_s = self._stall_s
             if self.rank == 0:
                 self.emit(
                     "checkpoint",
                     step=step,
                     path=url,
                     save_s=round(result.total_s, 6),
-                    stall_s=round(stage_s, 6),
+                    stall_s=round(result.stage_s, 6),
                     bytes=result.bytes_written,
                     emergency=emergency,
                 )
@@ -290,13 +353,44 @@ class CheckpointManager:
         if blocking:
             fut: Future[SaveResult] = Future()
             try:
-                fut.set_result(finish())
+                fut.set_result(commit())
             except Exception as exc:
                 fut.set_exception(exc)
                 raise
             return fut
-        self._pending = self._pool.submit(finish)
+
+        staged = threading.Event()
+        self._staged = staged
+
+        def background() -> SaveResult:
+            # 1. copy the state into reused buffers while training runs its next forward/backward
+            #    (which only reads parameters); the trainer calls wait_staged() before it updates them
+            try:
+                snapshot = self._stager.stage(state)
+            finally:
+                staged.set()
+            # 2. write the snapshot, 3. hash and commit
+            try:
+                dcp.save(snapshot, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
+            except Exception as exc:
+                raise CheckpointWriteError(f"writing {url} failed: {_root_cause(exc)}") from exc
+            return commit()
+
+        self._pending = self._pool.submit(background)
+        if not overlap_staging:
+            self.wait_staged()
         return self._pending
+
+    def wait_staged(self) -> None:
+        """Block until the in-flight save has copied the state (call before changing parameters)."""
+        staged = self._staged
+        if staged is None:
+            return
+        if not staged.is_set():
+            t0 = time.perf_counter()
+            staged.wait()
+            self._stall_s += time.perf_counter() - t0
+        self._staged = None
 
     def _commit(self, url: str, step: int, meta: dict[str, Any], result: SaveResult) -> None:
         fs, path = url_to_fs(url)
@@ -335,6 +429,7 @@ class CheckpointManager:
 
     def wait(self) -> SaveResult | None:
         """Block until the in-flight save (if any) has committed; re-raise its error."""
+        self.wait_staged()
         pending, self._pending = self._pending, None
         if pending is None:
             return None

@@ -44,6 +44,8 @@ def export_model(
     config: Any = getattr(model, "config", None)
     fs, root = url_to_fs(job_url)
     target = f"{root}/model"
+    if scratch_dir is not None:
+        Path(scratch_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch_dir, prefix="export-") as tmp:
         local = Path(tmp) / "model"
         local.mkdir()

@@ -284,6 +284,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.params, GRAD_CLIP_NORM, foreach=False)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(step)
+        self.ckpt.wait_staged()  # an async save copies parameters during forward/backward; not past here
         self.optimizer.step()
         return loss_sum / gb, preempt, ckpt_flag
 
@@ -357,6 +358,7 @@ class Trainer:
                 blocking=blocking,
                 emergency=emergency,
                 root=root,
+                overlap_staging=True,
             )
             failed = None
         except CheckpointWriteError as exc:
