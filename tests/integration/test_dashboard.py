@@ -311,3 +311,14 @@ def test_trainyard_up_serves_the_dashboard(tmp_path: Path) -> None:
         assert server.api_key not in server.log_text()
     finally:
         assert server.stop() == 0
+
+
+def test_traces_page_is_for_admins(env: Env) -> None:
+    jid = run_job(env, "traced-page")
+    admin = env.browser()
+    admin.get(f"/jobs/{jid}")
+    html = admin.get("/traces").text
+    assert "scheduler.round" in html and "executor.launch" in html and jid in html
+    _, other_key = env.p.tenants.create("plain")
+    r = env.browser(other_key).get("/traces")
+    assert r.status_code == 404 and "scheduler.round" not in r.text

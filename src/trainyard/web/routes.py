@@ -34,6 +34,7 @@ STATE_COLORS = {
     "failed": "#dc2626",
     "cancelled": "#6b7280",
 }
+MAX_TRACE_ROWS = 300
 REFRESH_S = 15  # pages with live jobs reload themselves
 MAX_FORM_BYTES = 262_144  # a pasted spec is a few kB
 SECURITY_HEADERS = {
@@ -333,3 +334,28 @@ async def quote_submit(request: Request) -> Response:
 
 def dashboard_404(request: Request) -> HTMLResponse:
     return not_found(request, current(request), "There is no page here.")
+
+
+@router.get("/traces", response_class=HTMLResponse)
+def traces_page(request: Request) -> Response:
+    """The newest spans of the in-process trace buffer (admins only; others get the 404 page)."""
+    principal = current(request)
+    if principal is None:
+        return to_login(request)
+    if not principal.admin:
+        return not_found(request, principal, "There is no page here.")
+    buf = getattr(request.app.state, "trace_buffer", None)
+    spans = []
+    for s in reversed(buf.spans()[-MAX_TRACE_ROWS:] if buf is not None else []):
+        start, end = s.start_time or 0, s.end_time or s.start_time or 0
+        spans.append(
+            {
+                "name": s.name,
+                "start": iso(start / 1e9),
+                "duration_ms": (end - start) / 1e6,
+                "ok": s.status.is_ok,
+                "trace_id": f"{s.context.trace_id:032x}" if s.context else "",
+                "attributes": dict(s.attributes or {}),
+            }
+        )
+    return render(request, "traces.html", principal=principal, spans=spans, enabled=buf is not None)
