@@ -283,3 +283,31 @@ def test_invariants_hold_under_random_preemptions(
         assert j.cost_usd >= j.lower_bound_cost_usd * (1 - 1e-9)
     on_demand = next(ps for ps in r.pools if ps.name == "o")
     assert on_demand.held_device_s <= on_demand.capacity_device_s + 1e-6
+
+
+def test_cheapest_hourly_and_fastest_rules_directly() -> None:
+    from trainyard.sim.policy import QueuedView, cheapest_hourly, fastest
+
+    pools = [
+        pool("on_demand", name="a100-od", price_usd_per_device_hour=3.0),
+        pool("spot", name="a100-spot", price_usd_per_device_hour=1.0),
+        pool("on_demand", name="l4-od", accelerator="l4", price_usd_per_device_hour=0.8),
+        pool("on_demand", name="h100-od", accelerator="h100", price_usd_per_device_hour=6.0),
+    ]
+    doc = one_job().spec.to_document()
+    doc.pop("measured")  # predicted step times: the H100 is the fastest, the L4 the slowest
+    job = QueuedView("j", "t", spec_from_dict(doc), 0.0)
+    book = OptionBook()
+    book.set_pools(pools)
+    cheap, fast = cheapest_hourly(book), fastest(book)
+    assert [s.pool for s in cheap.decide(0.0, [job], [], pools).starts] == ["l4-od"]
+    full_l4 = [p.model_copy(update={"available_devices": 0}) if p.name == "l4-od" else p for p in pools]
+    assert [s.pool for s in cheap.decide(0.0, [job], [], full_l4).starts] == ["a100-spot"]
+    assert [s.pool for s in fast.decide(0.0, [job], [], pools).starts] == ["h100-od"]
+    no_h100 = [p.model_copy(update={"available_devices": 0}) if p.name == "h100-od" else p for p in pools]
+    assert [s.pool for s in fast.decide(0.0, [job], [], no_h100).starts] == ["a100-od"]  # never spot
+    nothing = [p.model_copy(update={"available_devices": 0}) for p in pools]
+    assert (
+        cheap.decide(0.0, [job], [], nothing).starts == ()
+        and cheap.decide(0.0, [job], [], nothing).unplaced == 1
+    )

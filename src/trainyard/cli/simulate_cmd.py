@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -12,6 +13,9 @@ from rich.table import Table
 from trainyard.catalog.pools import load_pools
 from trainyard.cli.common import console, handle_errors, print_json
 from trainyard.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from trainyard.sim.spot import SpotTrace
 
 trace_app = typer.Typer(help="Workload traces for the simulator.", no_args_is_help=True)
 
@@ -32,10 +36,10 @@ def _policies(value: str) -> list[str]:
     return names
 
 
-def _spot_traces(values: list[str]) -> dict[str, object]:
+def _spot_traces(values: list[str]) -> dict[str, SpotTrace]:
     from trainyard.sim.files import PACKAGED_SPOT_TRACES, load_spot_trace
 
-    out: dict[str, object] = {}
+    out: dict[str, SpotTrace] = {}
     for v in values:
         pool, sep, ref = v.partition("=")
         if not sep or not pool or not ref:
@@ -101,7 +105,7 @@ def simulate(
         results.append(
             run_sim(
                 jobs, live, name, cfg, spot_traces=traces, scheduler_config=sched, timer=time.perf_counter
-            )  # type: ignore[arg-type]
+            )
         )
     if report is not None:
         written = write_report(results, report)
@@ -161,8 +165,8 @@ def generate(
     """Generate a synthetic TRACE: Poisson arrivals, model-size and gang-size mixes, deadline fractions."""
     from trainyard.sim import TraceMix, dump_trace, generate_trace
 
-    def mix(text: str, what: str, cast: type) -> dict:  # type: ignore[type-arg]
-        outd = {}
+    def mix(text: str, what: str, cast: type) -> dict[Any, float]:
+        outd: dict[Any, float] = {}
         for part in text.split(","):
             k, sep, w = part.partition(":")
             try:

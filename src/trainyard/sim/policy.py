@@ -114,7 +114,7 @@ class OptionBook:
 
     def predictor(self, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
         """The predictor as the cost model calls it for ``pool`` (with the pool's topology), memoised."""
-        from trainyard.cost.quote import predict_kwargs, pool_accelerator
+        from trainyard.cost.quote import pool_accelerator, predict_kwargs
         from trainyard.predict import predict
 
         topology = predict_kwargs(pool, pool_accelerator(pool))
@@ -203,7 +203,7 @@ class _GreedyRule:
         starts: list[Start] = []
         unplaced = 0
         for job in sorted(queued, key=lambda j: (-j.priority, j.submit_s, j.job_id)):
-            best: tuple[tuple[float, ...], Pool, QuoteOption] | None = None
+            best: tuple[tuple[float | str, ...], Pool, QuoteOption] | None = None
             for pool in pools:
                 if self.markets is not None and _market(pool) not in self.markets:
                     continue
@@ -214,7 +214,7 @@ class _GreedyRule:
                     if capacity_devices(pool, opt.devices) > free[pool.name]:
                         continue
                     per_dev_h = price if price is not None else opt.price_usd_per_hour / opt.devices
-                    k = (*self.key(pool, opt, per_dev_h), pool.name)
+                    k: tuple[float | str, ...] = (*self.key(pool, opt, per_dev_h), pool.name)
                     if best is None or k < best[0]:
                         best = (k, pool, opt)
             if best is None:
