@@ -9,7 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_scheduler_round import pool, spec
 
-from trainyard.schedule import CandidateCache, QueuedJob, SchedulerConfig, TenantQuota, schedule_round
+from trainyard.schedule import (
+    CandidateCache,
+    QueuedJob,
+    RunningJob,
+    SchedulerConfig,
+    TenantQuota,
+    schedule_round,
+)
 from trainyard.schedule.solver import whole_nodes
 
 ACCS = ["a100-80gb", "h100", "t4", "tpu-v4", "trn1"]
@@ -56,31 +63,62 @@ def rounds(draw):
                 priority=draw(st.integers(0, 2)),
             )
         )
+    running = []
+    for r in range(draw(st.integers(0, 3))):
+        home = draw(st.sampled_from(pools))
+        s = spec(
+            f"r{r}",
+            workload={"steps": 20000},
+            objective={"deadline": draw(st.sampled_from(["12h", "48h"]))},
+            measured={"step_time_s": {"a100-80gb": 1.0, "h100": 0.7}},
+        )
+        running.append(
+            RunningJob(
+                f"r{r}",
+                draw(st.sampled_from(["a", "b"])),
+                s,
+                submit_s=0.0,
+                pool=home.name,
+                devices=1,
+                market=home.market.value,
+                placed_s=0.0,
+                progress_fraction=draw(st.sampled_from([0.05, 0.3, 0.6])),
+            )
+        )
     quotas = {
         "a": TenantQuota(
             max_devices=draw(st.none() | st.integers(0, 24)), max_jobs=draw(st.none() | st.integers(0, 4))
         )
     }
-    return pools, jobs, quotas
+    return pools, jobs, running, quotas
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rounds())
 def test_round_invariants(case) -> None:
-    pools, jobs, quotas = case
+    pools, jobs, running, quotas = case
     cfg = SchedulerConfig(time_limit_s=0.1, quotas=quotas)
-    r = schedule_round(jobs, pools, now_s=600.0, config=cfg, cache=CACHE)
+    r = schedule_round(jobs, pools, running, now_s=6 * 3600.0, config=cfg, cache=CACHE)
     by_pool = {p.name: p for p in pools}
-    by_job = {j.job_id: j for j in jobs}
-    # every job is either placed or unplaced with a reason, exactly once
-    ids = [p.job_id for p in r.placements] + [u.job_id for u in r.unplaced]
+    by_job = {j.job_id: j for j in (*jobs, *running)}
+    # every queued job is placed or unplaced with a reason, every running job kept or moved, exactly once
+    ids = [p.job_id for p in r.placements] + [u.job_id for u in r.unplaced] + list(r.kept)
     assert sorted(ids) == sorted(by_job)
+    assert {p.job_id for p in r.placements if p.migration} | set(r.kept) == {rj.job_id for rj in running}
     assert all(u.reason.strip() for u in r.unplaced)
     used: dict[str, int] = defaultdict(int)
     whole: dict[str, int] = defaultdict(int)
     chosen = defaultdict(list)
     t_dev: dict[str, int] = defaultdict(int)
     t_jobs: dict[str, int] = defaultdict(int)
+    for rj in running:  # running jobs hold their devices against the quota (a move releases the old ones)
+        t_dev[rj.tenant] += rj.devices
+        t_jobs[rj.tenant] += 1
+    moved = {p.job_id for p in r.placements if p.migration}
+    for rj in running:
+        if rj.job_id in moved:
+            t_dev[rj.tenant] -= rj.devices
+            t_jobs[rj.tenant] -= 1
     for p in r.placements:
         pl = by_pool[p.pool]
         s = by_job[p.job_id].spec
@@ -104,12 +142,14 @@ def test_round_invariants(case) -> None:
         # never over capacity, multi-node gangs on whole free nodes, and every gang gets concrete nodes
         assert n <= pl.free_devices
         assert whole[name] <= whole_nodes(pl.free_devices, pl.devices_per_node)
-    # quotas
+    # quotas: the round never takes a tenant over its quota (running jobs may already be over it)
     q = quotas["a"]
+    held_dev = sum(rj.devices for rj in running if rj.tenant == "a")
+    held_jobs = sum(1 for rj in running if rj.tenant == "a")
     if q.max_devices is not None:
-        assert t_dev["a"] <= q.max_devices
+        assert t_dev["a"] <= max(q.max_devices, held_dev)
     if q.max_jobs is not None:
-        assert t_jobs["a"] <= q.max_jobs
+        assert t_jobs["a"] <= max(q.max_jobs, held_jobs)
 
 
 def test_rounds_are_deterministic_across_caches() -> None:
