@@ -311,3 +311,39 @@ def test_cheapest_hourly_and_fastest_rules_directly() -> None:
         cheap.decide(0.0, [job], [], nothing).starts == ()
         and cheap.decide(0.0, [job], [], nothing).unplaced == 1
     )
+
+
+class _MoveOnce:
+    """A scripted policy: start the job on pool "a", move it to pool "b" at the first re-plan after 1800 s."""
+
+    name = "scripted"
+    migrates = True
+
+    def decide(self, now_s, queued, running, pools):  # type: ignore[no-untyped-def]
+        from trainyard.sim.policy import Decision, Start
+
+        if queued:
+            return Decision(starts=(Start(queued[0].job_id, "a", 1),))
+        if running and running[0].pool == "a" and now_s >= 1800.0:
+            return Decision(starts=(Start(running[0].job_id, "b", 1, migration=True),))
+        return Decision(starts=())
+
+
+def test_migration_checkpoints_moves_and_bills_both_allocations() -> None:
+    from trainyard.sim import Simulator
+
+    job = one_job()
+    pools = [pool(name="a", price_usd_per_device_hour=3.0), pool(name="b", price_usd_per_device_hour=1.0)]
+    c = cfg(periodic_round_s=1800.0, replan_running_s=0.0)
+    r = Simulator([job], pools, _MoveOnce(), c).run()
+    (out,) = r.jobs
+    assert out.migrations == 1 and out.attempts == 2 and out.pools == ("a", "b") and out.preemptions == 0
+    # at 1800 s: 1620 s after start-up = two cycles (2 x 630 s) + 360 s -> 1560 s trained, all kept by the
+    # checkpoint written before the move (30 s, the old allocation is released at 1830 s)
+    remaining = STEPS * STEP_S - 1560.0
+    new_startup = WRITE_S + PROVISION_S + load_s(job)  # waits for the checkpoint, then restarts (same family)
+    finish = 1800.0 + new_startup + remaining + (math.ceil(remaining / INTERVAL_S) - 1) * WRITE_S
+    assert out.completion_s == pytest.approx(finish)
+    assert out.cost_usd == pytest.approx(1830.0 / 3600 * 3.0 + (finish - 1800.0) / 3600 * 1.0)
+    assert r.billed_device_s == pytest.approx(r.held_device_s) == pytest.approx(1830.0 + finish - 1800.0)
+    assert out.lost_work_device_s == 0.0
