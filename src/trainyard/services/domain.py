@@ -33,6 +33,7 @@ class Principal:
     tenant_name: str
     key_id: str
     admin: bool
+    max_queued_jobs: int | None = None  # the tenant's quota, carried so submissions need no extra query
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transi
 from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
-from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
+from trainyard.store.repositories import EventRepo, JobRepo
 from trainyard.tenancy.quotas import check_queue_quota
 
 log = structlog.get_logger("trainyard.jobs")
@@ -35,6 +35,7 @@ log = structlog.get_logger("trainyard.jobs")
 OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 MAX_PAGE = 500
 QUOTE_CACHE_SIZE = 256
+ADMIT_BATCH = 25
 MAX_BROKEN_REPORTED = 5
 
 
@@ -133,10 +134,6 @@ class JobService:
         spec returns the first job; with a different spec it is a conflict."""
         doc = spec.to_document()
         digest = spec_digest(doc)
-        if idempotency_key is not None:
-            found = self._by_key(principal, idempotency_key, digest)
-            if found is not None:
-                return found, False
         now = self.clock()
         job = Job(
             id=new_job_id(),
@@ -150,12 +147,13 @@ class JobService:
             idempotency_key=idempotency_key,
             spec_sha256=digest,
         )
+        # One transaction on the common path: insert, and let the (tenant, Idempotency-Key) unique
+        # constraint detect a replay, which is then answered with the first job.
         try:
             with self.db.session() as s:
-                tenant = TenantRepo(s).by_id(principal.tenant_id) if principal else None
-                if tenant is not None and tenant.max_queued_jobs is not None:
-                    open_jobs = JobRepo(s).count(tenant_id=tenant.id, states=OPEN_STATES)
-                    check_queue_quota(tenant.name, open_jobs, tenant.max_queued_jobs)
+                if principal.max_queued_jobs is not None:
+                    open_jobs = JobRepo(s).count(tenant_id=principal.tenant_id, states=OPEN_STATES)
+                    check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
                 stored = JobRepo(s).add(job)
                 EventRepo(s).append(
                     job.id, "state", {"from": None, "to": "pending", "reason": "submitted"}, now
@@ -275,18 +273,25 @@ class JobService:
                 if len(self._quote_cache) >= QUOTE_CACHE_SIZE:
                     self._quote_cache.pop(next(iter(self._quote_cache)))
                 self._quote_cache[job.spec_sha256] = self._quote_doc(job.spec, pools)
-            q = self._quote_cache[job.spec_sha256]
-            with self.db.session() as s:
+        # Admissions in short transactions of ADMIT_BATCH jobs (each re-read under its row lock): few
+        # commits, and the write lock is never held long enough to stall submissions.
+        for start in range(0, len(pending), ADMIT_BATCH):
+            self._admit_batch(pending[start : start + ADMIT_BATCH])
+        return len(pending)
+
+    def _admit_batch(self, batch: builtins.list[Job]) -> None:
+        with self.db.session() as s:
+            for job in batch:
+                q = self._quote_cache[job.spec_sha256]
                 current = JobRepo(s).get(job.id, for_update=True)
                 if current is None or current.state != JobState.PENDING:
                     continue
-                now = self.clock()
                 if isinstance(q, TrainyardError):
                     self.transition(s, current, JobState.FAILED, f"rejected at admission: {q.message}")
                     continue
-                EventRepo(s).append(job.id, "quote", {"options": len(q), "best": q[0] if q else None}, now)
-                feasible = [o for o in q if o.get("feasible")]
-                if feasible:
+                best = q[0] if q else None
+                EventRepo(s).append(job.id, "quote", {"options": len(q), "best": best}, self.clock())
+                if any(o.get("feasible") for o in q):
                     self.transition(s, current, JobState.QUEUED, "admitted", quote=q)
                 else:
                     reasons = sorted({str(o.get("reason")) for o in q if o.get("reason")})[:5]
@@ -298,7 +303,6 @@ class JobService:
                         + (f" ({'; '.join(reasons)})" if reasons else ""),
                         quote=q,
                     )
-        return len(pending)
 
     def _quote_doc(
         self, spec_doc: dict[str, Any], pools: builtins.list[Any]

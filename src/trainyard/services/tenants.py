@@ -122,7 +122,11 @@ class TenantService:
                     tenant = TenantRepo(s).by_id(rec.tenant_id)
                     if tenant is not None:
                         principal = Principal(
-                            tenant_id=tenant.id, tenant_name=tenant.name, key_id=rec.id, admin=rec.admin
+                            tenant_id=tenant.id,
+                            tenant_name=tenant.name,
+                            key_id=rec.id,
+                            admin=rec.admin,
+                            max_queued_jobs=tenant.max_queued_jobs,
                         )
         if principal is None:
             raise AuthenticationError("invalid API key")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
@@ -121,31 +122,34 @@ class JobRepo:
         self.s = s
 
     def add(self, job: Job) -> Job:
-        row = JobRow(
-            id=job.id,
-            tenant_id=job.tenant_id,
-            name=job.name,
-            state=job.state.value,
-            spec=job.spec,
-            spec_sha256=job.spec_sha256,
-            idempotency_key=job.idempotency_key,
-            created_at_s=job.created_at_s,
-            updated_at_s=job.updated_at_s,
-            attempt=job.attempt,
-            placement=None,
-            quote=job.quote,
-            cost_usd=0.0,
-            checkpoints=[],
-            workers=[],
-            result=None,
-            reason=job.reason,
-            progress={},
-            attempt_started_at_s=None,
-            run_dir=None,
-        )
-        self.s.add(row)
-        self.s.flush()
-        return _job(row)
+        """Insert a new job (one Core INSERT … RETURNING seq) and return it with its sequence number."""
+        seq = self.s.execute(
+            insert(JobRow)
+            .values(
+                id=job.id,
+                tenant_id=job.tenant_id,
+                name=job.name,
+                state=job.state.value,
+                spec=job.spec,
+                spec_sha256=job.spec_sha256,
+                idempotency_key=job.idempotency_key,
+                created_at_s=job.created_at_s,
+                updated_at_s=job.updated_at_s,
+                attempt=job.attempt,
+                placement=None,
+                quote=job.quote,
+                cost_usd=0.0,
+                checkpoints=[],
+                workers=[],
+                result=None,
+                reason=job.reason,
+                progress={},
+                attempt_started_at_s=None,
+                run_dir=None,
+            )
+            .returning(JobRow.seq)
+        ).scalar_one()
+        return replace(job, seq=int(seq))
 
     def get(self, job_id: str, *, tenant_id: str | None = None, for_update: bool = False) -> Job | None:
         q = select(JobRow).where(JobRow.id == job_id)
@@ -219,7 +223,7 @@ class EventRepo:
         self.s = s
 
     def append(self, job_id: str, kind: str, data: dict[str, Any], time_s: float) -> None:
-        self.s.add(JobEventRow(job_id=job_id, kind=kind, data=data, time_s=time_s))
+        self.s.execute(insert(JobEventRow).values(job_id=job_id, kind=kind, data=data, time_s=time_s))
 
     def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
         q = (
