@@ -249,4 +249,4 @@ def forward_loss(built: BuiltModel, tokens: torch.Tensor, labels: torch.Tensor |
         assert labels is not None
         return model(input_ids=tokens, labels=labels).loss
     half = max(1, tokens.shape[1] // 2)
-    return model(input_ids=tokens[:, :half], labels=tokens[:, half:]).loss
+    return model(input_ids=tokens[:, :half].contiguous(), labels=tokens[:, half:].contiguous()).loss
