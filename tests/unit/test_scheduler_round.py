@@ -209,3 +209,15 @@ def test_jobs_file_errors_name_the_line() -> None:
             parse_jobs(text, "q.jsonl")
         assert needle in err.value.message, (text, err.value.message)
         assert err.value.exit_code == 2
+
+
+def test_minimize_time_trades_dollars_for_hours() -> None:
+    measured = {"step_time_s": {"t4": 4.0, "h100": 0.5}}
+    pools = [pool("t4", "t4", 0.40), pool("h100", "h100", 4.0)]
+    cheap = schedule_round([job(spec("c", measured=measured))], pools, config=CFG)
+    fast = schedule_round(
+        [job(spec("f", measured=measured, objective={"minimize": "time"}))], pools, config=CFG
+    )
+    assert cheap.placements[0].pool == "t4"
+    assert fast.placements[0].pool == "h100"
+    assert fast.placements[0].expected_cost_usd > cheap.placements[0].expected_cost_usd

@@ -321,7 +321,14 @@ def schedule_round(
             unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(cands, pools)))
             continue
         info[qj.job_id] = (feasible, fitting, by_cost)
-        reference = by_cost[0].expected_cost_usd
+        # what the job is expected to cost when it runs later, in objective terms but at list prices
+        # (reserved capacity is not assumed to be free later)
+        if qj.spec.objective.minimize == Minimize.TIME:
+            reference = min(
+                c.expected_cost_usd + cfg.time_value_usd_per_hour * c.expected_hours for c in feasible
+            )
+        else:
+            reference = by_cost[0].expected_cost_usd
         wait = waiting_cost_usd(
             priority=qj.priority,
             reference_usd=reference,
