@@ -30,8 +30,9 @@ def install_observability(
 ) -> None:
     """Register the store-backed metrics and the control-loop metrics on the app's Prometheus registry,
     add the request-tracing middleware, and wrap the platform's scheduling round and executor so that
-    rounds and launches are traced and counted. Sets ``app.state.evaluate_alerts`` (a no-argument call
-    returning the alerts firing now) and ``app.state.trace_buffer`` (the in-memory span buffer or None)."""
+    rounds and launches are traced and counted. Sets ``app.state.evaluate_alerts`` (a call returning the
+    alerts firing now, optionally for one tenant id only) and ``app.state.trace_buffer`` (the in-memory
+    span buffer or None)."""
     from trainyard.observability import snapshot
 
     registry = app.state.metrics.registry
@@ -56,7 +57,7 @@ def install_observability(
         else:
             sup.executor.tracer, sup.executor.metrics = tracer, loop_metrics
 
-    def evaluate_alerts() -> list[Alert]:
-        return evaluate(snapshot.take(platform, clock()).open_jobs, thresholds)
+    def evaluate_alerts(tenant_id: str | None = None) -> list[Alert]:
+        return evaluate(snapshot.take(platform, clock(), tenant_id).open_jobs, thresholds)
 
     app.state.evaluate_alerts = evaluate_alerts

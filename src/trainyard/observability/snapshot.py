@@ -12,10 +12,11 @@ from typing import Any
 from sqlalchemy import func, select
 
 from trainyard.observability.alerts import JobHealth
+from trainyard.services.domain import Placement
 from trainyard.services.execution import attempt_cost_usd
 from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 from trainyard.store.models import JobEventRow, JobRow
-from trainyard.store.repositories import JobRepo, TenantRepo
+from trainyard.store.repositories import TenantRepo
 
 OPEN_STATES = [s.value for s in JobState if s not in TERMINAL_STATES]
 MAX_OPEN_JOBS = 10_000
@@ -36,7 +37,56 @@ def _budget(spec: dict[str, Any]) -> float | None:
     return float(b) if isinstance(b, int | float) else None
 
 
-def take(platform: Any, now_s: float) -> PlatformSnapshot:
+@dataclass(frozen=True)
+class _OpenJob:
+    id: str
+    tenant_id: str
+    name: str
+    state: JobState
+    attempt: int
+    placement: Placement | None
+    progress: dict[str, Any]
+    attempt_started_at_s: float | None
+    cost_usd: float
+    budget_usd: float | None
+
+
+def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
+    """Open jobs, reading only the columns the rules need (not the stored quotes)."""
+    q = select(
+        JobRow.id,
+        JobRow.tenant_id,
+        JobRow.name,
+        JobRow.state,
+        JobRow.attempt,
+        JobRow.placement,
+        JobRow.progress,
+        JobRow.attempt_started_at_s,
+        JobRow.cost_usd,
+        JobRow.spec,
+    ).where(JobRow.state.in_(OPEN_STATES))
+    if tenant_id is not None:
+        q = q.where(JobRow.tenant_id == tenant_id)
+    q = q.order_by(JobRow.seq.desc()).limit(MAX_OPEN_JOBS)
+    return [
+        _OpenJob(
+            id=r.id,
+            tenant_id=r.tenant_id,
+            name=r.name,
+            state=JobState(r.state),
+            attempt=r.attempt,
+            placement=Placement.from_dict(r.placement) if r.placement else None,
+            progress=dict(r.progress or {}),
+            attempt_started_at_s=r.attempt_started_at_s,
+            cost_usd=float(r.cost_usd or 0.0),
+            budget_usd=_budget(r.spec or {}),
+        )
+        for r in s.execute(q)
+    ]
+
+
+def take(platform: Any, now_s: float, tenant_id: str | None = None) -> PlatformSnapshot:
+    """Everything metrics and alerts need; ``tenant_id`` limits the open jobs to one tenant."""
     with platform.db.session() as s:
         tenants = {t.id: t.name for t in TenantRepo(s).list()}
         by_state = {
@@ -51,7 +101,7 @@ def take(platform: Any, now_s: float) -> PlatformSnapshot:
                 select(JobRow.tenant_id, func.sum(JobRow.cost_usd)).group_by(JobRow.tenant_id)
             )
         }
-        open_jobs = JobRepo(s).list(states=OPEN_STATES, limit=MAX_OPEN_JOBS)
+        open_jobs = _open_jobs(s, tenant_id)
         ids = [j.id for j in open_jobs]
         counts: dict[tuple[str, str], int] = {}
         if ids:
@@ -87,7 +137,7 @@ def take(platform: Any, now_s: float) -> PlatformSnapshot:
                 preemptions=counts.get((j.id, "preempted"), 0),
                 last_report_age_s=age,
                 cost_usd=j.cost_usd + running_usd,
-                budget_usd=_budget(j.spec),
+                budget_usd=j.budget_usd,
             )
         )
     pools = []

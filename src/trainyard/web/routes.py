@@ -143,6 +143,7 @@ async def login(request: Request) -> Response:
         log.info("dashboard_login_failed")
         return render(request, "login.html", 401, next=target, error="That API key is not valid.")
     sess = sessions(request).open(principal)
+    request.state.tenant = principal.tenant_name
     log.info("dashboard_login", tenant=principal.tenant_name)
     resp = RedirectResponse(target, status_code=303, headers=SECURITY_HEADERS)
     resp.set_cookie(
@@ -181,7 +182,7 @@ def jobs_overview(request: Request, state: str | None = None, cursor: str | None
     alerts = []
     evaluate = getattr(request.app.state, "evaluate_alerts", None)
     if evaluate is not None:
-        alerts = [a for a in evaluate() if a.tenant_id in (None, principal.tenant_id)]
+        alerts = [a for a in evaluate(principal.tenant_id) if a.tenant_id in (None, principal.tenant_id)]
     bars = [(st, float(n)) for st, n in data["counts"].items() if n]
     counts_svg = Markup(
         charts.bar_chart(
