@@ -498,8 +498,11 @@ def _running_problem(
         deadline_abs_s=None,
         config=cfg,
     )
-    stay = replace(stay, is_stay=True, capacity_devices=0, feasible=True, reasons=())
-    cands = candidates_for(
+    minimize = rj.spec.objective.minimize
+    stay = _objective_for_job(
+        replace(stay, is_stay=True, capacity_devices=0, feasible=True, reasons=()), minimize, cfg
+    )
+    raw = candidates_for(
         job_id=rj.job_id,
         tenant=rj.tenant,
         spec=rj.spec,
@@ -510,6 +513,7 @@ def _running_problem(
         cache=cache,
         elapsed_fraction=progress,
     )
+    cands = [_objective_for_job(c, minimize, cfg) for c in raw]
     movable = [c for c in cands if c.feasible and fits_now(c, pool_by_name[c.pool])]
     non_spot = [c for c in cands if c.feasible and c.market != "spot"]
     remaining_od_s = min((c.expected_hours_p90 * 3600.0 for c in non_spot), default=None)
