@@ -424,3 +424,53 @@ def test_predict_many_equals_one_by_one() -> None:
     many = predict_many(spec, accs, counts)
     one = [predict(spec, a, n) for a in accs for n in counts]
     assert [p.to_dict() for p in many] == [p.to_dict() for p in one]
+
+
+def test_cpu_calibration_from_profiles_recovers_known_parameters() -> None:
+    from trainyard.predict.fit import calibrate_from_profiles
+    from trainyard.predict.params import PRIORS
+
+    device = {"matmul_flops": 5e10, "matmul_flops_fp32": 5e10, "mem_bw_bytes_s": 1.5e10}
+    peaks = {"cpu": {"fp32_flops": 5e10, "bf16_flops": 5e10, "fp16_flops": 5e10, "mem_bw_bytes_s": 1.5e10}}
+    truth = Calibration(
+        params={"cpu/torch-cpu/fp32": replace(PRIORS["cpu"], mm_max=0.4, step_overhead_s=0.02)},
+        peaks_override=peaks,
+    )
+    cpu = get_accelerator("cpu")
+
+    def cfg(layers: int, batch: int) -> JobSpec:
+        return make_spec(
+            {
+                "n_layers": layers,
+                "d_model": 128,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "ffn": "gated",
+                "vocab_size": 1024,
+            },
+            precision="fp32",
+            seq_len=128,
+            global_batch=batch,
+            micro_batch=batch,
+            activation_checkpointing="none",
+        )
+
+    profiles = [
+        {
+            "spec": s.to_document(),
+            "accelerator": "cpu",
+            "device": device,
+            "plan": {"micro_batch": s.workload.global_batch, "activation_checkpointing": "none"},
+            "step_time_s": predict(s, cpu, 1, calibration=truth).step_time_s,
+        }
+        for s in (cfg(2, 4), cfg(4, 8))
+    ]
+    cal = calibrate_from_profiles(profiles)
+    fitted = cal.params["cpu/torch-cpu/fp32/cpu"]
+    assert fitted.mm_max == pytest.approx(0.4, rel=1e-3)
+    assert fitted.step_overhead_s == pytest.approx(0.02, rel=1e-3)
+    unseen = cfg(6, 16)
+    assert predict(unseen, cpu, 1, calibration=cal).step_time_s == pytest.approx(
+        predict(unseen, cpu, 1, calibration=truth).step_time_s, rel=1e-3
+    )
+    assert predict(unseen, cpu, 1, calibration=cal).source == "calibrated"

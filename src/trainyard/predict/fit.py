@@ -124,7 +124,8 @@ def _to_vec(p: EfficiencyParams, free: Sequence[str]) -> np.ndarray:
 
 
 def _from_vec(base: EfficiencyParams, free: Sequence[str], x: np.ndarray) -> EfficiencyParams:
-    return replace(base, **{k: float(math.exp(v)) for k, v in zip(free, x, strict=True)})
+    values: dict[str, Any] = {k: float(math.exp(v)) for k, v in zip(free, x, strict=True)}
+    return replace(base, **values)
 
 
 def fit_params(
@@ -368,11 +369,17 @@ def calibrate_from_profiles(
         )
     updates = {}
     for group, prepared in by_group.items():
-        prior = cal.params.get(group) or PRIORS["cpu"]
-        p = _fit_linear_cpu(prepared, replace(prior, key=f"{group}/profiled"))
+        prior = cal.params.get(f"{group}/{accelerator}") or cal.params.get(group) or PRIORS["cpu"]
+        p = _fit_linear_cpu(prepared, prior)
         resid = [math.log(x.measured_s / x.time(p)) for x in prepared]
         band = max(0.05, max(abs(r) for r in resid) * 2)
-        updates[group] = replace(p, log_resid_p10=-band, log_resid_p90=band, n_rows=len(prepared))
+        updates[f"{group}/{accelerator}"] = replace(
+            p,
+            log_resid_p10=-band,
+            log_resid_p90=band,
+            n_rows=len(prepared),
+            key=f"{group}/{accelerator}/profiled",
+        )
     return cal.with_params(updates, version=f"{base.version}+profiles")
 
 
