@@ -221,3 +221,13 @@ def test_minimize_time_trades_dollars_for_hours() -> None:
     assert cheap.placements[0].pool == "t4"
     assert fast.placements[0].pool == "h100"
     assert fast.placements[0].expected_cost_usd > cheap.placements[0].expected_cost_usd
+
+
+def test_candidate_cache_stays_bounded_across_rounds(examples_dir) -> None:
+    pools = load_pools(examples_dir / "seed-pools.yaml")
+    cache = CandidateCache(max_entries=50)
+    for i in range(8):
+        # a fresh spec object per round, as a service reading jobs from its store would have
+        s = spec(f"j{i}", workload={"steps": 1000 + i})
+        schedule_round([job(s)], pools, now_s=float(i), config=CFG, cache=cache)
+        assert len(cache.options) + len(cache.views) + len(cache._keys) <= 50 + 20

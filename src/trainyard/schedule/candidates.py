@@ -57,8 +57,8 @@ class CandidateCache:
         return k
 
     def trim(self) -> None:
-        """Drop everything once the memo grows past ``max_entries`` (call between rounds)."""
-        if len(self.options) + len(self.views) > self.max_entries:
+        """Drop everything once the memo grows past ``max_entries`` (each round starts with this)."""
+        if len(self.options) + len(self.views) + len(self._keys) > self.max_entries:
             self.options.clear()
             self.predictions.clear()
             self.device_counts.clear()

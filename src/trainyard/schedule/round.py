@@ -278,6 +278,7 @@ def schedule_round(
     """
     cfg = config or SchedulerConfig()
     cache = cache if cache is not None else CandidateCache()
+    cache.trim()
     pool_by_name = {p.name: p for p in pools}
     problem: list[ProblemJob] = []
     # job -> (feasible, fitting now: both by objective; feasible by expected cost)
