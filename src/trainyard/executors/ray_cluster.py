@@ -44,10 +44,18 @@ OBJECT_STORE_BYTES = 80 * 1024 * 1024
 START_TIMEOUT_S = 120.0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (all bound at once, so the kernel cannot hand out one twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _ray_cli() -> str:
@@ -106,6 +114,7 @@ class LoopbackNode:
     temp_dir: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
+    ports: list[int]
     pids: dict[int, int] = field(default_factory=dict)  # pid → start time of every process seen (teardown)
 
     def remember_processes(self) -> None:
@@ -149,8 +158,10 @@ class LoopbackRayCluster:
     def add_node(self, name: str, *, resources: dict[str, float], num_cpus: int = 2) -> LoopbackNode:
         """Start a node (the first one is the head) and wait until the cluster lists it as alive."""
         head = self.port is None
+        taken = {self.port} | {p for n in self.nodes for p in n.ports}
+        ports = [p for p in _free_ports(12) if p not in taken][:6]
         if head:
-            self.port = _free_port()
+            self.port = ports[5]
         temp_dir = self.root / name
         temp_dir.mkdir(parents=True, exist_ok=True)
         args = [
@@ -162,10 +173,10 @@ class LoopbackRayCluster:
             f"--resources={json.dumps(resources)}",
             f"--temp-dir={temp_dir}",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}",
+            f"--dashboard-agent-listen-port={ports[0]}",
+            f"--dashboard-agent-grpc-port={ports[1]}",
+            f"--runtime-env-agent-port={ports[2]}",
+            f"--metrics-export-port={ports[3]}",
             "--include-log-monitor=false",
             "--disable-usage-stats",
         ]
@@ -179,7 +190,7 @@ class LoopbackRayCluster:
                 "--head",
                 f"--port={self.port}",
                 "--include-dashboard=false",
-                f"--ray-client-server-port={_free_port()}",
+                f"--ray-client-server-port={ports[4]}",
             ]
         else:
             args += [f"--address={self.address}"]
@@ -193,7 +204,7 @@ class LoopbackRayCluster:
                 env=env,
                 start_new_session=True,
             )
-        node = LoopbackNode(name, ip, dict(resources), num_cpus, temp_dir, proc, log_path)
+        node = LoopbackNode(name, ip, dict(resources), num_cpus, temp_dir, proc, log_path, ports)
         self.nodes.append(node)
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
