@@ -29,8 +29,14 @@ class LazyApp:
 
 
 def _openapi() -> dict[str, Any]:
-    # Generating the document touches no database; the platform is only used by request handlers.
-    return create_app(None, access_log=False).openapi()  # type: ignore[arg-type]
+    # Generating the document touches no database: an unstarted platform is enough.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        unstarted = Platform(Settings(home=Path(tmp)), PlatformOptions(with_catalog=False))
+        doc = create_app(unstarted, access_log=False).openapi()
+        unstarted.db.dispose()
+    return doc
 
 
 schema = schemathesis.openapi.from_dict(_openapi())

@@ -30,6 +30,8 @@ def create_app(
         title="trainyard",
         version=__version__,
         description=DESCRIPTION,
+        docs_url=None,  # Swagger UI and ReDoc load assets from a CDN; the platform serves nothing remote
+        redoc_url=None,
         openapi_tags=[
             {"name": "jobs", "description": "Submit, follow and cancel training jobs."},
             {"name": "quotes", "description": "Price a job on every pool before submitting it."},
