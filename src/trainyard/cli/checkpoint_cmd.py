@@ -38,7 +38,7 @@ def list_command(
         row: dict[str, Any] = {
             "step": step,
             "path": url,
-            "committed": bool(man) and not man.get("_unreadable"),
+            "committed": man is not None and not man.get("_unreadable"),
         }
         if row["committed"] and man is not None:
             row.update(

@@ -222,7 +222,7 @@ def mlm_mask(
     mask_id = MASK_ID if vocab_size > MASK_ID else vocab_size - 1
     for row, idx in enumerate(indices):
         rng = np.random.default_rng(derive_seed(seed, "mlm", idx))
-        m = rng.random(tokens.shape[1]) < 0.15
+        m: np.ndarray = np.asarray(rng.random(tokens.shape[1]) < 0.15)
         if not m.any():
             m[int(rng.integers(0, tokens.shape[1]))] = True
         labels[row, m] = tokens[row, m]
@@ -244,6 +244,6 @@ def build_dataset(
         path = resolve_path(resolved)
     else:
         path = resolve_path(dataset)
-    tok: Tokenizer
+    tok: Any
     tok = HFTokenizer(tokenizer_path, vocab_size) if tokenizer_path is not None else ByteTokenizer(vocab_size)
     return CorpusDataset(read_documents(path), tok, seq_len, seed, str(path))

@@ -35,7 +35,7 @@ def configure_determinism(num_threads: int) -> None:
 
 def capture_rng_state() -> dict[str, Any]:
     py_state = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     return {
         "python": [py_state[0], list(py_state[1]), py_state[2]],
         "numpy": {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -100,7 +100,7 @@ def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
     seq_len = spec.workload.seq_len
     assert m.n_layers and m.d_model and m.n_heads and m.vocab_size
     if m.architecture == Architecture.DECODER:
-        common = dict(
+        common: dict[str, Any] = dict(
             vocab_size=m.vocab_size,
             hidden_size=m.d_model,
             intermediate_size=m.d_ff_eff,
@@ -119,7 +119,7 @@ def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
             from transformers import MixtralConfig
 
             return MixtralConfig(
-                num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token, **common
+                num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token or 1, **common
             ), ("causal-lm")
         from transformers import LlamaConfig
 
@@ -144,6 +144,8 @@ def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
     if m.architecture == Architecture.ENCODER_DECODER:
         from transformers import T5Config
 
+        t5_extra: dict[str, Any] = {"decoder_start_token_id": 0, "tie_word_embeddings": m.tie_embeddings}
+
         return T5Config(
             vocab_size=m.vocab_size,
             d_model=m.d_model,
@@ -154,10 +156,9 @@ def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
             num_heads=m.n_heads,
             dropout_rate=0.0,
             feed_forward_proj="gated-gelu" if m.ffn == FFNKind.GATED else "relu",
-            decoder_start_token_id=0,
             pad_token_id=0,
             eos_token_id=2,
-            tie_word_embeddings=m.tie_embeddings,
+            **t5_extra,
         ), "seq2seq"
     raise ModelBuildError(
         "a custom model (params_b only) needs model.base pointing at an HF-format directory"
@@ -218,7 +219,7 @@ def build_model(spec: JobSpec) -> BuiltModel:
         }
         model = auto[task].from_config(config)
         source = f"spec:{type(config).__name__}"
-    vocab = int(model.get_input_embeddings().weight.shape[0])
+    vocab = int(cast(Any, model).get_input_embeddings().weight.shape[0])
     if spec.workload.method == Method.LORA:
         from peft import LoraConfig, get_peft_model
 
