@@ -56,8 +56,11 @@ def shape_of(model: ModelSpec) -> Shape:
     if model.is_custom:
         assert model.params_b is not None
         n = model.params_b * 1e9
-        # Llama-like: N ≈ 12·L·d² with L ≈ d/128, d a multiple of 128.
-        d = max(128, round((n * 128 / 12) ** (1 / 3) / 128) * 128)
+        # Llama-like: N ≈ 12·L·d² with L ≈ d/128; d a multiple of 1024 (128 for small models) so the
+        # head count (d/128) divides by the usual tensor-parallel degrees.
+        d_raw = (n * 128 / 12) ** (1 / 3)
+        step = 1024 if d_raw >= 1024 else 128
+        d = max(128, round(d_raw / step) * step)
         layers = max(1, round(n / (12 * d * d)))
         return Shape(
             n_blocks=layers,
