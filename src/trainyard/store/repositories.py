@@ -15,6 +15,10 @@ from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, Po
 from trainyard.services.lifecycle import JobState
 from trainyard.store.models import ApiKeyRow, JobEventRow, JobRow, PoolRow, TenantRow
 
+# Statements built once: constructing a Core statement per call costs more than executing it.
+_INSERT_JOB = insert(JobRow).returning(JobRow.seq)
+_INSERT_EVENT = insert(JobEventRow)
+
 
 def _tenant(row: TenantRow) -> Tenant:
     return Tenant(
@@ -122,33 +126,36 @@ class JobRepo:
         self.s = s
 
     def add(self, job: Job) -> Job:
-        """Insert a new job (one Core INSERT … RETURNING seq) and return it with its sequence number."""
-        seq = self.s.execute(
-            insert(JobRow)
-            .values(
-                id=job.id,
-                tenant_id=job.tenant_id,
-                name=job.name,
-                state=job.state.value,
-                spec=job.spec,
-                spec_sha256=job.spec_sha256,
-                idempotency_key=job.idempotency_key,
-                created_at_s=job.created_at_s,
-                updated_at_s=job.updated_at_s,
-                attempt=job.attempt,
-                placement=None,
-                quote=job.quote,
-                cost_usd=0.0,
-                checkpoints=[],
-                workers=[],
-                result=None,
-                reason=job.reason,
-                progress={},
-                attempt_started_at_s=None,
-                run_dir=None,
+        """Insert a new job (one INSERT … RETURNING seq, compiled once) and return it with its sequence."""
+        seq = (
+            self.s.connection()
+            .execute(  # Core path: no ORM bookkeeping for a plain insert
+                _INSERT_JOB,
+                {
+                    "id": job.id,
+                    "tenant_id": job.tenant_id,
+                    "name": job.name,
+                    "state": job.state.value,
+                    "spec": job.spec,
+                    "spec_sha256": job.spec_sha256,
+                    "idempotency_key": job.idempotency_key,
+                    "created_at_s": job.created_at_s,
+                    "updated_at_s": job.updated_at_s,
+                    "attempt": job.attempt,
+                    "placement": None,
+                    "quote": job.quote,
+                    "cost_usd": 0.0,
+                    "checkpoints": [],
+                    "workers": [],
+                    "result": None,
+                    "reason": job.reason,
+                    "progress": {},
+                    "attempt_started_at_s": None,
+                    "run_dir": None,
+                },
             )
-            .returning(JobRow.seq)
-        ).scalar_one()
+            .scalar_one()
+        )
         return replace(job, seq=int(seq))
 
     def get(self, job_id: str, *, tenant_id: str | None = None, for_update: bool = False) -> Job | None:
@@ -223,7 +230,9 @@ class EventRepo:
         self.s = s
 
     def append(self, job_id: str, kind: str, data: dict[str, Any], time_s: float) -> None:
-        self.s.execute(insert(JobEventRow).values(job_id=job_id, kind=kind, data=data, time_s=time_s))
+        self.s.connection().execute(
+            _INSERT_EVENT, {"job_id": job_id, "kind": kind, "data": data, "time_s": time_s}
+        )
 
     def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
         q = (
