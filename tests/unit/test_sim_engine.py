@@ -347,3 +347,24 @@ def test_migration_checkpoints_moves_and_bills_both_allocations() -> None:
     assert out.cost_usd == pytest.approx(1830.0 / 3600 * 3.0 + (finish - 1800.0) / 3600 * 1.0)
     assert r.billed_device_s == pytest.approx(r.held_device_s) == pytest.approx(1830.0 + finish - 1800.0)
     assert out.lost_work_device_s == 0.0
+
+
+class _Never:
+    name = "never"
+    migrates = False
+
+    def decide(self, now_s, queued, running, pools):  # type: ignore[no-untyped-def]
+        from trainyard.sim.policy import Decision
+
+        return Decision(starts=(), unplaced=len(queued))
+
+
+def test_a_job_the_policy_never_places_ends_the_run_after_idle_rounds() -> None:
+    from trainyard.sim import Simulator
+
+    r = Simulator([one_job(deadline="2h")], [pool()], _Never(), cfg(give_up_after_idle_rounds=5)).run()
+    (out,) = r.jobs
+    assert out.completion_s is None and out.missed_deadline and r.rounds == 5
+    s = r.summary()
+    assert s["jobs_completed"] == 0 and s["deadline_misses"] == 1 and s["total_cost_usd"] == 0.0
+    assert r.end_s == pytest.approx(4 * 3600.0)  # rounds at 0, 1 h, 2 h, 3 h, 4 h

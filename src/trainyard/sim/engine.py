@@ -77,6 +77,9 @@ class SimConfig:
     spot_price_interval_s: float = 6 * 3600.0
     sample_interval_s: float | None = None  # None: about 400 samples over the run
     max_sim_s: float | None = None  # None: last arrival + 30 days
+    # Stop early when jobs wait on an idle, unchanging cluster and the policy declines them this many
+    # rounds in a row (they are reported as not completed).
+    give_up_after_idle_rounds: int = 24
     trace_offset_s: float = 0.0  # where in a spot trace the simulation starts
     # Poisson interruptions hit each node of an allocation (True) or the allocation as a whole (False).
     per_node_interruptions: bool = True
@@ -338,6 +341,9 @@ class Simulator:
         self._round_at = math.inf  # time of the earliest pending round
         self._last_round_s = -math.inf
         self._last_replan_s = -math.inf
+        self._arrived = 0
+        self._idle_rounds = 0
+        self._give_up = False  # the waiting jobs can never be placed (see _stuck)
         self._queue: dict[str, None] = {}  # insertion-ordered set of queued job ids
         self._running: dict[str, None] = {}
         self._done = 0
@@ -455,11 +461,12 @@ class Simulator:
         return self._result(end)
 
     def _finished(self) -> bool:
-        return self._done == len(self.jobs)
+        return self._done == len(self.jobs) or self._give_up
 
     # ---- handlers ----------------------------------------------------------------------------------
     def _on_arrival(self, job_id: str) -> None:
         job = self.jobs[job_id]
+        self._arrived += 1
         if not any(self.book.feasible(job.job_id, job.spec, name) for name in self.pools):
             job.state = "rejected"
             self._done += 1
@@ -503,7 +510,25 @@ class Simulator:
             self._solve_times.append(solve)
         for st in decision.starts:
             self._apply_start(st.job_id, st.pool, st.devices, st.migration)
+        if self._stuck(bool(decision.starts)):
+            self._give_up = True
+            return
         self._schedule_periodic()
+
+    def _stuck(self, placed: bool) -> bool:
+        """Whether the waiting jobs can never be placed: the cluster is idle, nothing more will arrive or
+        change (no spot traces, price moves or scheduled changes ahead), and the policy has declined them
+        for ``give_up_after_idle_rounds`` rounds in a row."""
+        static = (
+            not self._running
+            and not self._detached
+            and self._arrived == len(self.jobs)
+            and not any(ps.trace is not None for ps in self.pools.values())
+            and self.config.spot_price_volatility == 0
+            and all(ch.time_s <= self.now for ch in self.config.changes)
+        )
+        self._idle_rounds = self._idle_rounds + 1 if static and not placed else 0
+        return self._idle_rounds >= self.config.give_up_after_idle_rounds
 
     def _schedule_periodic(self) -> None:
         if self._queue or (self.policy.migrates and self._running):
