@@ -56,8 +56,9 @@ def bench_spec(steps: int, *, d_model: int = 128, n_layers: int = 4) -> dict[str
 # ---- 1. step-time overhead ---------------------------------------------------------------------------
 
 
-def plain_loop(doc: dict[str, Any]) -> tuple[float, float]:
-    """A plain PyTorch loop over the same model, data, optimizer; returns (wall, cpu) seconds per step."""
+def plain_loop(doc: dict[str, Any]) -> tuple[float, float, float]:
+    """A plain PyTorch loop over the same model, data, optimizer; (wall, process cpu, main-thread cpu)
+    seconds per step."""
     import numpy as np
     import torch
 
@@ -73,7 +74,7 @@ def plain_loop(doc: dict[str, Any]) -> tuple[float, float]:
     ds = build_dataset(None, vocab_size=built.vocab_size, seq_len=spec.workload.seq_len, seed=0)
     sampler = Sampler(ds, spec.workload.global_batch, 0, 1)
     steps = spec.total_steps
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
     for step in range(steps):
         tokens = torch.from_numpy(np.ascontiguousarray(sampler.batch(sampler.indices(step))))
         for p in params:
@@ -82,7 +83,11 @@ def plain_loop(doc: dict[str, Any]) -> tuple[float, float]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=False)
         opt.step()
-    return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+    return (
+        (time.perf_counter() - t0) / steps,
+        (time.process_time() - c0) / steps,
+        (time.thread_time() - m0) / steps,
+    )
 
 
 def runtime_loop(doc: dict[str, Any], store: str, job_id: str, interval_s: float | None) -> dict[str, float]:
@@ -95,9 +100,17 @@ def runtime_loop(doc: dict[str, Any], store: str, job_id: str, interval_s: float
 
     def emit(kind: str, **data: Any) -> None:
         if kind == "started":
-            marks["t0"], marks["c0"] = time.perf_counter(), time.process_time()
+            marks["t0"], marks["c0"], marks["m0"] = (
+                time.perf_counter(),
+                time.process_time(),
+                time.thread_time(),
+            )
         elif kind == "heartbeat" and data["step"] == doc["workload"]["steps"]:
-            marks["t1"], marks["c1"] = time.perf_counter(), time.process_time()
+            marks["t1"], marks["c1"], marks["m1"] = (
+                time.perf_counter(),
+                time.process_time(),
+                time.thread_time(),
+            )
         elif kind == "checkpoint":
             saves.append(data)
 
@@ -119,6 +132,7 @@ def runtime_loop(doc: dict[str, Any], store: str, job_id: str, interval_s: float
     return {
         "wall_s": (marks["t1"] - marks["t0"]) / steps,
         "cpu_s": (marks["c1"] - marks["c0"]) / steps,
+        "main_cpu_s": (marks["m1"] - marks["m0"]) / steps,
         "checkpoints": len(in_loop),
         "stall_s": sum(s["stall_s"] for s in in_loop),
     }
@@ -129,22 +143,25 @@ def bench_overhead(rounds: int, target_s: float) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     probe = bench_spec(5)
-    wall, _ = plain_loop(probe)
+    wall, _, _ = plain_loop(probe)
     steps = max(20, int(target_s / wall))
     doc = bench_spec(steps)
     rows: dict[str, list[dict[str, float]]] = {"plain": [], "runtime": [], "ckpt30": [], "ckpt5": []}
     with tempfile.TemporaryDirectory(prefix="bench-rt-") as tmp:
         for r in range(rounds):
-            w, c = plain_loop(doc)
-            rows["plain"].append({"wall_s": w, "cpu_s": c})
+            w, c, m = plain_loop(doc)
+            rows["plain"].append({"wall_s": w, "cpu_s": c, "main_cpu_s": m})
             rows["runtime"].append(runtime_loop(doc, f"file://{tmp}/a{r}", "nockpt", None))
             rows["ckpt30"].append(runtime_loop(doc, f"file://{tmp}/b{r}", "ckpt30", 30.0))
             rows["ckpt5"].append(runtime_loop(doc, f"file://{tmp}/c{r}", "ckpt5", 5.0))
-    med = {k: {m: statistics.median(x[m] for x in v) for m in ("wall_s", "cpu_s")} for k, v in rows.items()}
+    metrics = ("wall_s", "cpu_s", "main_cpu_s")
+    med = {k: {m: statistics.median(x[m] for x in v) for m in metrics} for k, v in rows.items()}
     out: dict[str, Any] = {"steps_per_run": steps, "rounds": rounds, "per_step": med, "raw": rows}
     for k in ("runtime", "ckpt30", "ckpt5"):
-        out[f"{k}_overhead_wall_pct"] = 100 * (med[k]["wall_s"] / med["plain"]["wall_s"] - 1)
-        out[f"{k}_overhead_cpu_pct"] = 100 * (med[k]["cpu_s"] / med["plain"]["cpu_s"] - 1)
+        # paired: each round's runtime run against the plain run just before it, then the median
+        for m, label in (("wall_s", "wall"), ("cpu_s", "cpu"), ("main_cpu_s", "main_cpu")):
+            ratios = [a[m] / b[m] - 1 for a, b in zip(rows[k], rows["plain"], strict=True)]
+            out[f"{k}_overhead_{label}_pct"] = 100 * statistics.median(ratios)
     out["checkpoints_per_run"] = {k: [x.get("checkpoints", 0) for x in rows[k]] for k in ("ckpt30", "ckpt5")}
     return out
 
@@ -302,16 +319,20 @@ def bench_kill_resume(repeats: int, warm: bool) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="shorter runs (noisier)")
+    ap.add_argument("--only", choices=["overhead", "save", "kill"], help="run one section; keep the others")
+    ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
-    rounds, target = (1, 8.0) if args.quick else (2, 32.0)
+    previous: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    rounds, target = (1, 8.0) if args.quick else (args.rounds or 3, 32.0)
     t_start = time.time()
     load_before = os.getloadavg()
-    overhead = bench_overhead(rounds, target)
-    save = bench_save(
-        2 if args.quick else 3, d_model=512 if args.quick else 768, n_layers=4 if args.quick else 8
+    run = {k: args.only in (None, k) for k in ("overhead", "save", "kill")}
+    overhead = bench_overhead(rounds, target) if run["overhead"] else previous["overhead"]
+    save = bench_save(2 if args.quick else 3, d_model=512, n_layers=4) if run["save"] else previous["save"]
+    kill_warm = (
+        bench_kill_resume(2 if args.quick else 5, warm=True) if run["kill"] else previous["kill_resume_warm"]
     )
-    kill_warm = bench_kill_resume(2 if args.quick else 3, warm=True)
-    kill_cold = bench_kill_resume(1 if args.quick else 2, warm=False)
+    kill_cold = bench_kill_resume(1, warm=False) if run["kill"] else previous["kill_resume_cold"]
     result = {
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "loadavg_before": load_before,
@@ -333,14 +354,15 @@ def main() -> int:
         f"{'plain loop step (wall / cpu)':44} {o['per_step']['plain']['wall_s'] * 1e3:8.1f} ms  "
         f"{o['per_step']['plain']['cpu_s'] * 1e3:6.1f} ms cpu"
     )
+    print(f"{'(overhead: median of paired per-round ratios; wall / process cpu / main-thread cpu)':44}")
     for k, label, tgt in (
         ("runtime", "no checkpoints", "≤ 2 %"),
         ("ckpt30", "checkpoint every 30 s", "≤ 5 %"),
         ("ckpt5", "checkpoint every 5 s", ""),
     ):
         print(
-            f"{'overhead, ' + label + ' (wall / cpu)':44} {o[f'{k}_overhead_wall_pct']:+7.2f} %  "
-            f"{o[f'{k}_overhead_cpu_pct']:+6.2f} % cpu {tgt:>8}"
+            f"{'overhead, ' + label:44} {o[f'{k}_overhead_wall_pct']:+7.2f} %  "
+            f"{o[f'{k}_overhead_cpu_pct']:+6.2f} % {o[f'{k}_overhead_main_cpu_pct']:+6.2f} % {tgt:>8}"
         )
     print(f"{'checkpoint size':44} {s['checkpoint_bytes'] / 1e6:9.1f} MB")
     print(f"{'sync save (write + sha256 + manifest)':44} {s['sync_save_s']:9.3f} s")
