@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainyard.errors import NotFoundError
-from trainyard.services.domain import Job, JobEvent, Principal
-from trainyard.services.lifecycle import JobState
+from trainyard.services.domain import Principal
 from trainyard.web import charts
 from trainyard.web.routes import safe_next
 from trainyard.web.session import SessionStore
@@ -101,47 +100,32 @@ def test_formatting() -> None:
     )
 
 
-class PagedJobs:
-    """A job service over a fixed event list, paging like the real one (at most `limit` per call)."""
+def test_job_detail_reads_all_events_of_a_long_job(tmp_path: Path) -> None:
+    from controlplane_support import tiny_spec
+    from trainyard.services.platform import Platform, PlatformOptions
+    from trainyard.settings import Settings
+    from trainyard.spec.loader import spec_from_dict
+    from trainyard.store.repositories import EventRepo
 
-    def __init__(self, job: Job, events: list[JobEvent]) -> None:
-        self.job, self.all = job, events
-        self.calls = 0
-
-    def get(self, principal: Principal, job_id: str) -> Job:
-        if job_id != self.job.id or principal.tenant_id != self.job.tenant_id:
-            raise NotFoundError(f"no job {job_id!r}")
-        return self.job
-
-    def events(
-        self, principal: Principal, job_id: str, *, after_id: int = 0, limit: int = 1000
-    ) -> list[JobEvent]:
-        self.calls += 1
-        return [e for e in self.all if e.id > after_id][: min(limit, 5000)]
-
-
-def test_job_detail_reads_every_event_page() -> None:
-    job = Job(
-        id="job-1",
-        seq=1,
-        tenant_id="tn-1",
-        name="long",
-        state=JobState.SUCCEEDED,
-        spec={"workload": {"steps": 12_000}},
-        created_at_s=0.0,
-        updated_at_s=0.0,
-        attempt=1,
-    )
-    events = [
-        JobEvent(i + 1, "job-1", "heartbeat", {"attempt": 1, "step": i + 1, "loss": 1.0 / (i + 1)}, float(i))
-        for i in range(12_001)
-    ]
-    jobs = PagedJobs(job, events)
-    d = job_detail(SimpleNamespace(jobs=jobs), P, "job-1", now_s=1e6)
-    assert len(d.events) == 12_001 and jobs.calls == 3
-    assert d.loss_by_attempt[1][-1] == (12_001.0, 1.0 / 12_001)
-    other = Principal(tenant_id="tn-2", tenant_name="o", key_id="k", admin=False)
-    with pytest.raises(NotFoundError):
-        job_detail(SimpleNamespace(jobs=jobs), other, "job-1", now_s=1e6)
-    with pytest.raises(NotFoundError):
-        job_detail(SimpleNamespace(jobs=jobs), P, "x" * 65, now_s=1e6)
+    p = Platform.open(Settings(home=tmp_path), PlatformOptions(with_catalog=False, cpu_count=1))
+    try:
+        admin = p.tenants.authenticate(p.settings.api_key_path.read_text().strip())
+        job, _ = p.jobs.submit(admin, spec_from_dict(tiny_spec("long")))
+        n = 5_500  # more than one page of the events API (5,000)
+        with p.db.session() as s:
+            repo = EventRepo(s)
+            for i in range(n):
+                repo.append(
+                    job.id, "heartbeat", {"attempt": 1, "step": i + 1, "loss": 1.0 / (i + 1)}, float(i)
+                )
+        d = job_detail(p, admin, job.id, now_s=1e6)
+        assert len(d.events) == n + 1  # the submission's state event too
+        assert len(d.loss_by_attempt[1]) == n and d.loss_by_attempt[1][-1] == (float(n), 1.0 / n)
+        _, other_key = p.tenants.create("other")
+        other = p.tenants.authenticate(other_key)
+        with pytest.raises(NotFoundError):
+            job_detail(p, other, job.id, now_s=1e6)
+        with pytest.raises(NotFoundError):
+            job_detail(p, admin, "x" * 65, now_s=1e6)
+    finally:
+        p.close()

@@ -17,7 +17,6 @@ from trainyard.services.execution import attempt_cost_usd
 from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 from trainyard.store.repositories import JobRepo
 
-EVENT_PAGE = 5000  # events read per query (the service's page limit)
 MAX_EVENTS = 200_000  # a job page reads at most this many events (~23 days of heartbeats every 10 s)
 JOBS_PAGE = 50
 
@@ -259,17 +258,27 @@ def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[Attem
     return out
 
 
+def read_events(db: Any, job_id: str, limit: int = MAX_EVENTS) -> list[JobEvent]:
+    """A job's events, oldest first, read as plain rows (no ORM objects: a long job has many)."""
+    from sqlalchemy import select
+
+    from trainyard.store.models import JobEventRow
+
+    q = (
+        select(JobEventRow.id, JobEventRow.kind, JobEventRow.data, JobEventRow.time_s)
+        .where(JobEventRow.job_id == job_id)
+        .order_by(JobEventRow.id)
+        .limit(limit)
+    )
+    with db.session() as s:
+        return [JobEvent(id=i, job_id=job_id, kind=k, data=d or {}, time_s=t) for i, k, d, t in s.execute(q)]
+
+
 def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -> JobDetail:
     if not job_id or len(job_id) > 64:
         raise NotFoundError(f"no job {job_id[:64]!r}")
-    job = platform.jobs.get(principal, job_id)
-    events: list[JobEvent] = []
-    while len(events) < MAX_EVENTS:
-        after = events[-1].id if events else 0
-        page = platform.jobs.events(principal, job_id, after_id=after, limit=EVENT_PAGE)
-        events.extend(page)
-        if len(page) < EVENT_PAGE:
-            break
+    job = platform.jobs.get(principal, job_id)  # raises NotFoundError for another tenant's job
+    events = read_events(platform.db, job.id)
     detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
     measured: list[float] = []
     for e in events:
