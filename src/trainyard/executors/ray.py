@@ -716,7 +716,7 @@ class RayExecutor:
                     try:
                         ray.get(ref, timeout=0)
                     except RayActorError as exc:
-                        self._rank_lost(gang, rk, f"its Ray actor died before starting ({_short(exc)})")
+                        self._rank_lost(gang, rk, f"lost its Ray actor before starting ({_short(exc)})")
             if (
                 gang.trigger is None
                 and time.time() - (gang.placed_s or gang.launched_s) > self.startup_timeout_s
@@ -738,7 +738,7 @@ class RayExecutor:
             try:
                 rk.hello = ray.get(ref)
             except RayError as exc:
-                self._rank_lost(gang, rk, f"its Ray actor died before starting ({_short(exc)})")
+                self._rank_lost(gang, rk, f"lost its Ray actor before starting ({_short(exc)})")
                 continue
             hellos.append(rk.hello)
         gang.hello_refs = []
@@ -788,7 +788,7 @@ class RayExecutor:
         try:
             rk.pid = int(ray.get(ref))
         except RayError as exc:
-            self._rank_lost(gang, rk, f"its worker could not start ({_short(exc)})")
+            self._rank_lost(gang, rk, f"could not start its worker ({_short(exc)})")
 
     def _drain(self, gang: _Gang, rk: _Rank, now: float, out: list[ExecutorEvent]) -> None:
         import ray
@@ -804,7 +804,7 @@ class RayExecutor:
                 self._rank_lost(
                     gang,
                     rk,
-                    f"its Ray actor on {rk.host or 'its node'} stopped answering for "
+                    f"got no answer from its Ray actor on {rk.host or 'its node'} for "
                     f"{now - rk.drain_sent_s:.0f} s",
                 )
             return
@@ -814,7 +814,7 @@ class RayExecutor:
         except ActorUnavailableError:
             return  # transient (the actor's node is reconnecting); retried on the next poll
         except RayActorError as exc:
-            self._rank_lost(gang, rk, f"its Ray actor died ({_short(exc)})")
+            self._rank_lost(gang, rk, f"lost its Ray actor ({_short(exc)})")
             return
         except RayError as exc:
             log.warning("drain of job %s rank %s failed: %s", gang.job_id, rk.rank, _short(exc))

@@ -232,26 +232,31 @@ class LoopbackRayCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
-    def stop_node(self, node: LoopbackNode, *, timeout_s: float = 15.0) -> None:
-        node.remember_processes()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(node.proc.pid, signal.SIGTERM)
+    def stop_node(self, node: LoopbackNode, *, timeout_s: float = 5.0) -> None:
+        self._stop_nodes([node], timeout_s)
+
+    def _stop_nodes(self, nodes: list[LoopbackNode], timeout_s: float) -> None:
+        """SIGTERM each node's process group, SIGKILL what is left after ``timeout_s``."""
+        for node in nodes:
+            node.remember_processes()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.proc.pid, signal.SIGTERM)
         deadline = time.time() + timeout_s
-        while time.time() < deadline and node.proc.poll() is None:
+        while time.time() < deadline and any(n.proc.poll() is None for n in nodes):
             time.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(node.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.proc.wait(timeout=5)
-        for pid, start in node.pids.items():  # processes that left the group (reparented workers)
-            if _same_process(pid, start):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(timeout=5)
+            for pid, start in node.pids.items():  # processes that left the group (reparented workers)
+                if _same_process(pid, start):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        """Stop every node (workers first), then remove the temporary directories."""
-        for node in reversed(self.nodes):
-            self.stop_node(node)
+        """Stop every node, then remove the temporary directories."""
+        self._stop_nodes(list(self.nodes), 5.0)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def describe(self) -> dict[str, Any]:
