@@ -91,7 +91,7 @@ def test_login_redirect_targets_stay_local() -> None:
 
 def test_formatting() -> None:
     assert fmt_usd(None) == "–" and fmt_usd(0) == "$0" and fmt_usd(1234.5) == "$1,234.50"
-    assert fmt_usd(0.00042) == "$0.00042" and fmt_usd(float("nan")) == "–"
+    assert fmt_usd(0.00042) == "$0.00042" and fmt_usd(float("nan")) == "–" and fmt_usd(3.25e-7) == "$3.25e-07"
     assert fmt_duration_s(0.25) == "250 ms" and fmt_duration_s(90) == "90.0 s"
     assert (
         fmt_duration_s(900) == "15.0 min"

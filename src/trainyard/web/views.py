@@ -26,6 +26,8 @@ def fmt_usd(v: float | None) -> str:
         return "–"
     if v == 0:
         return "$0"
+    if abs(v) < 0.0001:
+        return f"${v:.3g}"  # $/step of small jobs: 3.25e-07
     if abs(v) < 0.01:
         return f"${v:.5f}"
     return f"${v:,.2f}"
