@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "bench_api.json"
+RESULTS = ROOT / "benchmarks" / "results" / "bench_api.json"  # --no-bare runs write bench_api_variant.json
 SPEC: dict[str, Any] = {
     "apiVersion": "trainyard/v1",
     "kind": "TrainingJob",
@@ -41,6 +41,7 @@ SPEC: dict[str, Any] = {
     "workload": {"seq_len": 64, "global_batch": 4, "steps": 20, "precision": "fp32"},
     "requirements": {"allow": ["cpu"]},
 }
+LOOP_INTERVAL_S = 0.5  # the control loop (admission of every submitted job) runs during the measurement
 PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=5"
 
 # ---- the bare ceiling app ----------------------------------------------------------------------------
@@ -177,7 +178,18 @@ def run_target(kind: str, db_url: str, home: Path, clients: int, requests: int) 
     env = {**os.environ, "TRAINYARD_HOME": str(home), "TRAINYARD_DATABASE_URL": db_url}
     env.pop("TRAINYARD_API_KEY", None)
     if kind == "trainyard":
-        cmd = [sys.executable, "-m", "trainyard.cli.main", "up", "--port", str(port), "--executor", "none"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainyard.cli.main",
+            "up",
+            "--port",
+            str(port),
+            "--executor",
+            "none",
+            "--loop-interval-s",
+            str(LOOP_INTERVAL_S),
+        ]
         path = "/v1/jobs"
     else:
         cmd = [sys.executable, "-c", BARE_APP, db_url, str(port)]
@@ -215,11 +227,20 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--no-bare", action="store_true", help="Skip the ceiling runs.")
+    ap.add_argument(
+        "--loop-interval-s",
+        type=float,
+        default=0.5,
+        help="trainyard up's control-loop period (60 = admission effectively off while measuring).",
+    )
     args = ap.parse_args()
+    global LOOP_INTERVAL_S
+    LOOP_INTERVAL_S = args.loop_interval_s
     rows: list[dict[str, Any]] = []
     databases = ["sqlite"] + ([] if args.no_postgres else ["postgresql"])
     for db in databases:
-        for kind in ("trainyard", "bare"):
+        for kind in ("trainyard",) + (() if args.no_bare else ("bare",)):
             with tempfile.TemporaryDirectory() as tmp:
                 home = Path(tmp)
                 drop = None
@@ -231,13 +252,21 @@ def main() -> None:
                 finally:
                     if drop:
                         drop()
-            rows.append({"database": db, "target": kind, "clients": args.clients, **res})
+            rows.append(
+                {
+                    "database": db,
+                    "target": kind,
+                    "clients": args.clients,
+                    "loop_interval_s": args.loop_interval_s if kind == "trainyard" else None,
+                    **res,
+                }
+            )
             print(
                 f"  {db:<10} {kind:<9} {res['submissions_per_s']:>8.1f}/s  p50 {res['p50_ms']:>7.2f} ms  "
                 f"p99 {res['p99_ms']:>7.2f} ms  errors {res['errors']}",
                 flush=True,
             )
-    for db in databases:
+    for db in databases if not args.no_bare else []:
         ty = next(r for r in rows if r["database"] == db and r["target"] == "trainyard")
         bare = next(r for r in rows if r["database"] == db and r["target"] == "bare")
         ty["share_of_ceiling"] = round(ty["submissions_per_s"] / bare["submissions_per_s"], 3)
@@ -249,8 +278,9 @@ def main() -> None:
             f"{r['database']:<11}{r['target']:<11}{r['submissions_per_s']:>9.1f}{r['p50_ms']:>9.2f}"
             f"{r['p99_ms']:>9.2f}{share:>12}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    out = RESULTS if not args.no_bare else RESULTS.with_name("bench_api_variant.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps(
             {
                 "benchmark": "bench_api",
@@ -267,7 +297,7 @@ def main() -> None:
         )
         + "\n"
     )
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    print(f"\nwrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ log = structlog.get_logger("trainyard.jobs")
 OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 MAX_PAGE = 500
 QUOTE_CACHE_SIZE = 256
-ADMIT_BATCH = 25
+ADMIT_BATCH = 10
 MAX_BROKEN_REPORTED = 5
 
 

@@ -8,8 +8,8 @@ from typing import Any, Protocol
 from trainyard.catalog.pools import Pool
 from trainyard.spec.models import JobSpec
 
-MAX_STORED_FEASIBLE = 20
-MAX_STORED_INFEASIBLE = 5
+MAX_STORED_FEASIBLE = 12
+MAX_STORED_INFEASIBLE = 4
 
 
 class Quoter(Protocol):

@@ -6,6 +6,7 @@ that concurrent writers queue on the lock instead of failing with "database is l
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -118,6 +119,7 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size=pool_size)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_lock: threading.RLock | None = threading.RLock() if is_sqlite(self.engine) else None
 
     @property
     def dialect(self) -> str:
@@ -128,7 +130,14 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions.begin() as s:
+        if self._write_lock is None:
+            with self._sessions.begin() as s:
+                yield s
+            return
+        # SQLite allows one writer; threads of this process queue on a lock that wakes the next one at
+        # once, instead of polling SQLite's busy handler (whose back-off sleeps make long tail latencies).
+        # Other processes are still serialised by BEGIN IMMEDIATE + busy_timeout.
+        with self._write_lock, self._sessions.begin() as s:
             yield s
 
     def ping(self) -> bool:
