@@ -212,3 +212,21 @@ def test_traced_executor_passes_through_and_counts_launches() -> None:
     assert sample(reg, "trainyard_executor_launches_total", {"outcome": "error"}) == 1
     spans = buf.spans("executor.launch")
     assert [s.attributes["trainyard.job_id"] for s in spans if s.attributes] == ["job-1", "job-2"]
+
+
+def test_store_collector_reports_down_instead_of_failing_the_scrape() -> None:
+    from prometheus_client import generate_latest
+
+    from trainyard.observability.metrics import PlatformCollector
+
+    class BrokenDb:
+        def session(self) -> Any:
+            raise ConnectionError("database is away")
+
+    class P:
+        db = BrokenDb()
+
+    reg = CollectorRegistry()
+    reg.register(PlatformCollector(P(), clock=lambda: 0.0))
+    text = generate_latest(reg).decode()
+    assert "trainyard_store_metrics_up 0.0" in text

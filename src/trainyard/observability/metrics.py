@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -14,6 +15,8 @@ from prometheus_client.registry import Collector
 from trainyard.observability import snapshot as snap
 from trainyard.observability.alerts import RULES, AlertThresholds, evaluate
 from trainyard.services.lifecycle import JobState
+
+log = structlog.get_logger("trainyard.metrics")
 
 
 class ControlLoopMetrics:
@@ -67,7 +70,18 @@ class PlatformCollector(Collector):
         return []  # collected lazily; nothing is read at registration time
 
     def collect(self) -> Iterator[Any]:
-        s = snap.take(self.platform, self.clock())
+        up = GaugeMetricFamily(
+            "trainyard_store_metrics_up", "1 when the store-backed gauges could be read on this scrape"
+        )
+        try:
+            s = snap.take(self.platform, self.clock())
+        except Exception as exc:  # a scrape must not fail because the database is away
+            log.warning("metrics_snapshot_failed", error_type=type(exc).__name__, error=str(exc)[:300])
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
         jobs = GaugeMetricFamily(
             "trainyard_tenant_jobs", "Jobs by tenant and state", labels=["tenant", "state"]
         )
