@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainyard.errors import StorageError
+from trainyard.errors import InvalidInputError, StorageError
 from trainyard.executors.ray import (
     _log_header,
     _mirrored_log_bytes,
@@ -20,6 +21,7 @@ from trainyard.executors.ray import (
     shared_paths_from_env,
     shared_storage_problem,
 )
+from trainyard.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -100,3 +102,25 @@ def test_adoption_resumes_log_copying_after_the_launch_header(tmp_path: Path) ->
     with open(log, "ab") as fh:
         fh.write(b"--- attempt 2 rank 0 ---\nstep 1\n")
     assert _mirrored_log_bytes(log, 2, 0) == len(b"--- attempt 2 rank 0 ---\nstep 1\n")
+
+
+def test_an_address_where_nothing_listens_is_reported_at_once() -> None:
+    import socket
+
+    from trainyard.errors import ServiceUnavailableError
+    from trainyard.executors.ray import RayExecutor, _unreachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert _unreachable(f"127.0.0.1:{port}") is None
+        assert _unreachable(f"ray://127.0.0.1:{port}") is None
+    assert "nothing answers" in (_unreachable(f"127.0.0.1:{port}") or "")
+    assert _unreachable("auto") is None
+    t0 = time.time()
+    with pytest.raises(ServiceUnavailableError, match="cannot connect to the Ray cluster"):
+        RayExecutor(f"127.0.0.1:{port}")
+    assert time.time() - t0 < 10
+    with pytest.raises(InvalidInputError, match="needs the address"):
+        RayExecutor(settings=Settings(ray_address=None))

@@ -310,7 +310,13 @@ class RayExecutor:
             )
         import ray
 
-        if ray.is_initialized():
+        problem = _unreachable(self.address)
+        if problem is not None:  # ray.init would retry for minutes; say it now
+            raise ServiceUnavailableError(
+                f"cannot connect to the Ray cluster at {self.address}: {problem}",
+                hint="Start the cluster with `ray start --head` (docs/ray.md) and check the address.",
+            )
+        if ray.is_initialized():  # this process is already a driver (embedding application, tests)
             return
         try:
             ray.init(
@@ -1058,6 +1064,22 @@ class RayExecutor:
     @staticmethod
     def _event(gang: _Gang, kind: str, data: dict[str, Any]) -> ExecutorEvent:
         return ExecutorEvent(gang.job_id, gang.attempt, kind, data, time.time())
+
+
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at a ``host:port`` (or ``ray://host:port``) address, or None when it does;
+    other forms (``auto``) are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
 
 
 def _failure(data: dict[str, Any]) -> dict[str, Any]:
