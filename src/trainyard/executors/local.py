@@ -354,8 +354,8 @@ class LocalExecutor:
     def adopt(self, job_id: str, attempt: int, run_dir: str, workers: list[WorkerInfo]) -> bool:
         """Resume watching workers started by an earlier control plane. False when none is alive.
 
-        Events written before adoption are replayed except heartbeats, logs and ``started`` (the earlier
-        control plane saw them); checkpoint events are replayed (idempotent by step), terminal ones too.
+        Events written before adoption are not replayed (the earlier control plane saw them, or they are
+        history: committed checkpoints can be listed from storage); terminal events are always reported.
         """
         with self._lock:
             if job_id in self._gangs:
@@ -434,7 +434,7 @@ class LocalExecutor:
                 kind = doc.get("kind")
                 data = dict(doc.get("data") or {})
                 if kind in PASS_THROUGH:
-                    if gang.adopted_at_s is not None and kind != "checkpoint" and t < gang.adopted_at_s:
+                    if gang.adopted_at_s is not None and t < gang.adopted_at_s:
                         continue
                     out.append(ExecutorEvent(gang.job_id, gang.attempt, str(kind), data, t))
                 elif kind in ("succeeded", "preempted", "failed"):
@@ -518,7 +518,9 @@ class LocalExecutor:
                     rk.terminal = doc
                     if doc["kind"] == "failed":
                         gang.failures.append({"rank": rk.rank, **(doc.get("data") or {})})
-                elif doc.get("kind") == "checkpoint":
+                elif doc.get("kind") == "checkpoint" and float(doc.get("time_s", 0.0)) >= (
+                    gang.adopted_at_s or 0.0
+                ):
                     out.append(
                         ExecutorEvent(
                             gang.job_id, gang.attempt, "checkpoint", dict(doc["data"]), float(doc["time_s"])
