@@ -65,7 +65,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
         )
         second = cluster.add_node("second", resources={pool_resource("ray-a"): 1}, num_cpus=2)
         executor = RayExecutor(cluster.address, shared_paths=[str(shared)], heartbeat_timeout_s=90.0)
-        yield RayWorld(cluster, head, second, executor, shared)
+        w = RayWorld(cluster, head, second, executor, shared)
+        yield w
+        executor = w.executor  # a test may have replaced it (control-plane restart)
     finally:
         if executor is not None:
             executor.shutdown(kill_workers=True)
@@ -185,7 +187,7 @@ def test_gang_that_cannot_fit_waits_without_starting_partially(world: RayWorld) 
     assert pg["state"] == "REMOVED"
 
 
-def test_node_loss_and_preemption_then_resume_with_identical_weights(world: RayWorld) -> None:
+def test_node_loss_preemption_and_adoption_then_identical_weights(world: RayWorld) -> None:
     ex = world.executor
     reference = world.reference_sha256
     assert reference, "the uninterrupted run of the first test provides the reference weights"
@@ -238,11 +240,24 @@ def test_node_loss_and_preemption_then_resume_with_identical_weights(world: RayW
     assert _committed_steps(world.shared, "survivor")[-1] == end.data["step"]
 
     ex.launch(_request(world, "survivor", 3, "ray-b"))
-    final = _run_until(ex, "survivor", lambda evs: bool(_terminal(evs)))
+    final = _run_until(
+        ex, "survivor", lambda evs: any(e.kind == "heartbeat" for e in evs) or bool(_terminal(evs))
+    )
+    assert not _terminal(final)
+    assert {e.data["resumed_from_step"] for e in final if e.kind == "started"} == {end.data["step"]}
+
+    # the control plane restarts: the gang keeps training (detached actors) and a new executor adopts it
+    running = ex.workers("survivor")
+    assert sorted(w.rank for w in running) == [0, 1]
+    ex.shutdown()
+    adopter = RayExecutor(world.cluster.address, shared_paths=[str(world.shared)], heartbeat_timeout_s=90.0)
+    world.executor = adopter
+    assert adopter.adopt("survivor", 3, str(world.shared / "runs" / "survivor"), running)
+    final += _run_until(adopter, "survivor", lambda evs: bool(_terminal(evs)))
     (end3,) = _terminal(final)
     assert end3.kind == "succeeded" and end3.attempt == 3, end3.data
-    assert {e.data["resumed_from_step"] for e in final if e.kind == "started"} == {end.data["step"]}
     assert end3.data["final_step"] == STEPS
+    assert '"kind":"succeeded"' in (world.shared / "runs" / "survivor" / "events-a3-r0.jsonl").read_text()
     # the same weights as the uninterrupted run, after a node loss and a preemption
     assert end3.data["model_sha256"] == reference
 
