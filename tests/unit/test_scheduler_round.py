@@ -173,11 +173,33 @@ def test_deadline_rules_out_slow_options() -> None:
     pools = [pool("t4", "t4", 0.2), pool("a100", "a100-80gb", 3.0)]
     r = schedule_round([job(s)], pools, config=CFG)
     assert r.placements[0].pool == "a100"
-    # an hour later (it waited), even the fast option cannot make it: unplaced with the deadline named
+    # while the fast option can still make it but is full, the job waits for it rather than start late
+    busy = [pools[0], pool("a100", "a100-80gb", 3.0, available=0)]
+    r = schedule_round([job(s)], busy, config=CFG)
+    assert not r.placements and "a100" in r.unplaced[0].reason
+
+
+def test_a_job_that_can_no_longer_meet_its_deadline_is_still_placed() -> None:
+    # an hour later (it waited), even the fast option cannot make it: placed anyway, the miss named
     s2 = spec("dl2", measured={"step_time_s": {"a100-80gb": 4.0}}, objective={"deadline": "3h"})
+    pools = [pool("t4", "t4", 0.2), pool("a100", "a100-80gb", 3.0)]
     r = schedule_round([job(s2, submit_s=0.0)], pools[1:], now_s=3600.0, config=CFG)
-    (u,) = r.unplaced
-    assert "deadline" in u.reason
+    (p,) = r.placements
+    assert p.pool == "a100" and not r.unplaced
+    assert "misses its deadline" in p.reason
+    # long past the deadline (e.g. re-queued after a preemption): cheapest per the objective ...
+    m = {"step_time_s": {"t4": 8.0, "a100-80gb": 1.0}}
+    late = spec("late", measured=m, objective={"deadline": "3h"})
+    r = schedule_round([job(late, submit_s=0.0)], pools, now_s=10 * 3600.0, config=CFG)
+    assert [p.pool for p in r.placements] == ["t4"]  # 4.4 h × $0.2 < 0.6 h × $3
+    # ... or soonest when the job minimises time
+    fast = spec("fast", measured=m, objective={"deadline": "3h", "minimize": "time"})
+    r = schedule_round([job(fast, submit_s=0.0)], pools, now_s=10 * 3600.0, config=CFG)
+    assert [p.pool for p in r.placements] == ["a100"]
+    # a deadline shorter than any option's run time from the start is no reason to strand the job either
+    tight = spec("tight", measured=m, objective={"deadline": "10m"})
+    r = schedule_round([job(tight)], pools, config=CFG)
+    assert [p.pool for p in r.placements] == ["t4"] and "misses its deadline" in r.placements[0].reason
 
 
 def test_duplicate_names_get_line_ids_and_rounds_are_deterministic(examples_dir) -> None:

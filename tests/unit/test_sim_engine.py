@@ -368,3 +368,28 @@ def test_a_job_the_policy_never_places_ends_the_run_after_idle_rounds() -> None:
     s = r.summary()
     assert s["jobs_completed"] == 0 and s["deadline_misses"] == 1 and s["total_cost_usd"] == 0.0
     assert r.end_s == pytest.approx(4 * 3600.0)  # rounds at 0, 1 h, 2 h, 3 h, 4 h
+
+
+@pytest.mark.parametrize("policy", ["trainyard", "on-demand-only"])
+def test_a_job_preempted_past_its_deadline_still_completes(policy: str) -> None:
+    # 1 h of work, deadline 2 h; capacity is reclaimed after 1000 s and returns only at 3 h, after the
+    # deadline: the re-queued job misses it, but it is still placed and finishes
+    job = one_job(deadline="2h")
+    market = "spot" if policy == "trainyard" else "on_demand"
+    name = f"a100-{market}"
+    changes = (PoolChange(PROVISION_S + 1000.0, name, available_devices=0), PoolChange(3 * 3600.0, name, 1))
+    r = simulate([job], [pool(market)], policy, cfg(changes=changes, give_up_after_idle_rounds=5))
+    (out,) = r.jobs
+    assert out.preemptions == 1
+    assert out.completion_s is not None and out.completion_s > 3 * 3600.0
+    assert out.missed_deadline
+    s = r.summary()
+    assert s["jobs_completed"] == 1 and s["deadline_misses"] == 1
+
+
+@pytest.mark.parametrize("policy", ["cheapest-hourly", "fastest", "trainyard", "on-demand-only"])
+def test_a_job_whose_deadline_is_too_short_from_the_start_still_completes(policy: str) -> None:
+    # 1 h of work against a 30-minute deadline: no option can make it, so the job runs anyway (late)
+    r = simulate([one_job(deadline="30m")], [pool()], policy, cfg(give_up_after_idle_rounds=5))
+    (out,) = r.jobs
+    assert out.completion_s is not None and out.missed_deadline

@@ -104,8 +104,15 @@ def price_option(
     hit = cache.options.get(ok)
     if hit is not None:
         return hit
+    # deadline_s=inf: the scheduler checks deadlines itself, against its clock (to_candidate,
+    # schedule_round), and places a job that can no longer meet its deadline rather than stranding it
     opt = option_for(
-        spec, pool, devices, elapsed_fraction=elapsed_fraction, predict_fn=_predict_fn(cache, key)
+        spec,
+        pool,
+        devices,
+        elapsed_fraction=elapsed_fraction,
+        deadline_s=math.inf,
+        predict_fn=_predict_fn(cache, key),
     )
     cache.options[ok] = opt
     return opt

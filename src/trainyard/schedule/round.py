@@ -289,6 +289,7 @@ def schedule_round(
     forced_reason: dict[str, str] = {}
 
     views: dict[tuple[str, Minimize], _SpecView] = {}
+    late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
     full: list[tuple[ProblemJob, list[Candidate]]] = []
     pools_key = tuple(pool_price_key(p) for p in pools)
     for qj in jobs:
@@ -306,20 +307,15 @@ def schedule_round(
             fitting = [c for c in view.fitting if c.finish_s <= left_s]
             pruned = prune(fitting, cfg)
             by_cost = [c for c in view.by_cost if c.finish_s <= left_s]
+            if not feasible and view.feasible:
+                # No option can finish by the deadline any more (it has passed, or the job waited too
+                # long): the deadline is missed whatever happens, so the job is placed as if it had none
+                # (cheapest, or soonest for objective.minimize: time) rather than stranded in the queue.
+                # Its waiting cost keeps the deadline's urgency, so it goes first when capacity is short.
+                late[qj.job_id] = deadline
+                feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
         if not feasible:
-            cands = view.cands
-            if deadline is not None:
-                cands = candidates_for(
-                    job_id=qj.job_id,
-                    tenant=qj.tenant,
-                    spec=qj.spec,
-                    pools=pools,
-                    now_s=now_s,
-                    deadline_abs_s=deadline,
-                    config=cfg,
-                    cache=cache,
-                )
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(cands, pools)))
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(view.cands, pools)))
             continue
         info[qj.job_id] = (feasible, fitting, by_cost)
         # what the job is expected to cost when it runs later, in objective terms but at list prices
@@ -347,7 +343,7 @@ def schedule_round(
             unplaced_usd=reference + wait,
             rank_usd=wait,
         )
-        seed_pool = view.seed if deadline is None else _seed(fitting, cfg)
+        seed_pool = view.seed if deadline is None or qj.job_id in late else _seed(fitting, cfg)
         full.append((pj, list(seed_pool)))
 
     # Keep the model small (the cheapest few options per job) without losing good packings: each job also
@@ -436,6 +432,13 @@ def schedule_round(
             )
             continue
         chosen = pj.options[idx]
+        reason = _placement_reason(chosen, fitting, feasible, by_cost, pool_by_name)
+        if pj.job_id in late:
+            over_s = now_s + chosen.expected_hours_p90 * 3600.0 - late[pj.job_id]
+            reason += (
+                f"; misses its deadline: no option finishes by it any more (p90 finish "
+                f"{_fmt_dur(max(over_s, 0.0))} after it)"
+            )
         placements.append(
             Placement(
                 job_id=pj.job_id,
@@ -448,7 +451,7 @@ def schedule_round(
                 expected_cost_usd=chosen.expected_cost_usd,
                 expected_hours=chosen.expected_hours,
                 checkpoint_interval_s=chosen.checkpoint_interval_s,
-                reason=_placement_reason(chosen, fitting, feasible, by_cost, pool_by_name),
+                reason=reason,
                 alternatives=_alternatives(chosen, by_cost),
             )
         )

@@ -378,13 +378,17 @@ class Simulator:
         """The job alone on its cheapest option at true speed: no preemption, no capacity limit, no
         checkpoints, one start-up."""
         best = math.inf
-        for ps in self.pools.values():
-            for opt in self.book.feasible(job.job_id, job.spec, ps.base.name):
-                step = opt.step_time_s * self._truth_factor(job, opt)
-                price_s = ps.price() * opt.devices / 3600.0
-                startup = max(0.0, opt.restart_s - _checkpoint_load_s(job.spec, opt.nodes))
-                cost = (startup + job.total_steps * step) * price_s
-                best = min(best, cost)
+        # options that meet the deadline; for a job none can finish in time, its cheapest late option
+        for deadline in (True, False):
+            for ps in self.pools.values():
+                for opt in self.book.feasible(job.job_id, job.spec, ps.base.name, deadline=deadline):
+                    step = opt.step_time_s * self._truth_factor(job, opt)
+                    price_s = ps.price() * opt.devices / 3600.0
+                    startup = max(0.0, opt.restart_s - _checkpoint_load_s(job.spec, opt.nodes))
+                    cost = (startup + job.total_steps * step) * price_s
+                    best = min(best, cost)
+            if math.isfinite(best):
+                break
         return best if math.isfinite(best) else 0.0
 
     def _truth_factor(self, job: _Job, opt: QuoteOption) -> float:
@@ -467,7 +471,8 @@ class Simulator:
     def _on_arrival(self, job_id: str) -> None:
         job = self.jobs[job_id]
         self._arrived += 1
-        if not any(self.book.feasible(job.job_id, job.spec, name) for name in self.pools):
+        # a deadline no option can meet is a miss, not a reason to reject: the job still runs (late)
+        if not any(self.book.feasible(job.job_id, job.spec, name, deadline=False) for name in self.pools):
             job.state = "rejected"
             self._done += 1
             return

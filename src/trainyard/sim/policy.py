@@ -154,20 +154,30 @@ class OptionBook:
         hit = self.options.get(key)
         if hit is None:
             pool = self.base_pools[pool_name]
-            hit = option_for(spec, pool, devices, predict_fn=self.predictor(pool))
+            # priced without the deadline (deadline_s=inf); feasible() applies it where asked
+            hit = option_for(spec, pool, devices, deadline_s=math.inf, predict_fn=self.predictor(pool))
             self.options[key] = hit
         return hit
 
-    def feasible(self, job_id: str, spec: JobSpec, pool_name: str) -> list[QuoteOption]:
+    def feasible(
+        self, job_id: str, spec: JobSpec, pool_name: str, *, deadline: bool = True
+    ) -> list[QuoteOption]:
+        """Options of the job on the pool that the cost model accepts; with ``deadline``, only those
+        whose pessimistic wall time fits the spec's deadline counted from submission (as a quote checks
+        it), without, also those that would finish late."""
         allowed = {str(getattr(m, "value", m)) for m in spec.objective.markets}
         pool = self.base_pools[pool_name]
         if str(getattr(pool.market, "value", pool.market)) not in allowed:
             return []
+        limit_s = _relative_deadline_s(spec) if deadline else None
         out = []
         for d in self.device_counts(job_id, spec, pool_name):
             opt = self.option(job_id, spec, pool_name, d)
-            if opt.feasible and capacity_devices(pool, d) <= pool.total_devices:
-                out.append(opt)
+            if not opt.feasible or capacity_devices(pool, d) > pool.total_devices:
+                continue
+            if limit_s is not None and opt.expected_hours_p90 * 3600.0 > limit_s:
+                continue
+            out.append(opt)
         return out
 
     def forget(self, job_id: str) -> None:
@@ -175,6 +185,14 @@ class OptionBook:
             counts = self.counts.pop((job_id, name), [])
             for d in counts:
                 self.options.pop((job_id, name, d), None)
+
+
+def _relative_deadline_s(spec: JobSpec) -> float | None:
+    """The spec's deadline in seconds from submission (None without one, or for an absolute one)."""
+    try:
+        return spec.objective.deadline_s(None)
+    except ValueError:
+        return None
 
 
 def _market(pool: Pool) -> str:
@@ -202,15 +220,16 @@ class _GreedyRule:
         free = {p.name: p.free_devices for p in pools}
         starts: list[Start] = []
         unplaced = 0
+        usable = [p for p in pools if self.markets is None or _market(p) in self.markets]
         for job in sorted(queued, key=lambda j: (-j.priority, j.submit_s, j.job_id)):
             best: tuple[tuple[float | str, ...], Pool, QuoteOption] | None = None
-            for pool in pools:
-                if self.markets is not None and _market(pool) not in self.markets:
-                    continue
+            # a job that no option can finish by its deadline runs late rather than never
+            meets = any(self.book.feasible(job.job_id, job.spec, p.name) for p in usable)
+            for pool in usable:
                 if free[pool.name] <= 0:
                     continue
                 price = pool.price_usd_per_device_hour
-                for opt in self.book.feasible(job.job_id, job.spec, pool.name):
+                for opt in self.book.feasible(job.job_id, job.spec, pool.name, deadline=meets):
                     if capacity_devices(pool, opt.devices) > free[pool.name]:
                         continue
                     per_dev_h = price if price is not None else opt.price_usd_per_hour / opt.devices
