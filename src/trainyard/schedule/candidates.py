@@ -5,8 +5,13 @@ hatches, compile needs, regions, budget, markets) come from ``trainyard.cost.quo
 of those the scheduler adds what only it knows: the clock (deadline against *now*, not submission), the
 pool's shape (whole nodes for multi-node gangs, the inter-node network) and the allowed markets.
 
-Pricing is cached per (distinct spec, pool, device count, progress) and predictions per (distinct spec,
-accelerator, device count), so a queue of many copies of a few specs costs a few hundred quotes.
+Pricing is cached per (distinct spec, pool, device count, progress) and predictions per (workload shape,
+accelerator, device count, pool topology): the predictor reads the model, the workload's shape (precision,
+batch, sequence length, method, parallelism pins) and measured step times, never the job's length, name,
+deadline or budget, so every job of one shape shares its predictions. The predictor gets the pool's
+topology exactly as ``trainyard.cost.quote`` passes it (``predict_kwargs``), so step times agree with a
+quote for the same pool. The cost model's own deadline check is left to the scheduler, which knows the
+clock (see ``to_candidate`` and ``schedule_round``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,23 @@ if TYPE_CHECKING:
 
 
 def spec_key(spec: JobSpec) -> str:
-    """Identity of a spec's content (two jobs with equal specs share predictions and quotes)."""
+    """Identity of a spec's content (two jobs with equal specs share quotes)."""
     return spec.model_dump_json(exclude={"name", "tags"})
+
+
+#: Spec fields the predictor never reads: the job's identity, its length and its objective.
+_NOT_SHAPE: dict[str, Any] = {
+    "name": True,
+    "tags": True,
+    "objective": True,
+    "workload": {"steps", "tokens", "epochs", "dataset_tokens"},
+}
+
+
+def shape_key(spec: JobSpec) -> str:
+    """Identity of a spec's workload shape: everything the predictor reads (model, precision, batch,
+    sequence length, method, parallelism pins, measured step times, device range), nothing else."""
+    return spec.model_dump_json(exclude=_NOT_SHAPE)
 
 
 @dataclass
@@ -39,13 +59,14 @@ class CandidateCache:
     """
 
     options: dict[tuple[str, tuple[Any, ...], int, float], QuoteOption] = field(default_factory=dict)
-    predictions: dict[tuple[str, str, int], Any] = field(default_factory=dict)
+    predictions: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     device_counts: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)
     eligible: dict[tuple[Any, ...], str] = field(default_factory=dict)
     views: dict[tuple[Any, ...], Any] = field(
         default_factory=dict
     )  # priced candidate lists per spec and pools
     _keys: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     max_entries: int = 500_000
 
     def key(self, spec: JobSpec) -> str:
@@ -54,6 +75,15 @@ class CandidateCache:
             return hit[1]
         k = spec_key(spec)
         self._keys[id(spec)] = (spec, k)
+        return k
+
+    def shape(self, spec: JobSpec) -> str:
+        """:func:`shape_key` of ``spec``, memoised per spec object."""
+        hit = self._shapes.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        k = shape_key(spec)
+        self._shapes[id(spec)] = (spec, k)
         return k
 
     def trim(self) -> None:
@@ -65,6 +95,7 @@ class CandidateCache:
             self.eligible.clear()
             self.views.clear()
             self._keys.clear()
+            self._shapes.clear()
 
 
 Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]
@@ -78,15 +109,20 @@ def pool_price_key(pool: Pool) -> tuple[Any, ...]:
     return tuple(getattr(pool, f) for f in _PRICE_FIELDS)
 
 
-def _predict_fn(cache: CandidateCache, key: str) -> Callable[[JobSpec, Any, int], Any]:
-    """The cost model's predictor, memoised per (distinct spec, accelerator, device count)."""
+def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
+    """The cost model's predictor with ``pool``'s topology (as ``cost.quote`` passes it), memoised per
+    (workload shape, accelerator and its memory, device count, topology)."""
+    from trainyard.cost.quote import predict_kwargs
     from trainyard.predict import predict
 
-    def cached(spec: JobSpec, accelerator: Any, devices: int) -> Any:
-        pk = (key, accelerator.name, devices)
+    shape = cache.shape(spec)
+
+    def cached(s: JobSpec, accelerator: Any, devices: int) -> Any:
+        topology = predict_kwargs(pool, accelerator)
+        pk = (shape, accelerator.name, accelerator.memory_gib, devices, *sorted(topology.items()))
         hit = cache.predictions.get(pk)
         if hit is None:
-            hit = predict(spec, accelerator, devices)
+            hit = predict(s, accelerator, devices, **topology)
             cache.predictions[pk] = hit
         return hit
 
@@ -112,7 +148,7 @@ def price_option(
         devices,
         elapsed_fraction=elapsed_fraction,
         deadline_s=math.inf,
-        predict_fn=_predict_fn(cache, key),
+        predict_fn=_predict_fn(cache, spec, pool),
     )
     cache.options[ok] = opt
     return opt

@@ -106,9 +106,9 @@ class OptionBook:
         hit = self._shapes.get(id(spec))
         if hit is not None and hit[0] is spec:
             return hit[1]
-        key = spec.model_dump_json(
-            exclude={"name": True, "tags": True, "objective": True, "workload": {"steps", "tokens", "epochs"}}
-        )
+        from trainyard.schedule.candidates import shape_key
+
+        key = shape_key(spec)
         self._shapes[id(spec)] = (spec, key)
         return key
 

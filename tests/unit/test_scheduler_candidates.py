@@ -1,0 +1,50 @@
+"""Candidate pricing: predictions shared per workload shape, with the pool's topology."""
+
+from __future__ import annotations
+
+from test_scheduler_round import CFG, job, pool, spec
+
+from trainyard.cost.quote import option_for
+from trainyard.schedule import CandidateCache, schedule_round
+from trainyard.schedule.candidates import price_option
+
+BIG = {
+    "model": {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000},
+    "workload": {"seq_len": 2048, "global_batch": 64, "steps": 1000},
+    "resources": {"min_devices": 16, "max_devices": 16},
+}
+
+
+def test_predictions_are_shared_by_jobs_of_one_shape() -> None:
+    pools = [pool("a", "a100-80gb", 2.0), pool("h", "h100-80gb", 3.5)]
+    cache = CandidateCache()
+    schedule_round([job(spec("one"))], pools, config=CFG, cache=cache)
+    n = len(cache.predictions)
+    assert n > 0
+    # other name, length, deadline and budget: same shape, no new prediction
+    other = spec("two", workload={"steps": 7000}, objective={"deadline": "48h", "budget_usd": 500.0})
+    schedule_round([job(other)], pools, config=CFG, cache=cache)
+    assert len(cache.predictions) == n
+    from trainyard.schedule.candidates import shape_key
+
+    assert shape_key(other) == shape_key(spec("one"))
+    # a different shape (batch) is predicted anew
+    wider = spec("three", workload={"global_batch": 16})
+    assert shape_key(wider) != shape_key(spec("one"))
+    schedule_round([job(wider)], pools, config=CFG, cache=cache)
+    assert len(cache.predictions) > n
+
+
+def test_step_times_use_the_pools_topology_as_quotes_do() -> None:
+    s = spec("big", **BIG)
+    cache = CandidateCache()  # one cache for both pools: the topology is part of the key
+    slow = pool("slow", "h100-80gb", 3.0, per_node=8, nodes=2, inter_node_gbps=10.0)
+    fast = pool("fast", "h100-80gb", 3.0, per_node=8, nodes=2, inter_node_gbps=400.0)
+    for p in (fast, slow, fast):
+        ours = price_option(s, p, 16, 0.0, cache)
+        assert ours.step_time_s == option_for(s, p, 16).step_time_s
+        assert ours.expected_cost_usd == option_for(s, p, 16).expected_cost_usd
+    # the slow network does make a difference (so the comparison above can fail)
+    assert (
+        price_option(s, slow, 16, 0.0, cache).step_time_s > price_option(s, fast, 16, 0.0, cache).step_time_s
+    )
