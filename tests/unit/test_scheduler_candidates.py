@@ -1,11 +1,11 @@
-"""Candidate pricing: predictions shared per workload shape, with the pool's topology."""
+"""Candidate pricing: predictions shared per workload shape, the pool's topology, queued progress."""
 
 from __future__ import annotations
 
 from test_scheduler_round import CFG, job, pool, spec
 
 from trainyard.cost.quote import option_for
-from trainyard.schedule import CandidateCache, schedule_round
+from trainyard.schedule import CandidateCache, QueuedJob, schedule_round
 from trainyard.schedule.candidates import price_option
 
 BIG = {
@@ -48,3 +48,16 @@ def test_step_times_use_the_pools_topology_as_quotes_do() -> None:
     assert (
         price_option(s, slow, 16, 0.0, cache).step_time_s > price_option(s, fast, 16, 0.0, cache).step_time_s
     )
+
+
+def test_a_requeued_job_is_priced_for_its_remaining_work() -> None:
+    s = spec("resume")
+    pools = [pool("a", "a100-80gb", 2.0)]
+    cache = CandidateCache()
+    fresh = schedule_round([job(s)], pools, config=CFG, cache=cache).placements[0]
+    half = QueuedJob(job_id="resume", tenant="t", spec=s, submit_s=0.0, progress_fraction=0.5)
+    again = schedule_round([half], pools, config=CFG, cache=cache).placements[0]
+    want = option_for(s, pools[0], 1, elapsed_fraction=0.5)
+    assert again.expected_cost_usd == want.expected_cost_usd
+    assert again.expected_cost_usd < 0.6 * fresh.expected_cost_usd
+    assert QueuedJob(job_id="x", tenant="t", spec=s, submit_s=0.0).progress_fraction == 0.0

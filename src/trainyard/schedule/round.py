@@ -205,7 +205,8 @@ def _spec_view(
 ) -> _SpecView:
     """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
     and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
-    skey = (cache.key(qj.spec), qj.spec.objective.minimize, pools_key, cfg.reserved_cost_factor,
+    progress = queued_progress(qj)
+    skey = (cache.key(qj.spec), qj.spec.objective.minimize, progress, pools_key, cfg.reserved_cost_factor,
             cfg.time_value_usd_per_hour)  # fmt: skip
     static = cache.views.get(skey)
     if static is None:
@@ -220,6 +221,7 @@ def _spec_view(
                 deadline_abs_s=None,
                 config=cfg,
                 cache=cache,
+                elapsed_fraction=progress,
             )
         ]
         feasible_all = sorted((c for c in cands if c.feasible), key=_sort_key)
@@ -236,6 +238,11 @@ def _spec_view(
         min((c.expected_hours_p90 for c in feasible), default=0.0),
         _seed(fitting, cfg),
     )
+
+
+def queued_progress(qj: QueuedJob) -> float:
+    """The queued job's done share as priced: clamped to [0, 0.999] (the cost model needs work left)."""
+    return min(max(float(qj.progress_fraction), 0.0), 0.999)
 
 
 def _seed(fitting: Sequence[Candidate], cfg: SchedulerConfig) -> tuple[Candidate, ...]:
@@ -288,13 +295,13 @@ def schedule_round(
     running_by_id: dict[str, RunningJob] = {}
     forced_reason: dict[str, str] = {}
 
-    views: dict[tuple[str, Minimize], _SpecView] = {}
+    views: dict[tuple[str, Minimize, float], _SpecView] = {}
     late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
     full: list[tuple[ProblemJob, list[Candidate]]] = []
     pools_key = tuple(pool_price_key(p) for p in pools)
     for qj in jobs:
         deadline = qj.deadline_abs_s
-        vkey = (cache.key(qj.spec), qj.spec.objective.minimize)
+        vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
         view = views.get(vkey)
         if view is None:
             view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache)

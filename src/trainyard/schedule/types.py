@@ -28,6 +28,9 @@ class QueuedJob:
     spec: JobSpec
     submit_s: float
     priority: int = 0  # higher runs first when capacity is short; weight 2**priority (clamped to [-3, 6])
+    # share of the job's steps already done and checkpointed (a job re-queued after a preemption), in
+    # [0, 1): only the rest is priced
+    progress_fraction: float = 0.0
 
     @property
     def deadline_abs_s(self) -> float | None:

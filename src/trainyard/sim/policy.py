@@ -303,7 +303,18 @@ class SchedulerPolicy:
         if self.markets is not None:
             pools = [p for p in pools if _market(p) in self.markets]
         names = {p.name for p in pools}
-        qjobs = [QueuedJob(q.job_id, q.tenant, q.spec, q.submit_s, q.priority) for q in queued]
+        # checkpointed progress of a re-queued job, floored to whole percent like a running job's
+        qjobs = [
+            QueuedJob(
+                q.job_id,
+                q.tenant,
+                q.spec,
+                q.submit_s,
+                q.priority,
+                progress_fraction=math.floor(q.progress_fraction * 100.0) / 100.0,
+            )
+            for q in queued
+        ]
         rjobs = [
             RunningJob(
                 job_id=r.job_id,
