@@ -1,4 +1,4 @@
-"""`trainyard jobs list|get|cancel|events|logs`."""
+"""`trainyard jobs list|get|cancel|preempt|events|logs`."""
 
 from __future__ import annotations
 
@@ -116,6 +116,27 @@ def cancel_job(
         print_json(doc)
         return
     console.print(f"{doc['id']}: {doc['state']}")
+
+
+@app.command("preempt")
+@handle_errors
+def preempt_job(
+    job_id: str = typer.Argument(..., help="Job id."),
+    notice_s: float = typer.Option(
+        None, "--notice-s", min=0, max=3600, help="Notice seconds (default: the pool's notice, else 30)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the job document as JSON."),
+) -> None:
+    """Inject a preemption (a drill): the workers checkpoint and exit, the job is requeued and resumes."""
+    with client() as c:
+        doc = c.preempt_job(job_id, notice_s=notice_s)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(
+        f"{doc['id']}: preemption notice sent; it checkpoints, goes preempted -> queued and resumes "
+        f"(follow with `trainyard jobs events {doc['id']} --follow`)"
+    )
 
 
 @app.command("events")

@@ -183,6 +183,11 @@ class TrainyardClient:
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def preempt_job(self, job_id: str, *, notice_s: float | None = None) -> dict[str, Any]:
+        """Inject a preemption: the job checkpoints, goes preempted -> queued and resumes elsewhere."""
+        body = {} if notice_s is None else {"notice_s": notice_s}
+        return self.request("POST", f"/v1/jobs/{job_id}/preempt", json=body)
+
     def job_events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit})
 

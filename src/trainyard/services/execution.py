@@ -6,6 +6,8 @@ that re-reads the job under a row lock, so a concurrent cancel from the API is n
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from trainyard.catalog.pools import Pool
+from trainyard.errors import ConflictError, NotFoundError, ServiceUnavailableError, TrainyardError
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
     Executor,
@@ -60,6 +63,7 @@ class Supervisor:
         schedule_round: ScheduleRound | None = None,
         restart_policy: RestartPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        spot_seed: int = 0,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -73,11 +77,19 @@ class Supervisor:
         self.clock = clock
         self._last_heartbeat_event: dict[str, float] = {}
         self.last_round: RoundResult | None = None
+        self._spot_rng = random.Random(spot_seed)
+        self._spot_last_s: float | None = None
 
     # ---- one tick of the control loop ----------------------------------------------------------
     def tick(self) -> None:
         """One pass of the control loop; a failing phase is logged and does not stop the others."""
-        for phase in (self.jobs.admit_pending, self.schedule_once, self.poll_once, self.sweep_cancelled):
+        for phase in (
+            self.jobs.admit_pending,
+            self.schedule_once,
+            self.poll_once,
+            self.sweep_cancelled,
+            self.spot_interruptions,
+        ):
             try:
                 phase()
             except Exception:
@@ -353,6 +365,73 @@ class Supervisor:
                 self.jobs.transition(s, job, JobState.QUEUED, reason, **closing)
             else:
                 self.jobs.transition(s, job, JobState.FAILED, reason, **closing)
+
+    # ---- preemption ------------------------------------------------------------------------------
+    def preempt(self, job_id: str, notice_s: float | None = None, *, by: str = "user") -> Job:
+        """Deliver a preemption notice to a running job's workers (a drill, or a spot reclaim).
+
+        The workers finish their step, write an emergency checkpoint if it fits in the notice and exit as
+        preempted; the executor reports that and the job goes preempted -> queued and is placed again,
+        resuming from its last committed checkpoint.
+        """
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id)
+            if job is None:
+                raise NotFoundError(f"no job {job_id!r}", hint="List your jobs with `trainyard jobs list`.")
+            if job.state not in (JobState.STARTING, JobState.RUNNING):
+                raise ConflictError(
+                    f"job {job_id} is {job.state.value}; only a starting or running job can be preempted",
+                    hint="See `trainyard jobs get ID` for its state.",
+                )
+        if notice_s is None:
+            pool = {p.name: p for p in self.pools.pools()}.get(job.placement.pool) if job.placement else None
+            notice_s = pool.notice_s if pool is not None and pool.notice_s is not None else DEFAULT_NOTICE_S
+        try:
+            self.executor.preempt(job.id, float(notice_s))
+        except TrainyardError:
+            raise
+        except Exception as exc:
+            raise ServiceUnavailableError(f"the executor could not deliver the notice: {exc}") from exc
+        with self.db.session() as s:
+            EventRepo(s).append(
+                job.id,
+                "preemption_notice",
+                {"attempt": job.attempt, "notice_s": float(notice_s), "by": by},
+                self.clock(),
+            )
+        log.info("preemption_notice", job_id=job.id, attempt=job.attempt, notice_s=notice_s, by=by)
+        return job
+
+    def spot_interruptions(self) -> int:
+        """Reclaim spot capacity at each pool's ``interruption_rate_per_hour``: for every running job on a
+        spot pool, a notice arrives in this tick's interval with probability 1 - exp(-rate x dt)
+        (a Poisson process; seeded, on the injected clock)."""
+        now = self.clock()
+        last, self._spot_last_s = self._spot_last_s, now
+        if last is None or now <= last:
+            return 0
+        spot = {
+            p.name: p
+            for p in self.pools.pools()
+            if str(getattr(p.market, "value", p.market)) == "spot" and (p.interruption_rate_per_hour or 0) > 0
+        }
+        if not spot:
+            return 0
+        with self.db.session() as s:
+            running = JobRepo(s).list(states=[JobState.RUNNING.value], limit=100_000)
+        hits = 0
+        for job in sorted(running, key=lambda j: j.id):
+            pool = spot.get(job.placement.pool) if job.placement else None
+            if pool is None:
+                continue
+            rate_per_s = float(pool.interruption_rate_per_hour or 0.0) / 3600.0
+            if self._spot_rng.random() < 1.0 - math.exp(-rate_per_s * (now - last)):
+                try:
+                    self.preempt(job.id, by="spot")
+                    hits += 1
+                except TrainyardError as exc:
+                    log.warning("spot_preempt_failed", job_id=job.id, error=exc.message)
+        return hits
 
     # ---- cancellation ----------------------------------------------------------------------------
     def sweep_cancelled(self) -> int:

@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, list, get, cancel, events, logs."""
+"""/v1/jobs: submit, list, get, cancel, preempt, events, logs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
 from trainyard.api.schemas import ErrorEnvelope, EventList, JobDocument, JobList, LogChunk, SubmitJobRequest
-from trainyard.errors import InvalidInputError
+from trainyard.errors import ConflictError, InvalidInputError
 from trainyard.executors.base import rank_log_name
 from trainyard.services.domain import Job
 from trainyard.services.jobs import job_document
@@ -98,6 +99,42 @@ def get_job(job_id: JobId, request: Request, principal: CurrentPrincipal) -> JSO
 )
 def cancel_job(job_id: JobId, request: Request, principal: CurrentPrincipal) -> JSONResponse:
     job = _platform(request).jobs.cancel(principal, job_id)
+    return JSONResponse(job_document(job, []))
+
+
+class PreemptRequest(BaseModel):
+    notice_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="Seconds between the notice and the kill (default: the pool's notice_s, else 30).",
+        examples=[5.0],
+    )
+
+
+@router.post(
+    "/{job_id}/preempt",
+    response_model=JobDocument,
+    responses={
+        **ERRORS,
+        409: {"model": ErrorEnvelope, "description": "The job is not starting or running"},
+    },
+    summary="Inject a preemption (drill): notice, emergency checkpoint, requeue, resume",
+)
+def preempt_job(
+    job_id: JobId, request: Request, principal: CurrentPrincipal, body: PreemptRequest | None = None
+) -> JSONResponse:
+    platform = _platform(request)
+    if not principal.admin:
+        platform.jobs.get(principal, job_id)  # 404 for another tenant's job
+    supervisor = platform.supervisor
+    if supervisor is None:
+        raise ConflictError(
+            "this server runs no executor, so no job is running to preempt",
+            hint="Start the platform with `trainyard up --executor local` (or ray).",
+        )
+    notice_s = body.notice_s if body is not None else None
+    job = supervisor.preempt(job_id, notice_s, by=principal.tenant_name)
     return JSONResponse(job_document(job, []))
 
 
