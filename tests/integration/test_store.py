@@ -20,7 +20,7 @@ from trainyard.store.db import HEAD_REVISION, Database, current_revision, table_
 from trainyard.store.models import Base
 from trainyard.store.repositories import EventRepo, JobRepo
 
-TABLES = {"alembic_version", "api_keys", "job_events", "jobs", "pools", "tenants"}
+TABLES = {"alembic_version", "api_keys", "job_events", "jobs", "pools", "step_time_measurements", "tenants"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

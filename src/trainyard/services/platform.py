@@ -17,9 +17,11 @@ import structlog
 
 from trainyard.executors.base import Executor
 from trainyard.services.execution import Supervisor
+from trainyard.services.feedback import Feedback
 from trainyard.services.jobs import JobService
 from trainyard.services.pools import PoolService, local_cpu_pool
 from trainyard.services.quoting import QuoteFn
+from trainyard.services.scheduler_adapter import ReplanningSupervisor
 from trainyard.services.scheduling import ScheduleRound
 from trainyard.services.tenants import TenantService
 from trainyard.settings import Settings
@@ -49,6 +51,9 @@ class Platform:
         clock = self.options.clock
         self.tenants = TenantService(self.db, clock)
         self.pools = PoolService(self.db, clock)
+        self.feedback = Feedback(self.db, self.pools.pools, clock)
+        if self.options.quoter is None:
+            self.options.quoter = self.feedback.quote  # quotes use step times measured here
         self.jobs = JobService(
             self.db,
             quoter=self.options.quoter,
@@ -58,7 +63,7 @@ class Platform:
         )
         self.supervisor: Supervisor | None = None
         if self.options.executor is not None:
-            self.supervisor = Supervisor(
+            self.supervisor = ReplanningSupervisor(
                 self.db,
                 self.jobs,
                 self.pools,
@@ -67,6 +72,7 @@ class Platform:
                 checkpoint_url=(self.home / "checkpoints").resolve().as_uri(),
                 schedule_round=self.options.schedule_round,
                 clock=clock,
+                feedback=self.feedback,
             )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,6 +92,7 @@ class Platform:
             log.info("default_tenant_key_written", path=str(self.settings.api_key_path))
         if self.options.register_local_pool:
             self.pools.ensure_local(local_cpu_pool(self.options.cpu_count))
+        self.feedback.rebuild()
         if self.supervisor is not None:
             self.supervisor.reconcile()
         self.ready = True

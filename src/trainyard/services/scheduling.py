@@ -27,12 +27,41 @@ class QueuedJobView:
     attempt: int = 0
     tenant_devices_in_use: int = 0
     tenant_max_active_devices: int | None = None
+    progress_fraction: float = 0.0  # share of the steps done and checkpointed (a re-queued job)
+
+
+@dataclass(frozen=True)
+class RunningJobView:
+    """What a round needs to know about one job holding an allocation (for migration)."""
+
+    job_id: str
+    tenant_id: str
+    spec: dict[str, Any]  # JobSpec document
+    submitted_at_s: float
+    pool: str
+    devices: int
+    market: str
+    placed_s: float  # when the current attempt started
+    progress_fraction: float = 0.0  # latest heartbeat step / total steps
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A running job the round moves: checkpoint now, resume on ``placement.pool``."""
+
+    job_id: str
+    from_pool: str
+    placement: Placement
+    savings_usd: float  # remaining work on the current allocation minus on the new one
+    cost_usd: float  # the move itself: checkpoint, transfer, conversion, restart, recompile
+    reason: str
 
 
 @dataclass(frozen=True)
 class RoundResult:
     placements: dict[str, Placement]  # job id -> placement
     unplaced: dict[str, str]  # job id -> reason
+    migrations: dict[str, Migration] = field(default_factory=dict)  # job id -> move of a running job
 
 
 class ScheduleRound(Protocol):

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from trainyard.errors import InvalidInputError, ServiceUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-HEAD_REVISION = "0001_initial"
+HEAD_REVISION = "0002_step_times"
 
 
 def make_engine(url: str, *, pool_size: int = 16) -> Engine:

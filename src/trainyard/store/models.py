@@ -97,3 +97,22 @@ class PoolRow(Base):
     doc: Mapped[dict[str, Any]] = mapped_column(JSON)
     source: Mapped[str] = mapped_column(String(16))
     updated_at_s: Mapped[float] = mapped_column(Float)
+
+
+class StepTimeMeasurementRow(Base):
+    """Measured step times of one job attempt (steady-state heartbeats), fed back into the predictor."""
+
+    __tablename__ = "step_time_measurements"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", name="uq_step_time_job_attempt"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40))
+    attempt: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(200))
+    accelerator: Mapped[str] = mapped_column(String(64), index=True)
+    devices: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    median_step_time_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    step_times_s: Mapped[list[Any]] = mapped_column(JSON)
+    measured_at_s: Mapped[float] = mapped_column(Float)

@@ -13,7 +13,14 @@ from sqlalchemy.orm import Session
 
 from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
 from trainyard.services.lifecycle import JobState
-from trainyard.store.models import ApiKeyRow, JobEventRow, JobRow, PoolRow, TenantRow
+from trainyard.store.models import (
+    ApiKeyRow,
+    JobEventRow,
+    JobRow,
+    PoolRow,
+    StepTimeMeasurementRow,
+    TenantRow,
+)
 
 # Statements built once: constructing a Core statement per call costs more than executing it.
 _INSERT_JOB = insert(JobRow).returning(JobRow.seq)
@@ -283,3 +290,54 @@ class PoolRepo:
             return False
         self.s.delete(row)
         return True
+
+
+class StepTimeRepo:
+    """Measured step times per job attempt (one row per attempt; a repeated attempt is ignored)."""
+
+    def __init__(self, s: Session) -> None:
+        self.s = s
+
+    def add(self, doc: dict[str, Any]) -> bool:
+        """Store one attempt's measurement; False when that (job, attempt) is already stored."""
+        exists = self.s.scalar(
+            select(StepTimeMeasurementRow.id).where(
+                StepTimeMeasurementRow.job_id == doc["job_id"],
+                StepTimeMeasurementRow.attempt == doc["attempt"],
+            )
+        )
+        if exists is not None:
+            return False
+        self.s.connection().execute(insert(StepTimeMeasurementRow), doc)
+        return True
+
+    def list(self, *, after_id: int = 0, limit: int = 10_000) -> builtins.list[dict[str, Any]]:
+        """Rows with an id above ``after_id``, oldest first, as plain documents (with their ``id``)."""
+        q = (
+            select(StepTimeMeasurementRow)
+            .where(StepTimeMeasurementRow.id > after_id)
+            .order_by(StepTimeMeasurementRow.id)
+            .limit(limit)
+        )
+        return [_measurement(r) for r in self.s.scalars(q)]
+
+    def recent(self, limit: int) -> builtins.list[dict[str, Any]]:
+        """The newest ``limit`` rows, oldest first."""
+        q = select(StepTimeMeasurementRow).order_by(StepTimeMeasurementRow.id.desc()).limit(limit)
+        return [_measurement(r) for r in reversed(list(self.s.scalars(q)))]
+
+
+def _measurement(r: StepTimeMeasurementRow) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "job_id": r.job_id,
+        "attempt": r.attempt,
+        "pool": r.pool,
+        "accelerator": r.accelerator,
+        "devices": r.devices,
+        "spec": r.spec,
+        "median_step_time_s": r.median_step_time_s,
+        "samples": r.samples,
+        "step_times_s": list(r.step_times_s),
+        "measured_at_s": r.measured_at_s,
+    }
