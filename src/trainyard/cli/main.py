@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -35,12 +34,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str) -> click.Command:
+def load_command(name: str) -> Any:
     """Import a command's module and turn its Typer app or function into a click command."""
     module_name, attribute, _ = COMMANDS[name]
     obj: Any = getattr(importlib.import_module(module_name), attribute)
     if isinstance(obj, typer.Typer):
         command = typer.main.get_command(obj)
+        if not isinstance(command, TyperGroup):
+            # Typer collapses an app with a single command into that command; keep it a group so that
+            # `trainyard trace generate` stays `trace generate`.
+            command = TyperGroup(name=name, commands=[command], help=COMMANDS[name][2], no_args_is_help=True)
     else:
         single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
         single.command(name)(obj)
@@ -52,15 +55,15 @@ def load_command(name: str) -> click.Command:
 class LazyGroup(TyperGroup):
     """A Typer group whose registered commands are joined by the lazily imported ones."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return sorted({*super().list_commands(ctx), *COMMANDS})
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in COMMANDS:
             return load_command(cmd_name)
         return super().get_command(ctx, cmd_name)
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
         rows += [(n, c.get_short_help_str()) for n, c in sorted(self.commands.items())]
         with formatter.section("Commands"):
