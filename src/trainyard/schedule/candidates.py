@@ -44,6 +44,23 @@ _NOT_SHAPE: dict[str, Any] = {
 }
 
 
+#: Spec fields a quote reads only through the job's length or in its last, length-dependent checks.
+_NOT_BASE: dict[str, Any] = {
+    "name": True,
+    "tags": True,
+    "workload": {"steps", "tokens", "epochs", "dataset_tokens"},
+    "objective": {"deadline", "budget_usd"},
+    "resources": {"accelerator_hours"},
+}
+
+
+def base_key(spec: JobSpec) -> str:
+    """Identity of everything a quote reads from a spec except the job's length, deadline, budget and
+    device-hour limit: two specs with equal base keys differ only in work, so one's quote on a pool
+    rescales exactly to the other's (:func:`rescale_option`)."""
+    return spec.model_dump_json(exclude=_NOT_BASE)
+
+
 def shape_key(spec: JobSpec) -> str:
     """Identity of a spec's workload shape: everything the predictor reads (model, precision, batch,
     sequence length, method, parallelism pins, measured step times, device range), nothing else."""
@@ -67,6 +84,12 @@ class CandidateCache:
     )  # priced candidate lists per spec and pools
     _keys: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    _facts: dict[int, tuple[JobSpec, Any]] = field(default_factory=dict)
+    _bases: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
+    # one full quote per (base key, pool prices, device count): other lengths and progress rescale it
+    base_options: dict[tuple[Any, ...], QuoteOption] = field(default_factory=dict)
+    _accelerators: dict[str, Any] = field(default_factory=dict)
     max_entries: int = 500_000
 
     def key(self, spec: JobSpec) -> str:
@@ -75,6 +98,48 @@ class CandidateCache:
             return hit[1]
         k = spec_key(spec)
         self._keys[id(spec)] = (spec, k)
+        return k
+
+    def facts(self, spec: JobSpec) -> Any:
+        """``cost.quote.SpecFacts`` of ``spec`` without its deadline (the scheduler checks deadlines
+        against its clock), memoised per spec object."""
+        hit = self._facts.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        from trainyard.cost.quote import SpecFacts
+
+        f = SpecFacts.of(spec, None, math.inf)
+        self._facts[id(spec)] = (spec, f)
+        return f
+
+    def accelerator(self, pool: Pool) -> Any:
+        """The catalog accelerator of the pool (``option_for`` applies the pool's memory to it)."""
+        hit = self._accelerators.get(pool.accelerator)
+        if hit is None:
+            from trainyard.catalog.accelerators import get_accelerator
+
+            hit = get_accelerator(pool.accelerator)
+            self._accelerators[pool.accelerator] = hit
+        return hit
+
+    def pool_key(self, pool: Pool) -> tuple[Any, ...]:
+        """:func:`pool_price_key` of ``pool``, memoised per pool object (a round's pools)."""
+        hit = self._pool_keys.get(id(pool))
+        if hit is not None and hit[0] is pool:
+            return hit[1]
+        if len(self._pool_keys) > 4096:
+            self._pool_keys.clear()
+        k = pool_price_key(pool)
+        self._pool_keys[id(pool)] = (pool, k)
+        return k
+
+    def base(self, spec: JobSpec) -> str:
+        """:func:`base_key` of ``spec``, memoised per spec object."""
+        hit = self._bases.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        k = base_key(spec)
+        self._bases[id(spec)] = (spec, k)
         return k
 
     def shape(self, spec: JobSpec) -> str:
@@ -88,7 +153,7 @@ class CandidateCache:
 
     def trim(self) -> None:
         """Drop everything once the memo grows past ``max_entries`` (each round starts with this)."""
-        if len(self.options) + len(self.views) + len(self._keys) > self.max_entries:
+        if len(self.options) + len(self.views) + len(self._keys) + len(self.base_options) > self.max_entries:
             self.options.clear()
             self.predictions.clear()
             self.device_counts.clear()
@@ -96,6 +161,9 @@ class CandidateCache:
             self.views.clear()
             self._keys.clear()
             self._shapes.clear()
+            self._facts.clear()
+            self._bases.clear()
+            self.base_options.clear()
 
 
 Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]
@@ -136,10 +204,17 @@ def price_option(
     from trainyard.cost.quote import option_for
 
     key = cache.key(spec)
-    ok = (key, pool_price_key(pool), devices, round(elapsed_fraction, 6))
+    pkey = cache.pool_key(pool)
+    ok = (key, pkey, devices, round(elapsed_fraction, 6))
     hit = cache.options.get(ok)
     if hit is not None:
         return hit
+    bk = (cache.base(spec), pkey, devices)
+    base = cache.base_options.get(bk)
+    if base is not None:
+        opt = rescale_option(base, spec, pool, elapsed_fraction, cache)
+        cache.options[ok] = opt
+        return opt
     # deadline_s=inf: the scheduler checks deadlines itself, against its clock (to_candidate,
     # schedule_round), and places a job that can no longer meet its deadline rather than stranding it
     opt = option_for(
@@ -149,9 +224,110 @@ def price_option(
         elapsed_fraction=elapsed_fraction,
         deadline_s=math.inf,
         predict_fn=_predict_fn(cache, spec, pool),
+        accelerator=cache.accelerator(pool),
+        facts=cache.facts(spec),
     )
     cache.options[ok] = opt
+    cache.base_options[bk] = opt
     return opt
+
+
+def rescale_option(
+    base: QuoteOption, spec: JobSpec, pool: Pool, elapsed_fraction: float, cache: CandidateCache
+) -> QuoteOption:
+    """``option_for(spec, pool, base.devices, elapsed_fraction=..., deadline_s=inf)`` from ``base``, the
+    same pool's quote for a spec with the same :func:`base_key` (another length, budget or progress).
+
+    Everything before the work enters a quote (step times, price, checkpoint interval and stall,
+    restart, interruption rate, the step-independent reasons) is taken from ``base``; the rest is the
+    cost model's own arithmetic (``trainyard.cost.model``) in ``option_for``'s order, so the numbers are
+    identical (a property test compares the two on random specs, pools and progress).
+    """
+    from trainyard.cost import model as cm
+    from trainyard.cost.quote import interconnect_gbps, pool_accelerator
+
+    if not 0.0 <= elapsed_fraction < 1.0:
+        raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
+    if base.total_steps == 0:
+        return base  # rejected before any work was priced (eligibility, shape, price, memory): no length
+    params = cm.DEFAULT_PARAMS
+    facts = cache.facts(spec)
+    acc = cache.accelerator(pool)
+    devices, nodes = base.devices, base.nodes
+    step_s, step_p90_s, price_h = base.step_time_s, base.step_time_p90_s, base.price_usd_per_hour
+    interval_s, stall_s, rst_s, rate_h = (
+        base.checkpoint_interval_s,
+        base.checkpoint_s,
+        base.restart_s,
+        base.interruption_rate_per_hour,
+    )
+    total_steps = facts.total_steps
+    remaining_steps = total_steps * (1.0 - elapsed_fraction)
+    work_s = remaining_steps * step_s
+    work_p90_s = remaining_steps * step_p90_s
+    url = spec.checkpoint.storage
+    load_s = cm.checkpoint_load_s(facts.checkpoint_bytes, nodes, cm.storage_read_gb_per_s(url, params))
+    provisioning_s = params.provisioning_s.get(acc.family, cm.DEFAULT_PROVISIONING_S)
+    rate_s = rate_h / cm.SECONDS_PER_HOUR
+    ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
+    pre_frac = cm.preemption_fraction(interval_s, rate_s, rst_s)
+    startup_s = provisioning_s + base.compile_s + (load_s if elapsed_fraction > 0 else 0.0)
+    billed_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
+    wait_s = params.spot_capacity_wait_s if rate_s > 0 else 0.0
+    wall_s = billed_s + rate_s * work_s * wait_s
+    wall_p90_s = cm.pessimistic_wall_s(
+        work_p_s=work_p90_s,
+        checkpoint_frac=ckpt_frac,
+        interval_s=interval_s,
+        rate_per_s=rate_s,
+        restart_s=rst_s,
+        startup_s=startup_s,
+        quantile=params.deadline_quantile,
+        wait_s=wait_s,
+    )
+    cost = cm.dollars(price_h, billed_s)
+    reason = ""
+    need = spec.resources.min_interconnect_gbps
+    if need is not None:
+        link = interconnect_gbps(pool, pool_accelerator(pool, acc), devices)
+        if link < need:
+            reason = (
+                f"resources.min_interconnect_gbps: {devices} x {base.accelerator} on {nodes} node(s) has "
+                f"{link:g} Gbit/s per device < {need:g}"
+            )
+    if not reason and pre_frac >= 1.0:
+        reason = (
+            f"preemptions every {1 / rate_h:.1f} h cost {rst_s:.0f} s restart + half a "
+            f"{interval_s:.0f} s interval each: more wall time is lost than trained"
+        )
+    dl = facts.deadline_s
+    if not reason and dl is not None and math.isfinite(dl):
+        raise ValueError("rescale_option prices without a deadline (the scheduler checks deadlines)")
+    if not reason and spec.objective.budget_usd is not None and cost > spec.objective.budget_usd:
+        budget = spec.objective.budget_usd
+        reason = f"objective.budget_usd: expected ${cost:,.2f} exceeds the budget ${budget:,.2f}"
+    if not reason and spec.resources.accelerator_hours is not None:
+        dev_h = devices * billed_s / cm.SECONDS_PER_HOUR
+        if dev_h > spec.resources.accelerator_hours:
+            reason = (
+                f"resources.accelerator_hours: {dev_h:,.1f} device-hours exceed the limit "
+                f"{spec.resources.accelerator_hours:g}"
+            )
+    # dataclasses.replace without re-running __init__ (a copy of the frozen option with these fields)
+    out = object.__new__(type(base))
+    out.__dict__.update(base.__dict__)
+    out.__dict__.update(
+        expected_hours=wall_s / cm.SECONDS_PER_HOUR,
+        expected_cost_usd=cost,
+        preemption_overhead_usd=cm.dollars(price_h, work_s * pre_frac),
+        expected_hours_p90=wall_p90_s / cm.SECONDS_PER_HOUR,
+        checkpoint_overhead_usd=cm.dollars(price_h, work_s * ckpt_frac),
+        total_steps=total_steps,
+        capacity_wait_hours=(wall_s - billed_s) / cm.SECONDS_PER_HOUR,
+        feasible=not reason,
+        reason=reason,
+    )
+    return out
 
 
 def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:

@@ -560,17 +560,12 @@ class Simulator:
             self._rejected += 1
 
     def _start(self, job: _Job, ps: _PoolState, devices: int, extra_startup_s: float) -> None:
-        from trainyard.cost.quote import option_for
+        from trainyard.schedule.candidates import price_option
 
         progress = min(1.0, job.durable_steps / job.total_steps) if job.total_steps > 0 else 0.0
-        live = ps.live()
-        opt = option_for(
-            job.spec,
-            live,
-            devices,
-            elapsed_fraction=min(progress, 0.999999),
-            predict_fn=self.book.predictor(live),
-        )
+        # the cost model's quote for this allocation (option_for, through the shared cache); only its
+        # step time, checkpointing and restart figures are used, which do not depend on the deadline
+        opt = price_option(job.spec, ps.live(), devices, min(progress, 0.999999), self.book.cache)
         write_s = (
             self.config.checkpoint_write_s if self.config.checkpoint_write_s is not None else opt.checkpoint_s
         )

@@ -90,49 +90,22 @@ class OptionBook:
     """Memo of the cost model's options per (job, pool, device count), priced on the pool as configured.
 
     Shared by the baselines and the lower bound. Prices used for ranking are read from the live pool;
-    the option supplies feasibility, step time and expected cost. Predictions (step time and memory per
-    accelerator and device count) do not depend on a job's length or objective, so they are memoised
-    per model/workload shape and shared by every job of that shape.
+    the option supplies feasibility, step time and expected cost. Quotes go through the scheduler's
+    ``CandidateCache`` (shared with the scheduler policies of the same run): predictions are memoised per
+    workload shape and pool topology, and a job that differs from an earlier one only in length gets that
+    job's quote rescaled (the same numbers as ``option_for``).
     """
 
     counts: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     options: dict[tuple[str, str, int], QuoteOption] = field(default_factory=dict)
     base_pools: dict[str, Pool] = field(default_factory=dict)
-    predictions: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
-    _predictors: dict[tuple[Any, ...], Callable[[JobSpec, Any, int], Any]] = field(default_factory=dict)
+    cache: Any = None  # trainyard.schedule.CandidateCache; None: a new one
 
-    def shape_key(self, spec: JobSpec) -> str:
-        hit = self._shapes.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        from trainyard.schedule.candidates import shape_key
+    def __post_init__(self) -> None:
+        if self.cache is None:
+            from trainyard.schedule import CandidateCache
 
-        key = shape_key(spec)
-        self._shapes[id(spec)] = (spec, key)
-        return key
-
-    def predictor(self, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
-        """The predictor as the cost model calls it for ``pool`` (with the pool's topology), memoised."""
-        from trainyard.cost.quote import pool_accelerator, predict_kwargs
-        from trainyard.predict import predict
-
-        topology = predict_kwargs(pool, pool_accelerator(pool))
-        topo_key = (pool.accelerator, *sorted(topology.items()))
-        hit = self._predictors.get(topo_key)
-        if hit is not None:
-            return hit
-
-        def cached(spec: JobSpec, accelerator: Any, devices: int) -> Any:
-            key = (self.shape_key(spec), accelerator.name, accelerator.memory_gib, devices, topo_key)
-            pred = self.predictions.get(key)
-            if pred is None:
-                pred = predict(spec, accelerator, devices, **topology)
-                self.predictions[key] = pred
-            return pred
-
-        self._predictors[topo_key] = cached
-        return cached
+            self.cache = CandidateCache()
 
     def set_pools(self, pools: Sequence[Pool]) -> None:
         self.base_pools = {p.name: p.model_copy(update={"available_devices": None}) for p in pools}
@@ -148,14 +121,14 @@ class OptionBook:
         return hit
 
     def option(self, job_id: str, spec: JobSpec, pool_name: str, devices: int) -> QuoteOption:
-        from trainyard.cost.quote import option_for
+        """``option_for(spec, pool, devices, deadline_s=inf)`` on the pool as configured (through the
+        scheduler's cache: the same numbers, shared with its rounds); feasible() applies the deadline."""
+        from trainyard.schedule.candidates import price_option
 
         key = (job_id, pool_name, devices)
         hit = self.options.get(key)
         if hit is None:
-            pool = self.base_pools[pool_name]
-            # priced without the deadline (deadline_s=inf); feasible() applies it where asked
-            hit = option_for(spec, pool, devices, deadline_s=math.inf, predict_fn=self.predictor(pool))
+            hit = price_option(spec, self.base_pools[pool_name], devices, 0.0, self.cache)
             self.options[key] = hit
         return hit
 
@@ -340,10 +313,13 @@ class SchedulerPolicy:
 def make_policy(name: str, book: OptionBook, scheduler_config: Any = None) -> Policy:
     """A policy by its CLI name."""
     if name == "trainyard":
-        return SchedulerPolicy(name="trainyard", config=scheduler_config)
+        return SchedulerPolicy(name="trainyard", config=scheduler_config, cache=book.cache)
     if name == "on-demand-only":
         return SchedulerPolicy(
-            name="on-demand-only", markets=frozenset({"on_demand", "reserved"}), config=scheduler_config
+            name="on-demand-only",
+            markets=frozenset({"on_demand", "reserved"}),
+            config=scheduler_config,
+            cache=book.cache,
         )
     if name == "cheapest-hourly":
         return cheapest_hourly(book)
