@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     port: int = 8080
     executor: str = "local"
     ray_address: str | None = None
+    # local paths every Ray node mounts (comma-separated); file:// checkpoint storage must lie under one
+    ray_shared_paths: str | None = None
     reserved_discount_1y: float = 0.35
     reserved_discount_3y: float = 0.55
 

@@ -169,3 +169,69 @@ def _principal(platform: Platform) -> Any:
 
     t = next(t for t in platform.tenants.list() if t.name == "default")
     return Principal(tenant_id=t.id, tenant_name=t.name, key_id="test", admin=True)
+
+
+def test_preemptions_do_not_use_up_the_restart_budget(tmp_path: Path) -> None:
+    clock = Clock()
+    platform, ex = scripted(tmp_path, clock)
+    try:
+        (job, _) = platform.jobs.submit(
+            _principal(platform), JobSpec.model_validate(tiny_spec("often-preempted"))
+        )
+        for attempt in range(1, 6):  # five preemptions in a row
+            platform.tick()  # placed and launched
+            assert platform.jobs.get(_principal(platform), job.id).attempt == attempt
+            ex.emit(job.id, "preempted", {"rank": 0, "step": attempt}, time_s=clock.now)
+            clock.now += 10
+            platform.tick()  # preempted -> queued
+        platform.tick()
+        ex.emit(job.id, "lost", {"reason": "rank 0 stopped heart-beating", "rank": 0}, time_s=clock.now)
+        platform.tick()  # lost -> restart -> queued
+        platform.tick()  # placed again
+        doc = platform.jobs.get(_principal(platform), job.id)
+        assert doc.state.value in ("starting", "running"), doc.reason  # restarted, not failed
+        assert doc.attempt == 7
+        events = platform.jobs.events(_principal(platform), job.id, limit=5000)
+        restarts = [e.data for e in events if e.kind == "restart"]
+        assert len(restarts) == 1 and restarts[0]["classification"] == "infra"
+        assert restarts[0]["restart"] == 1 and restarts[0]["max_restarts"] == 3
+    finally:
+        platform.close()
+
+
+class StorageRefusingExecutor(FakeExecutor):
+    """An executor whose launches are refused for unusable checkpoint storage (as Ray refuses a local
+    path that not every node mounts)."""
+
+    def launch(self, req: Any) -> Any:
+        from trainyard.errors import StorageError
+
+        raise StorageError(
+            f"checkpoint storage {req.checkpoint_url} is not shared by every node",
+            hint="Use an object store or a path under --ray-shared-paths.",
+        )
+
+
+def test_storage_error_at_launch_fails_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    ex = StorageRefusingExecutor()
+    platform = Platform.open(
+        Settings(home=tmp_path),
+        PlatformOptions(
+            executor=ex, schedule_round=GreedyCheapestRound(), cpu_count=2, with_catalog=False, clock=clock
+        ),
+    )
+    try:
+        (job, _) = platform.jobs.submit(
+            _principal(platform), JobSpec.model_validate(tiny_spec("bad-storage"))
+        )
+        platform.tick()
+        doc = platform.jobs.get(_principal(platform), job.id)
+        assert doc.state.value == "failed" and doc.attempt == 1
+        assert "checkpoint storage unusable" in (doc.reason or "")
+        events = platform.jobs.events(_principal(platform), job.id, limit=5000)
+        failed = [e.data for e in events if e.kind == "failed"]
+        assert failed and failed[0]["classification"] == "storage" and "ray-shared-paths" in failed[0]["hint"]
+        assert not [e for e in events if e.kind == "restart"]
+    finally:
+        platform.close()

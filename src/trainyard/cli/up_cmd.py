@@ -19,6 +19,15 @@ def up(
         "--executor",
         help="Executor backend: local (default), ray, or none (queue jobs without running).",
     ),
+    ray_address: str = typer.Option(
+        None, "--ray-address", help="Ray cluster to run on with --executor ray (or TRAINYARD_RAY_ADDRESS)."
+    ),
+    ray_shared_paths: str = typer.Option(
+        None,
+        "--ray-shared-paths",
+        help="Comma-separated local paths every Ray node mounts (or TRAINYARD_RAY_SHARED_PATHS); "
+        "file:// checkpoint storage must lie under one of them.",
+    ),
     loop_interval_s: float = typer.Option(
         0.5, "--loop-interval-s", min=0.05, max=60.0, help="Seconds between control-loop ticks."
     ),
@@ -27,6 +36,13 @@ def up(
     from trainyard.server import serve
 
     settings = load_settings()
+    updates: dict[str, str] = {}
+    if ray_address:
+        updates["ray_address"] = ray_address
+    if ray_shared_paths:
+        updates["ray_shared_paths"] = ray_shared_paths
+    if updates:
+        settings = settings.model_copy(update=updates)
     serve(
         settings,
         host=host or settings.host,

@@ -17,7 +17,13 @@ import structlog
 from sqlalchemy.orm import Session
 
 from trainyard.catalog.pools import Pool
-from trainyard.errors import ConflictError, NotFoundError, ServiceUnavailableError, TrainyardError
+from trainyard.errors import (
+    ConflictError,
+    NotFoundError,
+    ServiceUnavailableError,
+    StorageError,
+    TrainyardError,
+)
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
     Executor,
@@ -199,7 +205,11 @@ class Supervisor:
         )
         try:
             workers = self.executor.launch(req)
-        except Exception as exc:  # any launch failure is an infrastructure failure of this attempt
+        except StorageError as exc:  # retrying cannot help: the checkpoint storage is unusable
+            log.warning("launch_refused_storage", job_id=job.id, attempt=attempt, error=exc.message[:500])
+            self._fail_for_storage(job.id, attempt, exc)
+            return
+        except Exception as exc:  # any other launch failure is an infrastructure failure of this attempt
             log.warning("launch_failed", job_id=job.id, attempt=attempt, error=str(exc)[:500])
             self._end_attempt_with_failure(
                 job.id, attempt, f"launch failed: {exc}"[:1000], CLASSIFICATION_INFRA
@@ -331,11 +341,58 @@ class Supervisor:
             s, job, f"workers lost: {ev.data.get('reason', '')}", CLASSIFICATION_INFRA, ev.time_s
         )
 
+    def _failure_restarts(self, s: Session, job_id: str) -> int:
+        """Restarts after failures so far (preemptions are not failures and do not use up the budget)."""
+        return sum(1 for e in EventRepo(s).list(job_id, limit=1_000_000) if e.kind == "restart")
+
+    def _record_restart(self, s: Session, job: Job, classification: str, reason: str, n: int) -> None:
+        EventRepo(s).append(
+            job.id,
+            "restart",
+            {
+                "attempt": job.attempt,
+                "classification": classification,
+                "restart": n + 1,
+                "max_restarts": self.restart_policy.max_restarts,
+                "reason": reason[:500],
+            },
+            self.clock(),
+        )
+
+    def _fail_for_storage(self, job_id: str, attempt: int, exc: StorageError) -> None:
+        with self.db.session() as s:
+            job = JobRepo(s).get(job_id, for_update=True)
+            if job is None or job.attempt != attempt or job.state not in ACTIVE_STATES:
+                return
+            now = self.clock()
+            EventRepo(s).append(
+                job.id,
+                "failed",
+                {
+                    "attempt": attempt,
+                    "classification": "storage",
+                    "reason": exc.message[:1000],
+                    "hint": exc.hint,
+                    "details": exc.details,
+                },
+                now,
+            )
+            closing = self._close_attempt(s, job, now)
+            self.jobs.transition(
+                s,
+                job,
+                JobState.FAILED,
+                f"checkpoint storage unusable: {exc.message}"[:2000],
+                data={"classification": "storage"},
+                **closing,
+            )
+
     def _fail_or_restart(
         self, s: Session, job: Job, reason: str, classification: str, ended_s: float
     ) -> None:
-        restarts_so_far = max(0, job.attempt - 1)
+        restarts_so_far = self._failure_restarts(s, job.id)
         if self.restart_policy.should_restart(classification, restarts_so_far):
+            self._record_restart(s, job, classification, reason, restarts_so_far)
             self._requeue(
                 s,
                 job,
@@ -359,9 +416,10 @@ class Supervisor:
             job = JobRepo(s).get(job_id, for_update=True)
             if job is None or job.attempt != attempt or job.state not in ACTIVE_STATES:
                 return
-            restarts_so_far = max(0, job.attempt - 1)
+            restarts_so_far = self._failure_restarts(s, job.id)
             closing = self._close_attempt(s, job, self.clock())
             if self.restart_policy.should_restart(classification, restarts_so_far):
+                self._record_restart(s, job, classification, reason, restarts_so_far)
                 self.jobs.transition(s, job, JobState.QUEUED, reason, **closing)
             else:
                 self.jobs.transition(s, job, JobState.FAILED, reason, **closing)
