@@ -517,7 +517,9 @@ def _running_problem(
         job_id=rj.job_id,
         tenant=rj.tenant,
         spec=rj.spec,
-        pools=[p for p in pools if p.name != rj.pool],
+        # a full pool cannot take the job; it matters only for the on-demand time a deadline job on spot
+        # still needs (Uniform Progress), so otherwise it is not priced at all
+        pools=[p for p in pools if p.name != rj.pool and (maybe_forced or p.free_devices > 0)],
         now_s=now_s,
         deadline_abs_s=deadline,
         config=cfg,

@@ -263,12 +263,11 @@ class SimResult:
         return summarize(self)
 
 
-def _checkpoint_load_s(spec: Any, nodes: int) -> float:
+def _checkpoint_load_s(spec: Any, nodes: int, ckpt_bytes: float | None = None) -> float:
     from trainyard.cost import model as cm
 
-    return cm.checkpoint_load_s(
-        cm.checkpoint_bytes(spec), nodes, cm.storage_read_gb_per_s(spec.checkpoint.storage)
-    )
+    size = cm.checkpoint_bytes(spec) if ckpt_bytes is None else ckpt_bytes
+    return cm.checkpoint_load_s(size, nodes, cm.storage_read_gb_per_s(spec.checkpoint.storage))
 
 
 def _true_step_factor(seed: int, job_id: str, accelerator: str, config: SimConfig) -> float:
@@ -378,13 +377,14 @@ class Simulator:
         """The job alone on its cheapest option at true speed: no preemption, no capacity limit, no
         checkpoints, one start-up."""
         best = math.inf
+        ckpt_bytes = self.book.cache.facts(job.spec).checkpoint_bytes  # cost.model.checkpoint_bytes(spec)
         # options that meet the deadline; for a job none can finish in time, its cheapest late option
         for deadline in (True, False):
             for ps in self.pools.values():
                 for opt in self.book.feasible(job.job_id, job.spec, ps.base.name, deadline=deadline):
                     step = opt.step_time_s * self._truth_factor(job, opt)
                     price_s = ps.price() * opt.devices / 3600.0
-                    startup = max(0.0, opt.restart_s - _checkpoint_load_s(job.spec, opt.nodes))
+                    startup = max(0.0, opt.restart_s - _checkpoint_load_s(job.spec, opt.nodes, ckpt_bytes))
                     cost = (startup + job.total_steps * step) * price_s
                     best = min(best, cost)
             if math.isfinite(best):
