@@ -16,6 +16,7 @@ from trainyard.services.domain import Principal
 from trainyard.services.lifecycle import JobState
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.quoting import quote_pools
+from trainyard.services.scheduler_adapter import OptimizerRound
 from trainyard.settings import Settings
 from trainyard.spec.loader import spec_from_dict
 from trainyard.store.repositories import StepTimeRepo, TenantRepo
@@ -30,7 +31,7 @@ def one_core(name: str, steps: int = 20) -> dict[str, object]:
 def open_platform(url: str, home: Path, ex: FakeExecutor) -> Platform:
     return Platform.open(
         Settings(home=home, database_url=url),
-        PlatformOptions(executor=ex, cpu_count=2, with_catalog=False),
+        PlatformOptions(executor=ex, cpu_count=2, with_catalog=False, schedule_round=OptimizerRound()),
     )
 
 
@@ -61,6 +62,7 @@ def test_finished_cpu_attempt_teaches_the_quoter_its_step_time(db: tuple[str, Pa
     p = open_platform(url, home, ex)
     try:
         who = principal(p)
+        p.pools.update("local-cpu", {"price_usd_per_device_hour": 3.6})  # so expected costs show time
         before = local_step_time_s(p, "probe")
         assert abs(before / MEASURED_S - 1) > 0.3  # the analytic model alone is far off here
 
@@ -94,12 +96,16 @@ def test_finished_cpu_attempt_teaches_the_quoter_its_step_time(db: tuple[str, Pa
         assert after == pytest.approx(MEASURED_S, rel=0.03)
         assert [c["key"].endswith("/cpu") for c in p.feedback.summary()] == [True]
 
-        # a quote stored at submission uses it too
-        job2, _ = p.jobs.submit(who, spec_from_dict(one_core("after", steps=50)))
+        # a quote stored at submission uses it, and so does the optimiser's round that places the job
+        job2, _ = p.jobs.submit(who, spec_from_dict(one_core("after", steps=200_000)))
         p.tick()
-        stored = p.jobs.get(who, job2.id).quote
-        local = [o for o in stored if o.get("pool") == "local-cpu" and o.get("devices") == 1]
+        job2 = p.jobs.get(who, job2.id)
+        local = [o for o in job2.quote if o.get("pool") == "local-cpu" and o.get("devices") == 1]
         assert local and local[0]["step_time_s"] == pytest.approx(MEASURED_S, rel=0.03)
+        assert job2.placement is not None and job2.placement.devices == 1
+        assert job2.placement.expected_cost_usd == pytest.approx(local[0]["expected_cost_usd"], rel=0.02)
+        hours_measured = 200_000 * MEASURED_S / 3600
+        assert job2.placement.expected_cost_usd == pytest.approx(3.6 * hours_measured, rel=0.1)
     finally:
         p.close()
 

@@ -30,6 +30,7 @@ from trainyard.catalog.names import ACCELERATOR_FAMILY
 from trainyard.catalog.pools import Pool
 from trainyard.errors import TrainyardError
 from trainyard.executors.base import ExecutorEvent
+from trainyard.predict.params import Calibration
 from trainyard.schedule import (
     CandidateCache,
     EventKind,
@@ -65,6 +66,45 @@ class OptimizerRound:
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.cache = CandidateCache()
+        self.calibration: Calibration | None = None  # feedback-corrected predictor calibration
+        self._calibration_version: int | None = None
+
+    def set_calibration(self, calibration: Calibration | None, version: int) -> None:
+        """Price rounds with ``calibration`` (step-time feedback); a new version drops the memo."""
+        if version != self._calibration_version:
+            self._calibration_version = version
+            self.calibration = calibration
+            self.cache = CandidateCache()
+
+    def _seed_predictions(self, specs: Sequence[JobSpec], pools: Sequence[Pool]) -> None:
+        """Predictions on the feedback calibration for pools whose accelerator has been measured, placed in
+        the scheduler's prediction memo under the key its pricing looks up (workload shape, accelerator
+        and its memory, device count, the pool's topology as the cost model passes it)."""
+        cal = self.calibration
+        if cal is None or not cal.corrections:
+            return
+        from trainyard.cost.quote import candidate_device_counts, pool_accelerator, predict_kwargs
+        from trainyard.predict import predict
+        from trainyard.schedule.candidates import shape_key
+
+        measured = {key.rsplit("/", 1)[-1] for key in cal.corrections}
+        targets = [p for p in pools if p.accelerator in measured]
+        if not targets:
+            return
+        shapes: dict[str, JobSpec] = {}
+        for spec in specs:
+            shapes.setdefault(shape_key(spec), spec)
+        for shape, spec in shapes.items():
+            for pool in targets:
+                acc = pool_accelerator(pool)
+                topology = predict_kwargs(pool, acc)
+                for d in candidate_device_counts(spec, pool):
+                    pk = (shape, acc.name, acc.memory_gib, d, *sorted(topology.items()))
+                    if pk not in self.cache.predictions:
+                        try:
+                            self.cache.predictions[pk] = predict(spec, acc, d, calibration=cal, **topology)
+                        except ValueError:
+                            continue
 
     def __call__(
         self,
@@ -125,6 +165,7 @@ class OptimizerRound:
             )
         if not queued and not moving:
             return RoundResult(placements={}, unplaced=unplaced)
+        self._seed_predictions(list(specs.values()), pools)
         cfg = self.config
         if quotas:
             cfg = replace(cfg, quotas={**dict(cfg.quotas), **quotas})
@@ -242,7 +283,7 @@ class ReplanningSupervisor(Supervisor):
 
     # ---- events for the Replanner ----------------------------------------------------------------
     def _observe(self, now_s: float, queued: list[Job], active: list[Job], pools: list[Pool]) -> None:
-        seen = {p.name: (p.price_usd_per_device_hour, p.free_devices, p.market) for p in pools}
+        seen = {p.name: (p.price_usd_per_device_hour, p.free_devices, str(p.market)) for p in pools}
         if self._pools_seen is not None:
             for name, (price, free, _market) in seen.items():
                 old = self._pools_seen.get(name)
@@ -297,6 +338,8 @@ class ReplanningSupervisor(Supervisor):
         rnd = self.schedule_round
         if not isinstance(rnd, OptimizerRound):
             return super().schedule_once(limit)
+        if self.feedback is not None:
+            rnd.set_calibration(self.feedback.calibration, self.feedback.version)
         now = self.clock()
         with self.db.session() as s:
             queued = JobRepo(s).list(states=[JobState.QUEUED.value], limit=limit, newest_first=False)
