@@ -47,9 +47,11 @@ def test_steady_state_drops_warmup_stalls_and_garbage() -> None:
 def test_steady_state_is_a_bounded_subset(values: list[float]) -> None:
     steady = steady_state(values)
     assert len(steady) <= max(0, len(values) - WARMUP_SAMPLES)
-    assert set(steady) <= set(values[WARMUP_SAMPLES:])
-    if steady:
-        assert max(steady) <= STALL_FACTOR * statistics.median(steady) * STALL_FACTOR
+    body = values[max(WARMUP_SAMPLES, int(len(values) * 0.05)) :]
+    assert set(steady) <= set(body)
+    if body:
+        assert all(x <= STALL_FACTOR * statistics.median(body) for x in steady)
+        assert len(steady) >= len(body) // 2  # stalls are the exception: at least the median's half stays
 
 
 @given(st.lists(st.floats(min_value=0.0, max_value=1.0), max_size=500), st.integers(1, 64))
