@@ -257,6 +257,18 @@ def _state_line(doc: dict[str, Any]) -> str:
     return f"{doc['state']}{reason}"
 
 
+def _cli(c: TrainyardClient, args: list[str]) -> str:
+    """Run a `trainyard` command against the demo server, as a user would."""
+    env = {**os.environ, "TRAINYARD_URL": c.url, "TRAINYARD_API_KEY": c.api_key or "", "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "trainyard.cli.main", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise ServiceUnavailableError(
+            f"`trainyard {' '.join(args)}` exited with {proc.returncode}: {proc.stderr.strip()[-500:]}"
+        )
+    return proc.stdout.strip()
+
+
 def _follow(
     c: TrainyardClient,
     job_id: str,
@@ -300,8 +312,11 @@ def _follow(
                     bar.console.print(f"  checkpoint committed at step {d.get('step')}", highlight=False)
                 elif e["kind"] in ("preemption_notice", "preempted", "failed", "lost"):
                     bar.console.print(f"  [yellow]{e['kind']}[/] {json.dumps(d, default=str)[:150]}")
-                elif e["kind"] == "resumed" or (e["kind"] == "started" and d.get("resumed_from_step")):
-                    bar.console.print(f"  {e['kind']} {json.dumps(d, default=str)[:150]}")
+                elif e["kind"] == "started" and d.get("resumed_from_step"):
+                    bar.console.print(
+                        f"  attempt {d.get('attempt')} started (rank {d.get('rank')}, pid {d.get('pid')}), "
+                        f"[bold]resumed from step {d.get('resumed_from_step')}[/] of {d.get('total_steps')}"
+                    )
             seen_events = page["next_after"]
             prog = doc.get("progress") or {}
             step = int(prog.get("step") or 0)
@@ -323,10 +338,11 @@ def _follow(
                 and step >= preempt_at_step
             ):
                 bar.console.print(
-                    f"  [bold yellow]injecting a preemption at step {step}[/] "
-                    f"(`trainyard jobs preempt {job_id} --notice-s {notice_s:g}`)"
+                    f"  [bold yellow]injecting a preemption at step {step}[/]: "
+                    f"trainyard jobs preempt {job_id} --notice-s {notice_s:g}"
                 )
-                c.preempt_job(job_id, notice_s=notice_s)
+                said = _cli(c, ["jobs", "preempt", job_id, "--notice-s", f"{notice_s:g}"])
+                bar.console.print(f"  > {said}", highlight=False)
                 preempted_sent = True
             if time.monotonic() > deadline:
                 raise ServiceUnavailableError(
@@ -361,7 +377,7 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
                 time.sleep(0.2)
             out.print(
                 f"\nSubmitted the worked example as [bold]{ex_doc['id']}[/] "
-                "(with `requirements.deny: [cpu]`: "
+                "(with `requirements.deny: \\[cpu]`: "
                 "a 1.2 B-parameter model on this machine's CPUs would take weeks).\n"
                 f"State: {_state_line(ex_doc)}.\n"
                 "This server's only pool is this machine's CPUs, so it waits in the queue. Its stored "

@@ -55,11 +55,12 @@ def test_make_run_trains_preempts_resumes_and_reports(tmp_path: Path) -> None:
     # the worked example waits for GPUs, with a reason
     m = re.search(r"Submitted the worked example as (job-[0-9a-f]+)", out)
     assert m, out
-    assert "State: queued" in out
+    assert "State: queued" in out and "requirements.deny: [cpu]" in out
     # the CPU job: one injected preemption, requeued, resumed from its checkpoint, succeeded
     assert "injecting a preemption at step" in out
+    assert "preemption notice sent" in out  # what `trainyard jobs preempt` printed
     assert "running -> preempted" in out and "preempted -> queued" in out
-    resumed = re.search(r'"resumed_from_step": (\d+)', out)
+    resumed = re.search(r"resumed from step (\d+) of 60", out)
     assert resumed and int(resumed.group(1)) > 0, out
     assert "running -> succeeded" in out
     assert re.search(r"finished: succeeded after 2 attempts", out), out
