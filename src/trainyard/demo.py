@@ -120,7 +120,7 @@ def demo_job_spec(steps: int = DEMO_STEPS) -> dict[str, Any]:
         "kind": "TrainingJob",
         "name": "demo-tiny-decoder",
         "model": {"architecture": "decoder", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256},
-        "workload": {"seq_len": 128, "global_batch": 8, "steps": steps, "precision": "fp32", "seed": 7},
+        "workload": {"seq_len": 128, "global_batch": 16, "steps": steps, "precision": "fp32", "seed": 7},
         "checkpoint": {"interval": "2s", "keep_last": 3},
         "requirements": {"allow": ["cpu"]},
     }
@@ -337,6 +337,7 @@ def _follow(
                 and doc["state"] == "running"
                 and step >= preempt_at_step
             ):
+                # asked for a little before half-way: the command takes a second or two to start
                 bar.console.print(
                     f"  [bold yellow]injecting a preemption at step {step}[/]: "
                     f"trainyard jobs preempt {job_id} --notice-s {notice_s:g}"
@@ -410,7 +411,8 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
                 f"Submitted [bold]{job_id}[/]: a {m['n_layers']}-layer decoder (d_model {m['d_model']}), "
                 f"{steps} steps, checkpoint every {spec['checkpoint']['interval']}, on the local CPU pool."
             )
-            final = _follow(c, job_id, steps, out, preempt_at_step=steps // 2, notice_s=5.0, timeout_s=600.0)
+            at = int(steps * 0.4)
+            final = _follow(c, job_id, steps, out, preempt_at_step=at, notice_s=5.0, timeout_s=600.0)
             events = c.job_events(job_id, limit=5000)["events"]
             code = 0 if final["state"] == "succeeded" else 1
             _summary(out, final, events, server.url, home)
