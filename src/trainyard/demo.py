@@ -379,7 +379,8 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
             out.print(
                 f"\nSubmitted the worked example as [bold]{ex_doc['id']}[/] "
                 "(with `requirements.deny: \\[cpu]`: "
-                "a 1.2 B-parameter model on this machine's CPUs would take weeks).\n"
+                f"a {load_spec(EXAMPLES / 'seed-example.yaml').params / 1e9:.2f} B-parameter model "
+                "on this machine's CPUs would take weeks).\n"
                 f"State: {_state_line(ex_doc)}.\n"
                 "This server's only pool is this machine's CPUs, so it waits in the queue. Its stored "
                 "quote (the packaged cloud catalog) says where it would go:"
