@@ -99,3 +99,36 @@ def _is_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return not os.path.exists(f"/proc/{pid}")
+
+
+def test_up_with_an_unreachable_ray_cluster_fails_at_once_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from controlplane_support import ROOT, free_port
+
+    env = {**os.environ, "TRAINYARD_HOME": str(tmp_path / "home")}
+    env.pop("TRAINYARD_RAY_ADDRESS", None)
+    flags = ["--ray-address", "127.0.0.1:1", "--ray-shared-paths", str(tmp_path), "--port", str(free_port())]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainyard.cli.main", "up", "--executor", "ray", *flags],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 8, (proc.stdout, proc.stderr[-2000:])
+    assert "cannot connect to the Ray cluster at 127.0.0.1:1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_ray_shared_paths_setting_reaches_the_ray_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard.executors.ray import RayExecutor
+    from trainyard.settings import Settings
+
+    monkeypatch.setenv("TRAINYARD_RAY_SHARED_PATHS", "/mnt/shared,/data/ckpt")
+    settings = Settings()
+    assert settings.ray_shared_paths == "/mnt/shared,/data/ckpt"
+    ex = RayExecutor(settings=settings, connect=False)
+    assert ex.shared_paths == ["/mnt/shared", "/data/ckpt"]
