@@ -191,6 +191,25 @@ def stop_stale_server(home: Path, out: Console) -> None:
     path.unlink(missing_ok=True)
 
 
+def running_server_for(settings: Settings) -> str | None:
+    """The URL of a server already serving this TRAINYARD_HOME (it accepts this home's key), or None."""
+    import httpx
+
+    key_path = Path(settings.home) / "api_key"
+    url = f"http://{settings.host}:{settings.port}"
+    if not key_path.is_file() or port_free(settings.host, settings.port):
+        return None
+    try:
+        r = httpx.get(
+            f"{url}/v1/whoami",
+            headers={"Authorization": f"Bearer {key_path.read_text().strip()}"},
+            timeout=2.0,
+        )
+    except httpx.HTTPError:
+        return None
+    return url if r.status_code == 200 else None
+
+
 class DemoServer:
     """`trainyard up` as a background process on this TRAINYARD_HOME."""
 
@@ -357,14 +376,24 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
     home = Path(settings.home)
     out.rule("[bold]trainyard up[/]: the platform, a real CPU job and one preemption")
     stop_stale_server(home, out)
-    server = DemoServer(settings, out)
-    out.print(f"Starting `trainyard up` in the background on {server.url} (TRAINYARD_HOME={home}) ...")
-    server.start()
+    url = running_server_for(settings)
+    server: DemoServer | None = None
+    if url is not None:
+        out.print(
+            f"A trainyard server for TRAINYARD_HOME={home} already answers at {url}; the demo uses it "
+            "and leaves it running (a second server on the same home would run a second control loop)."
+        )
+    else:
+        server = DemoServer(settings, out)
+        url = server.url
+        out.print(f"Starting `trainyard up` in the background on {url} (TRAINYARD_HOME={home}) ...")
+        server.start()
     api_key = (home / "api_key").read_text().strip()
     code = 0
     try:
-        with TrainyardClient(server.url, api_key, retries=5) as c:
-            out.print(f"Up: {server.url}  (api key in {home / 'api_key'}, server log {server.log_path})")
+        with TrainyardClient(url, api_key, retries=5) as c:
+            log_note = f", server log {server.log_path}" if server is not None else ""
+            out.print(f"Up: {url}  (api key in {home / 'api_key'}{log_note})")
 
             # the worked example: quoted against the live pools, placed only where its GPUs exist
             example = yaml.safe_load((EXAMPLES / "seed-example.yaml").read_text())
@@ -397,7 +426,8 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
                 "Register a pool with such devices (`trainyard pools set ...`) and the scheduler places it."
             )
 
-            # a nominal price so that the CPU job's cost is not $0
+            # a nominal price so that the CPU job's cost is not $0 (put back afterwards)
+            old_price = c.get_pool("local-cpu").get("price_usd_per_device_hour")
             c.patch_pool("local-cpu", {"price_usd_per_device_hour": DEMO_PRICE_USD_PER_DEVICE_HOUR})
             out.print(
                 f"\nThe local-cpu pool costs $0/device-hour by default (the machine is already paid for); "
@@ -413,17 +443,22 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
                 f"{steps} steps, checkpoint every {spec['checkpoint']['interval']}, on the local CPU pool."
             )
             at = int(steps * 0.4)
-            final = _follow(c, job_id, steps, out, preempt_at_step=at, notice_s=5.0, timeout_s=600.0)
+            try:
+                final = _follow(c, job_id, steps, out, preempt_at_step=at, notice_s=5.0, timeout_s=600.0)
+            finally:
+                c.patch_pool("local-cpu", {"price_usd_per_device_hour": float(old_price or 0.0)})
             events = c.job_events(job_id, limit=5000)["events"]
             code = 0 if final["state"] == "succeeded" else 1
-            _summary(out, final, events, server.url, home)
+            _summary(out, final, events, url, home)
+            out.print(f"The local-cpu price is back to ${float(old_price or 0.0):g}/device-hour.")
 
             c.cancel_job(ex_doc["id"])
             out.print(f"\nCancelled the waiting worked example {ex_doc['id']}, so the next run starts clean.")
     finally:
-        out.print("Stopping the server (SIGTERM) ...")
-        rc = server.stop()
-        out.print(f"Server stopped (exit code {rc}). Start it yourself with `trainyard up`.")
+        if server is not None:
+            out.print("Stopping the server (SIGTERM) ...")
+            rc = server.stop()
+            out.print(f"Server stopped (exit code {rc}). Start it yourself with `trainyard up`.")
     return code
 
 

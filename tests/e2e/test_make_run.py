@@ -113,3 +113,24 @@ def test_a_stale_demo_server_is_stopped(tmp_path: Path) -> None:
         if stale.poll() is None:
             stale.kill()
             stale.wait(5)
+
+
+def test_a_server_already_serving_this_home_is_reused_not_duplicated(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from controlplane_support import ServerProcess
+    from trainyard.demo import running_server_for
+    from trainyard.settings import Settings
+
+    srv = ServerProcess(tmp_path / "home").start()
+    try:
+        mine = Settings(home=srv.home, port=srv.port)
+        assert running_server_for(mine) == srv.url
+        # another home's key is not accepted there: that server is someone else's, start our own
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "api_key").write_text("ty_notakey_" + "x" * 43)
+        assert running_server_for(Settings(home=other, port=srv.port)) is None
+        # nothing listening: start our own
+        assert running_server_for(Settings(home=srv.home, port=_free_port())) is None
+    finally:
+        assert srv.stop() == 0
