@@ -129,6 +129,8 @@ def serve(
         loop_interval_s=loop_interval_s,
     )
     platform = Platform(settings, options)
+    if platform.supervisor is not None:
+        platform.supervisor.restart_backoff = True  # failure restarts wait RestartPolicy.backoff_s
     try:
         platform.start()
         app = create_app(platform)

@@ -235,3 +235,52 @@ def test_storage_error_at_launch_fails_at_once(tmp_path: Path) -> None:
         assert not [e for e in events if e.kind == "restart"]
     finally:
         platform.close()
+
+
+def test_infra_restarts_wait_their_backoff_and_user_errors_fail(tmp_path: Path) -> None:
+    clock = Clock()
+    platform, ex = scripted(tmp_path, clock)
+    assert platform.supervisor is not None
+    platform.supervisor.restart_backoff = True  # as `trainyard up` runs it
+    p = _principal(platform)
+    try:
+        (job, _) = platform.jobs.submit(p, JobSpec.model_validate(tiny_spec("flaky")))
+        delays = []
+        for n in range(3):  # RestartPolicy(): 1 s, 2 s, 4 s
+            platform.tick()
+            assert platform.jobs.get(p, job.id).state.value == "starting"
+            ex.emit(job.id, "lost", {"reason": "rank 0 stopped heart-beating", "rank": 0}, time_s=clock.now)
+            platform.tick()
+            doc = platform.jobs.get(p, job.id)
+            assert doc.state.value == "preempted" and "restarting in" in (doc.reason or "")
+            delay = platform.supervisor.restart_policy.backoff_s(n)
+            delays.append(delay)
+            clock.now += delay * 0.5
+            platform.tick()
+            assert platform.jobs.get(p, job.id).state.value == "preempted"  # still waiting
+            clock.now += delay * 0.6
+        assert delays == [1.0, 2.0, 4.0]
+        platform.tick()  # released and placed: the 4th attempt
+        ex.emit(job.id, "lost", {"reason": "again", "rank": 0}, time_s=clock.now)
+        platform.tick()
+        doc = platform.jobs.get(p, job.id)
+        assert doc.state.value == "failed" and doc.attempt == 4  # budget of 3 restarts used up
+
+        (bug, _) = platform.jobs.submit(p, JobSpec.model_validate(tiny_spec("bug")))
+        platform.tick()
+        tail = 'Traceback (most recent call last):\n  File "train.py"\nZeroDivisionError: division by zero'
+        ex.emit(
+            bug.id,
+            "failed",
+            {"reason": "ZeroDivisionError", "classification": "user", "traceback_tail": tail},
+            time_s=clock.now,
+        )
+        platform.tick()
+        doc = platform.jobs.get(p, bug.id)
+        assert doc.state.value == "failed" and doc.attempt == 1
+        events = platform.jobs.events(p, bug.id, limit=5000)
+        failed = [e.data for e in events if e.kind == "failed"]
+        assert failed and "ZeroDivisionError: division by zero" in failed[0]["traceback_tail"]
+        assert not [e for e in events if e.kind == "restart"]
+    finally:
+        platform.close()

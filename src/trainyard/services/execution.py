@@ -85,12 +85,17 @@ class Supervisor:
         self.last_round: RoundResult | None = None
         self._spot_rng = random.Random(spot_seed)
         self._spot_last_s: float | None = None
+        # When True, a failure restart waits RestartPolicy.backoff_s in `preempted` before re-entering the
+        # queue (`trainyard up` turns it on); when False it is requeued at once.
+        self.restart_backoff = False
+        self._restart_not_before: dict[str, float] = {}
 
     # ---- one tick of the control loop ----------------------------------------------------------
     def tick(self) -> None:
         """One pass of the control loop; a failing phase is logged and does not stop the others."""
         for phase in (
             self.jobs.admit_pending,
+            self.release_restarts,
             self.schedule_once,
             self.poll_once,
             self.sweep_cancelled,
@@ -393,6 +398,9 @@ class Supervisor:
         restarts_so_far = self._failure_restarts(s, job.id)
         if self.restart_policy.should_restart(classification, restarts_so_far):
             self._record_restart(s, job, classification, reason, restarts_so_far)
+            if self.restart_backoff:
+                self._hold_for_backoff(s, job, classification, reason, ended_s, restarts_so_far)
+                return
             self._requeue(
                 s,
                 job,
@@ -411,6 +419,37 @@ class Supervisor:
             **closing,
         )
 
+    def _hold_for_backoff(
+        self, s: Session, job: Job, classification: str, reason: str, ended_s: float, restarts_so_far: int
+    ) -> None:
+        delay = self.restart_policy.backoff_s(restarts_so_far)
+        self._restart_not_before[job.id] = self.clock() + delay
+        closing = self._close_attempt(s, job, ended_s)
+        self.jobs.transition(
+            s,
+            job,
+            JobState.PREEMPTED,
+            f"{classification} failure, restarting in {delay:g} s: {reason}"[:2000],
+            data={"classification": classification, "backoff_s": delay},
+            **closing,
+        )
+
+    def release_restarts(self) -> int:
+        """Failure restarts whose back-off has passed re-enter the queue (preempted -> queued)."""
+        if not self._restart_not_before:
+            return 0
+        now = self.clock()
+        due = [jid for jid, t in self._restart_not_before.items() if t <= now]
+        for jid in due:
+            self._restart_not_before.pop(jid, None)
+            with self.db.session() as s:
+                job = JobRepo(s).get(jid, for_update=True)
+                if job is None or job.state != JobState.PREEMPTED:
+                    continue
+                why = "back-off over; back in the queue, resumes from its last checkpoint"
+                self.jobs.transition(s, job, JobState.QUEUED, why)
+        return len(due)
+
     def _end_attempt_with_failure(self, job_id: str, attempt: int, reason: str, classification: str) -> None:
         with self.db.session() as s:
             job = JobRepo(s).get(job_id, for_update=True)
@@ -420,7 +459,19 @@ class Supervisor:
             closing = self._close_attempt(s, job, self.clock())
             if self.restart_policy.should_restart(classification, restarts_so_far):
                 self._record_restart(s, job, classification, reason, restarts_so_far)
-                self.jobs.transition(s, job, JobState.QUEUED, reason, **closing)
+                if self.restart_backoff:
+                    delay = self.restart_policy.backoff_s(restarts_so_far)
+                    self._restart_not_before[job.id] = self.clock() + delay
+                    self.jobs.transition(
+                        s,
+                        job,
+                        JobState.PREEMPTED,
+                        f"{reason}; restarting in {delay:g} s",
+                        data={"classification": classification, "backoff_s": delay},
+                        **closing,
+                    )
+                else:
+                    self.jobs.transition(s, job, JobState.QUEUED, reason, **closing)
             else:
                 self.jobs.transition(s, job, JobState.FAILED, reason, **closing)
 
