@@ -132,5 +132,22 @@ def test_a_server_already_serving_this_home_is_reused_not_duplicated(tmp_path: P
         assert running_server_for(Settings(home=other, port=srv.port)) is None
         # nothing listening: start our own
         assert running_server_for(Settings(home=srv.home, port=_free_port())) is None
+        # `trainyard jobs preempt` on a server that runs nothing: one line and a hint, exit 4 (conflict)
+        from controlplane_support import tiny_spec
+        from trainyard.client import TrainyardClient
+
+        with TrainyardClient(srv.url, srv.api_key) as c:
+            job_id = c.submit(tiny_spec("idle"))["id"]
+        env = {**os.environ, "TRAINYARD_URL": srv.url, "TRAINYARD_HOME": str(srv.home)}
+        env.pop("TRAINYARD_API_KEY", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainyard.cli.main", "jobs", "preempt", job_id, "--notice-s", "3"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 4, (proc.stdout, proc.stderr)
+        assert "no executor" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         assert srv.stop() == 0
