@@ -512,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainyardError as exc:
         out.print(f"[red]error:[/] {exc.message}" + (f"\n  hint: {exc.hint}" if exc.hint else ""))
         return 1
+    except KeyboardInterrupt:
+        out.print("interrupted; the demo server was stopped.")
+        return 130
 
 
 if __name__ == "__main__":
