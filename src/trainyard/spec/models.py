@@ -11,12 +11,12 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-API_VERSION = "trainyard/v1"
-KIND = "TrainingJob"
+API_VERSION: Final = "trainyard/v1"
+KIND: Final = "TrainingJob"
 
 # Absurd-value guards: far beyond anything trainable, small enough to keep float math finite.
 MAX_PARAMS_B = 100_000.0  # 100 trillion parameters
