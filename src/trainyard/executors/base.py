@@ -20,6 +20,7 @@ Event kinds and their ``data``:
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -161,3 +162,25 @@ class RestartPolicy:
             raise ValueError("restarts_so_far must be >= 0")
         delay = self.backoff_initial_s * math.pow(self.backoff_factor, restarts_so_far)
         return float(min(self.backoff_max_s, delay))
+
+
+def failure_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``failed`` event's data with its three required keys (reason, classification, traceback tail)."""
+    return {
+        "reason": data.get("reason", "unknown failure"),
+        "classification": data.get("classification", CLASSIFICATION_INFRA),
+        "traceback_tail": data.get("traceback_tail", ""),
+        **{k: v for k, v in data.items() if k not in ("reason", "classification", "traceback_tail")},
+    }
+
+
+def describe_exit(code: int | None) -> str:
+    """A process exit status in words: 'exited with code 1', 'was killed by SIGKILL'."""
+    if code is None:
+        return "exited (status unknown)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -33,13 +33,14 @@ from typing import IO, Any
 
 from trainyard.errors import ConflictError, NotFoundError
 from trainyard.executors.base import (
-    CLASSIFICATION_INFRA,
     CLASSIFICATION_USER,
     EXIT_PREEMPTED,
     ExecutorEvent,
     LaunchRequest,
     WorkerInfo,
+    describe_exit,
     event_file_name,
+    failure_data,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
@@ -454,14 +455,14 @@ class LocalExecutor:
                 and not gang.killed
                 and gang.preempt_deadline_s is None
             ):
-                rk.unreported = _describe_exit(rk.exit_code)
+                rk.unreported = describe_exit(rk.exit_code)
         # abnormal observations (the first one decides the outcome)
         if gang.trigger is None:
             for rk in gang.ranks:
                 if rk.exited and rk.terminal is None:
                     if gang.preempt_deadline_s is not None:
                         continue  # exiting under a notice; decided below
-                    how = _describe_exit(rk.exit_code)
+                    how = describe_exit(rk.exit_code)
                     if gang.entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
                         tail = log_tail(gang.run_dir / rank_log_name(rk.rank))
                         gang.trigger = (
@@ -536,13 +537,13 @@ class LocalExecutor:
     def _outcome(self, gang: _Gang) -> tuple[str, dict[str, Any]]:
         user = [f for f in gang.failures if f.get("classification") == CLASSIFICATION_USER]
         if user:
-            return "failed", _failure(user[0])
+            return "failed", failure_data(user[0])
         if (
             gang.trigger is not None
             and gang.trigger[0] == "failed"
             and gang.trigger[1].get("classification") == CLASSIFICATION_USER
         ):
-            return "failed", _failure(gang.trigger[1])
+            return "failed", failure_data(gang.trigger[1])
         dead = [rk for rk in gang.ranks if rk.unreported is not None and not gang.entrypoint]
         if dead:
             # a rank that died first explains the others' errors (peers see connection resets)
@@ -562,10 +563,10 @@ class LocalExecutor:
         if gang.trigger is not None:
             kind, data = gang.trigger
             if kind == "failed":
-                return "failed", _failure(data)
+                return "failed", failure_data(data)
             return kind, data
         if gang.failures:
-            return "failed", _failure(gang.failures[0])
+            return "failed", failure_data(gang.failures[0])
         kinds = {rk.terminal["kind"] if rk.terminal else None for rk in gang.ranks}
         if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
             return "succeeded", dict(t0["data"])
@@ -599,26 +600,6 @@ class LocalExecutor:
                 return events
             time.sleep(poll_s)
         return events
-
-
-def _failure(data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "reason": data.get("reason", "unknown failure"),
-        "classification": data.get("classification", CLASSIFICATION_INFRA),
-        "traceback_tail": data.get("traceback_tail", ""),
-        **{k: v for k, v in data.items() if k not in ("reason", "classification", "traceback_tail")},
-    }
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited (status unknown)"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _read_exit_file(path: Path | None) -> int | None:

@@ -57,7 +57,9 @@ from trainyard.executors.base import (
     ExecutorEvent,
     LaunchRequest,
     WorkerInfo,
+    describe_exit,
     event_file_name,
+    failure_data,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
@@ -900,13 +902,13 @@ class RayExecutor:
                 and not gang.killed
                 and gang.preempt_deadline_s is None
             ):
-                rk.unreported = _describe_exit(rk.exit_code)
+                rk.unreported = describe_exit(rk.exit_code)
         if gang.trigger is None and gang.phase == "running":
             for rk in gang.ranks:
                 if rk.exited and rk.terminal is None:
                     if gang.preempt_deadline_s is not None:
                         continue
-                    how = _describe_exit(rk.exit_code)
+                    how = describe_exit(rk.exit_code)
                     if gang.entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
                         self._set_trigger(
                             gang,
@@ -1024,13 +1026,13 @@ class RayExecutor:
     def _outcome(self, gang: _Gang) -> tuple[str, dict[str, Any]]:
         user = [f for f in gang.failures if f.get("classification") == CLASSIFICATION_USER]
         if user:
-            return "failed", _failure(user[0])
+            return "failed", failure_data(user[0])
         if (
             gang.trigger is not None
             and gang.trigger[0] == "failed"
             and gang.trigger[1].get("classification") == CLASSIFICATION_USER
         ):
-            return "failed", _failure(gang.trigger[1])
+            return "failed", failure_data(gang.trigger[1])
         dead = [rk for rk in gang.ranks if rk.unreported is not None and not gang.entrypoint]
         if dead:
             # a rank that died first explains the others' errors (peers see connection resets)
@@ -1047,9 +1049,9 @@ class RayExecutor:
             return "preempted", {"step": None, "checkpoint_step": None, "forced": True}
         if gang.trigger is not None:
             kind, data = gang.trigger
-            return ("failed", _failure(data)) if kind == "failed" else (kind, data)
+            return ("failed", failure_data(data)) if kind == "failed" else (kind, data)
         if gang.failures:
-            return "failed", _failure(gang.failures[0])
+            return "failed", failure_data(gang.failures[0])
         kinds = {rk.terminal["kind"] if rk.terminal else None for rk in gang.ranks}
         if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
             return "succeeded", dict(t0["data"])
@@ -1080,28 +1082,6 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
             return None
     except OSError as exc:
         return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
-
-
-def _failure(data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "reason": data.get("reason", "unknown failure"),
-        "classification": data.get("classification", CLASSIFICATION_INFRA),
-        "traceback_tail": data.get("traceback_tail", ""),
-        **{k: v for k, v in data.items() if k not in ("reason", "classification", "traceback_tail")},
-    }
-
-
-def _describe_exit(code: int | None) -> str:
-    import signal
-
-    if code is None:
-        return "exited (status unknown)"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
