@@ -262,6 +262,120 @@ class SpecFacts:
         return cls(spec.workload.total_steps(), cm.checkpoint_bytes(spec), dl)
 
 
+@dataclass(frozen=True)
+class WorkPricing:
+    """The part of a quote that depends on how much work is left (the rest depends only on the shape)."""
+
+    billed_s: float
+    wall_s: float
+    wall_p90_s: float
+    cost_usd: float
+    checkpoint_frac: float
+    preemption_frac: float
+    checkpoint_overhead_usd: float
+    preemption_overhead_usd: float
+
+    def option_fields(self, total_steps: int) -> dict[str, Any]:
+        """The QuoteOption fields these numbers fill."""
+        return dict(
+            expected_hours=self.wall_s / cm.SECONDS_PER_HOUR,
+            expected_cost_usd=self.cost_usd,
+            preemption_overhead_usd=self.preemption_overhead_usd,
+            expected_hours_p90=self.wall_p90_s / cm.SECONDS_PER_HOUR,
+            checkpoint_overhead_usd=self.checkpoint_overhead_usd,
+            total_steps=total_steps,
+            capacity_wait_hours=(self.wall_s - self.billed_s) / cm.SECONDS_PER_HOUR,
+        )
+
+
+def price_work(
+    spec: JobSpec,
+    facts: SpecFacts,
+    acc: Accelerator,
+    nodes: int,
+    elapsed_fraction: float,
+    *,
+    step_s: float,
+    step_p90_s: float,
+    price_h: float,
+    interval_s: float,
+    stall_s: float,
+    rate_h: float,
+    restart_s: float,
+    compile_s: float,
+    params: cm.CostParams,
+) -> WorkPricing:
+    """Expected and pessimistic wall time and dollars for the remaining work of one allocation."""
+    remaining_steps = facts.total_steps * (1.0 - elapsed_fraction)
+    work_s = remaining_steps * step_s
+    work_p90_s = remaining_steps * step_p90_s
+    url = spec.checkpoint.storage
+    load_s = cm.checkpoint_load_s(facts.checkpoint_bytes, nodes, cm.storage_read_gb_per_s(url, params))
+    provisioning_s = params.provisioning_s.get(acc.family, cm.DEFAULT_PROVISIONING_S)
+    rate_s = rate_h / cm.SECONDS_PER_HOUR
+    ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
+    pre_frac = cm.preemption_fraction(interval_s, rate_s, restart_s)
+    startup_s = provisioning_s + compile_s + (load_s if elapsed_fraction > 0 else 0.0)
+    billed_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
+    wait_s = params.spot_capacity_wait_s if rate_s > 0 else 0.0
+    wall_s = billed_s + rate_s * work_s * wait_s  # waiting for capacity lengthens the run, costs nothing
+    wall_p90_s = cm.pessimistic_wall_s(
+        work_p_s=work_p90_s,
+        checkpoint_frac=ckpt_frac,
+        interval_s=interval_s,
+        rate_per_s=rate_s,
+        restart_s=restart_s,
+        startup_s=startup_s,
+        quantile=params.deadline_quantile,
+        wait_s=wait_s,
+    )
+    return WorkPricing(
+        billed_s=billed_s,
+        wall_s=wall_s,
+        wall_p90_s=wall_p90_s,
+        cost_usd=cm.dollars(price_h, billed_s),
+        checkpoint_frac=ckpt_frac,
+        preemption_frac=pre_frac,
+        checkpoint_overhead_usd=cm.dollars(price_h, work_s * ckpt_frac),
+        preemption_overhead_usd=cm.dollars(price_h, work_s * pre_frac),
+    )
+
+
+def work_reason(
+    spec: JobSpec,
+    facts: SpecFacts,
+    devices: int,
+    w: WorkPricing,
+    *,
+    rate_h: float,
+    restart_s: float,
+    interval_s: float,
+    params: cm.CostParams,
+) -> str:
+    """Why the priced work is infeasible (preemptions, deadline, budget, device-hours), or ''."""
+    if w.preemption_frac >= 1.0:
+        return (
+            f"preemptions every {1 / rate_h:.1f} h cost {restart_s:.0f} s restart + half a "
+            f"{interval_s:.0f} s interval each: more wall time is lost than trained"
+        )
+    dl = facts.deadline_s
+    if dl is not None and w.wall_p90_s > dl:
+        which = f"p{round(params.deadline_quantile * 100)}" if rate_h > 0 else "p90 step time"
+        return (
+            f"objective.deadline: {which} wall time {_fmt_h(w.wall_p90_s / 3600)} exceeds the deadline "
+            f"{_fmt_h(dl / 3600)} (expected {_fmt_h(w.wall_s / 3600)})"
+        )
+    budget = spec.objective.budget_usd
+    if budget is not None and w.cost_usd > budget:
+        return f"objective.budget_usd: expected ${w.cost_usd:,.2f} exceeds the budget ${budget:,.2f}"
+    limit = spec.resources.accelerator_hours
+    if limit is not None:
+        dev_h = devices * w.billed_s / cm.SECONDS_PER_HOUR
+        if dev_h > limit:
+            return f"resources.accelerator_hours: {dev_h:,.1f} device-hours exceed the limit {limit:g}"
+    return ""
+
+
 def option_for(
     spec: JobSpec,
     pool: Pool,
@@ -365,9 +479,6 @@ def option_for(
     if not _finite_positive(step_p90_s) or step_p90_s < step_s:
         step_p90_s = step_s
     total_steps = facts.total_steps
-    remaining_steps = total_steps * (1.0 - elapsed_fraction)
-    work_s = remaining_steps * step_s
-    work_p90_s = remaining_steps * step_p90_s
 
     # Checkpoint and preemption.
     ckpt_bytes = facts.checkpoint_bytes
@@ -376,33 +487,22 @@ def option_for(
     stall_s = cm.checkpoint_stall_s(
         ckpt_bytes, devices=devices, nodes=nodes, write_gb_per_s=write_bw, params=params
     )
-    load_s = cm.checkpoint_load_s(ckpt_bytes, nodes, cm.storage_read_gb_per_s(url, params))
     compile_s = 0.0
     if acc.compile_required:
         compile_s = pred.compile_time_s if pred.compile_time_s > 0 else acc.first_compile_s
+    load_s = cm.checkpoint_load_s(ckpt_bytes, nodes, cm.storage_read_gb_per_s(url, params))
     provisioning_s = params.provisioning_s.get(acc.family, cm.DEFAULT_PROVISIONING_S)
     rst_s = cm.restart_s(provisioning_s=provisioning_s, load_s=load_s, recompile_s=compile_s)
     # The pool's rate is per instance; a gang stops when any of its nodes is reclaimed.
     rate_h = pool_interruption_rate_per_hour(pool) * nodes
-    rate_s = rate_h / cm.SECONDS_PER_HOUR
-    interval_s = cm.choose_interval_s(spec.checkpoint.interval_s, stall_s, rate_s, params)
-    ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
-    pre_frac = cm.preemption_fraction(interval_s, rate_s, rst_s)
-    startup_s = provisioning_s + compile_s + (load_s if elapsed_fraction > 0 else 0.0)
-    billed_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
-    wait_s = params.spot_capacity_wait_s if rate_s > 0 else 0.0
-    wall_s = billed_s + rate_s * work_s * wait_s  # waiting for capacity lengthens the run, costs nothing
-    wall_p90_s = cm.pessimistic_wall_s(
-        work_p_s=work_p90_s,
-        checkpoint_frac=ckpt_frac,
-        interval_s=interval_s,
-        rate_per_s=rate_s,
-        restart_s=rst_s,
-        startup_s=startup_s,
-        quantile=params.deadline_quantile,
-        wait_s=wait_s,
+    interval_s = cm.choose_interval_s(
+        spec.checkpoint.interval_s, stall_s, rate_h / cm.SECONDS_PER_HOUR, params
     )
-    cost = cm.dollars(price_h, billed_s)
+    w = price_work(
+        spec, facts, acc, nodes, elapsed_fraction, step_s=step_s, step_p90_s=step_p90_s, price_h=price_h,
+        interval_s=interval_s, stall_s=stall_s, rate_h=rate_h, restart_s=rst_s, compile_s=compile_s,
+        params=params,
+    )  # fmt: skip
     opt: dict[str, Any] = dict(
         accelerator=acc.name,
         devices=devices,
@@ -412,27 +512,19 @@ def option_for(
         market=pool.market.value,
         step_time_s=step_s,
         price_usd_per_hour=price_h,
-        usd_per_step=cm.usd_per_effective_step(price_h, step_s, ckpt_frac + pre_frac),
-        expected_hours=wall_s / cm.SECONDS_PER_HOUR,
-        expected_cost_usd=cost,
-        preemption_overhead_usd=cm.dollars(price_h, work_s * pre_frac),
+        usd_per_step=cm.usd_per_effective_step(price_h, step_s, w.checkpoint_frac + w.preemption_frac),
         checkpoint_interval_s=interval_s,
-        feasible=True,
-        reason="",
         pool=pool.name,
         nodes=nodes,
-        expected_hours_p90=wall_p90_s / cm.SECONDS_PER_HOUR,
         restart_s=rst_s,
         compile_s=compile_s,
         prediction=pred,
         checkpoint_s=stall_s,
-        checkpoint_overhead_usd=cm.dollars(price_h, work_s * ckpt_frac),
         interruption_rate_per_hour=rate_h,
         notice_s=pool_notice_s(pool) if rate_h > 0 else 0.0,
         step_time_p90_s=step_p90_s,
         step_time_source=source,
-        total_steps=total_steps,
-        capacity_wait_hours=(wall_s - billed_s) / cm.SECONDS_PER_HOUR,
+        **w.option_fields(total_steps),
     )
     reason = ""
     if spec.resources.min_interconnect_gbps is not None:
@@ -442,31 +534,10 @@ def option_for(
                 f"resources.min_interconnect_gbps: {devices} x {acc.name} on {nodes} node(s) has "
                 f"{link:g} Gbit/s per device < {spec.resources.min_interconnect_gbps:g}"
             )
-    if not reason and pre_frac >= 1.0:
-        reason = (
-            f"preemptions every {1 / rate_h:.1f} h cost {rst_s:.0f} s restart + half a "
-            f"{interval_s:.0f} s interval each: more wall time is lost than trained"
-        )
-    if not reason:
-        dl = facts.deadline_s
-        if dl is not None and wall_p90_s > dl:
-            which = f"p{round(params.deadline_quantile * 100)}" if rate_h > 0 else "p90 step time"
-            reason = (
-                f"objective.deadline: {which} wall time {_fmt_h(wall_p90_s / 3600)} exceeds the deadline "
-                f"{_fmt_h(dl / 3600)} (expected {_fmt_h(wall_s / 3600)})"
-            )
-    if not reason and spec.objective.budget_usd is not None and cost > spec.objective.budget_usd:
-        budget = spec.objective.budget_usd
-        reason = f"objective.budget_usd: expected ${cost:,.2f} exceeds the budget ${budget:,.2f}"
-    if not reason and spec.resources.accelerator_hours is not None:
-        dev_h = devices * billed_s / cm.SECONDS_PER_HOUR
-        if dev_h > spec.resources.accelerator_hours:
-            reason = (
-                f"resources.accelerator_hours: {dev_h:,.1f} device-hours exceed the limit "
-                f"{spec.resources.accelerator_hours:g}"
-            )
-    if reason:
-        opt.update(feasible=False, reason=reason)
+    reason = reason or work_reason(
+        spec, facts, devices, w, rate_h=rate_h, restart_s=rst_s, interval_s=interval_s, params=params
+    )
+    opt.update(feasible=not reason, reason=reason)
     return QuoteOption(**opt)
 
 

@@ -244,7 +244,7 @@ def rescale_option(
     identical (a property test compares the two on random specs, pools and progress).
     """
     from trainyard.cost import model as cm
-    from trainyard.cost.quote import interconnect_gbps, pool_accelerator
+    from trainyard.cost.quote import interconnect_gbps, pool_accelerator, price_work, work_reason
 
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
@@ -252,40 +252,17 @@ def rescale_option(
         return base  # rejected before any work was priced (eligibility, shape, price, memory): no length
     params = cm.DEFAULT_PARAMS
     facts = cache.facts(spec)
+    dl = facts.deadline_s
+    if dl is not None and math.isfinite(dl):
+        raise ValueError("rescale_option prices without a deadline (the scheduler checks deadlines)")
     acc = cache.accelerator(pool)
     devices, nodes = base.devices, base.nodes
-    step_s, step_p90_s, price_h = base.step_time_s, base.step_time_p90_s, base.price_usd_per_hour
-    interval_s, stall_s, rst_s, rate_h = (
-        base.checkpoint_interval_s,
-        base.checkpoint_s,
-        base.restart_s,
-        base.interruption_rate_per_hour,
-    )
-    total_steps = facts.total_steps
-    remaining_steps = total_steps * (1.0 - elapsed_fraction)
-    work_s = remaining_steps * step_s
-    work_p90_s = remaining_steps * step_p90_s
-    url = spec.checkpoint.storage
-    load_s = cm.checkpoint_load_s(facts.checkpoint_bytes, nodes, cm.storage_read_gb_per_s(url, params))
-    provisioning_s = params.provisioning_s.get(acc.family, cm.DEFAULT_PROVISIONING_S)
-    rate_s = rate_h / cm.SECONDS_PER_HOUR
-    ckpt_frac = cm.checkpoint_fraction(interval_s, stall_s)
-    pre_frac = cm.preemption_fraction(interval_s, rate_s, rst_s)
-    startup_s = provisioning_s + base.compile_s + (load_s if elapsed_fraction > 0 else 0.0)
-    billed_s = cm.expected_wall_s(work_s, ckpt_frac + pre_frac, startup_s)
-    wait_s = params.spot_capacity_wait_s if rate_s > 0 else 0.0
-    wall_s = billed_s + rate_s * work_s * wait_s
-    wall_p90_s = cm.pessimistic_wall_s(
-        work_p_s=work_p90_s,
-        checkpoint_frac=ckpt_frac,
-        interval_s=interval_s,
-        rate_per_s=rate_s,
-        restart_s=rst_s,
-        startup_s=startup_s,
-        quantile=params.deadline_quantile,
-        wait_s=wait_s,
-    )
-    cost = cm.dollars(price_h, billed_s)
+    w = price_work(
+        spec, facts, acc, nodes, elapsed_fraction, step_s=base.step_time_s, step_p90_s=base.step_time_p90_s,
+        price_h=base.price_usd_per_hour, interval_s=base.checkpoint_interval_s, stall_s=base.checkpoint_s,
+        rate_h=base.interruption_rate_per_hour, restart_s=base.restart_s, compile_s=base.compile_s,
+        params=params,
+    )  # fmt: skip
     reason = ""
     need = spec.resources.min_interconnect_gbps
     if need is not None:
@@ -295,38 +272,20 @@ def rescale_option(
                 f"resources.min_interconnect_gbps: {devices} x {base.accelerator} on {nodes} node(s) has "
                 f"{link:g} Gbit/s per device < {need:g}"
             )
-    if not reason and pre_frac >= 1.0:
-        reason = (
-            f"preemptions every {1 / rate_h:.1f} h cost {rst_s:.0f} s restart + half a "
-            f"{interval_s:.0f} s interval each: more wall time is lost than trained"
-        )
-    dl = facts.deadline_s
-    if not reason and dl is not None and math.isfinite(dl):
-        raise ValueError("rescale_option prices without a deadline (the scheduler checks deadlines)")
-    if not reason and spec.objective.budget_usd is not None and cost > spec.objective.budget_usd:
-        budget = spec.objective.budget_usd
-        reason = f"objective.budget_usd: expected ${cost:,.2f} exceeds the budget ${budget:,.2f}"
-    if not reason and spec.resources.accelerator_hours is not None:
-        dev_h = devices * billed_s / cm.SECONDS_PER_HOUR
-        if dev_h > spec.resources.accelerator_hours:
-            reason = (
-                f"resources.accelerator_hours: {dev_h:,.1f} device-hours exceed the limit "
-                f"{spec.resources.accelerator_hours:g}"
-            )
+    reason = reason or work_reason(
+        spec,
+        facts,
+        devices,
+        w,
+        rate_h=base.interruption_rate_per_hour,
+        restart_s=base.restart_s,
+        interval_s=base.checkpoint_interval_s,
+        params=params,
+    )
     # dataclasses.replace without re-running __init__ (a copy of the frozen option with these fields)
     out = object.__new__(type(base))
     out.__dict__.update(base.__dict__)
-    out.__dict__.update(
-        expected_hours=wall_s / cm.SECONDS_PER_HOUR,
-        expected_cost_usd=cost,
-        preemption_overhead_usd=cm.dollars(price_h, work_s * pre_frac),
-        expected_hours_p90=wall_p90_s / cm.SECONDS_PER_HOUR,
-        checkpoint_overhead_usd=cm.dollars(price_h, work_s * ckpt_frac),
-        total_steps=total_steps,
-        capacity_wait_hours=(wall_s - billed_s) / cm.SECONDS_PER_HOUR,
-        feasible=not reason,
-        reason=reason,
-    )
+    out.__dict__.update(**w.option_fields(facts.total_steps), feasible=not reason, reason=reason)
     return out
 
 
