@@ -141,3 +141,18 @@ def test_dtype_conversion_on_load(tmp_path: Path) -> None:
     }
     mgr.load(ref, target)
     assert target["model"]["w"].dtype == torch.bfloat16 and float(target["model"]["b"][3]) == 3.0
+
+
+def test_storage_vanishing_between_write_and_commit_is_a_checkpoint_write_error(tmp_path: Path) -> None:
+    # a shard that can be listed but not read (storage went away after the write) must surface as
+    # CheckpointWriteError, which the trainer turns into "checkpoint storage failed" and a fallback save
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    step_dir = tmp_path / "job" / "step-2"
+    step_dir.mkdir(parents=True)
+    (step_dir / "__0_0.distcp").symlink_to(tmp_path / "gone" / "__0_0.distcp")
+    with pytest.raises(CheckpointWriteError, match="hashing the shards"):
+        mgr._commit(f"file://{step_dir}", 2, {}, mgr.last_save)  # type: ignore[arg-type]
+    assert not (step_dir / MANIFEST).exists()
+    assert _load(mgr) == (1, 1.0)
+    mgr.close()

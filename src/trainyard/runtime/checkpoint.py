@@ -395,12 +395,15 @@ class CheckpointManager:
     def _commit(self, url: str, step: int, meta: dict[str, Any], result: SaveResult) -> None:
         fs, path = url_to_fs(url)
         files: dict[str, Any] = {}
-        for full in sorted(fs.find(path)):
-            rel = str(full)[len(path) :].lstrip("/")
-            if rel == MANIFEST or ".tmp-" in rel:
-                continue
-            digest, size = sha256_file(fs, full)
-            files[rel] = {"sha256": digest, "bytes": size}
+        try:
+            for full in sorted(fs.find(path)):
+                rel = str(full)[len(path) :].lstrip("/")
+                if rel == MANIFEST or ".tmp-" in rel:
+                    continue
+                digest, size = sha256_file(fs, full)
+                files[rel] = {"sha256": digest, "bytes": size}
+        except OSError as exc:
+            raise CheckpointWriteError(f"hashing the shards of {url} failed: {_root_cause(exc)}") from exc
         if not files:
             raise CheckpointWriteError(f"{url} holds no shard files after the save")
         result.bytes_written = sum(f["bytes"] for f in files.values())
