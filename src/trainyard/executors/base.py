@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -184,3 +185,77 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+# ---- the one terminal event of an attempt (shared by the local and Ray executors) -------------------
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank of a finished attempt ended, as its executor observed it."""
+
+    rank: int
+    terminal: dict[str, Any] | None = None  # its terminal event ``{"kind", "data"}``; None when it sent none
+    unreported: str | None = None  # how it ended on its own without one ("exited with code 1 without ...")
+    node_ip: str | None = None  # the node it ran on, added to a ``lost`` outcome's data when known
+
+
+def gang_outcome(
+    ranks: Sequence[RankEnd],
+    *,
+    failures: Sequence[dict[str, Any]],
+    trigger: tuple[str, dict[str, Any]] | None,
+    entrypoint: bool,
+    preempting: bool,
+    preempt_overrides_trigger: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """The one terminal event ``(kind, data)`` of an attempt whose ranks have all exited.
+
+    ``failures`` are the ``failed`` reports of the ranks (``{"rank", ...data}``, first first),
+    ``trigger`` the first abnormal observation (``("failed" | "lost", data)``) that tore the gang down,
+    ``entrypoint`` whether the job runs a user command (whose ranks' exits are the user's),
+    ``preempting`` whether a preemption notice was delivered. A trigger normally wins over the notice;
+    with ``preempt_overrides_trigger`` (a gang preempted before it was running) the notice wins.
+
+    In order: a user-code failure from any rank; a rank that died without reporting (it explains its
+    peers' errors: they see connection resets); the preemption (rank 0's ``preempted`` data, or
+    ``forced`` when it could not checkpoint); the trigger; any other failure; every rank succeeded
+    (rank 0's data); rank 0 preempted; otherwise the ranks that exited without reporting are ``lost``.
+    """
+    if not ranks:
+        raise ValueError("a gang has at least one rank")
+    user = [f for f in failures if f.get("classification") == CLASSIFICATION_USER]
+    if user:
+        return "failed", failure_data(user[0])
+    if (
+        trigger is not None
+        and trigger[0] == "failed"
+        and trigger[1].get("classification") == CLASSIFICATION_USER
+    ):
+        return "failed", failure_data(trigger[1])
+    dead = [rk for rk in ranks if rk.unreported is not None and not entrypoint]
+    if dead:
+        lost: dict[str, Any] = {"reason": f"rank {dead[0].rank} {dead[0].unreported}", "rank": dead[0].rank}
+        if dead[0].node_ip is not None:
+            lost["node_ip"] = dead[0].node_ip
+        return "lost", lost
+    t0 = next((rk for rk in ranks if rk.rank == 0), ranks[0]).terminal
+    if preempting and (trigger is None or preempt_overrides_trigger):
+        if t0 is not None and t0["kind"] == "preempted":
+            return "preempted", dict(t0["data"])
+        return "preempted", {"step": None, "checkpoint_step": None, "forced": True}
+    if trigger is not None:
+        kind, data = trigger
+        return ("failed", failure_data(data)) if kind == "failed" else (kind, data)
+    if failures:
+        return "failed", failure_data(failures[0])
+    kinds = {rk.terminal["kind"] if rk.terminal else None for rk in ranks}
+    if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
+        return "succeeded", dict(t0["data"])
+    if t0 is not None and t0["kind"] == "preempted":
+        return "preempted", dict(t0["data"])
+    missing = [rk.rank for rk in ranks if rk.terminal is None]
+    return "lost", {
+        "reason": f"ranks {missing} exited without reporting",
+        "rank": missing[0] if missing else 0,
+    }

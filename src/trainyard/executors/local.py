@@ -37,10 +37,11 @@ from trainyard.executors.base import (
     EXIT_PREEMPTED,
     ExecutorEvent,
     LaunchRequest,
+    RankEnd,
     WorkerInfo,
     describe_exit,
     event_file_name,
-    failure_data,
+    gang_outcome,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
@@ -98,7 +99,7 @@ class _Rank:
     exit_code: int | None = None
     exited: bool = False
     terminal: dict[str, Any] | None = None
-    unreported: str | None = None  # how it died, when it died on its own without a terminal event
+    unreported: str | None = None  # how it died on its own without a terminal event (RankEnd.unreported)
     exit_file: Path | None = None  # written by the fork server (the parent of a forked worker)
     dead_since_s: float | None = None
 
@@ -455,7 +456,7 @@ class LocalExecutor:
                 and not gang.killed
                 and gang.preempt_deadline_s is None
             ):
-                rk.unreported = describe_exit(rk.exit_code)
+                rk.unreported = f"{describe_exit(rk.exit_code)} without reporting"
         # abnormal observations (the first one decides the outcome)
         if gang.trigger is None:
             for rk in gang.ranks:
@@ -530,53 +531,15 @@ class LocalExecutor:
         self._gangs.pop(gang.job_id, None)
         if gang.cancelled:
             return out
-        kind, data = self._outcome(gang)
+        kind, data = gang_outcome(
+            [RankEnd(rk.rank, rk.terminal, rk.unreported) for rk in gang.ranks],
+            failures=gang.failures,
+            trigger=gang.trigger,
+            entrypoint=gang.entrypoint,
+            preempting=gang.preempt_deadline_s is not None,
+        )
         out.append(ExecutorEvent(gang.job_id, gang.attempt, kind, data, time.time()))
         return out
-
-    def _outcome(self, gang: _Gang) -> tuple[str, dict[str, Any]]:
-        user = [f for f in gang.failures if f.get("classification") == CLASSIFICATION_USER]
-        if user:
-            return "failed", failure_data(user[0])
-        if (
-            gang.trigger is not None
-            and gang.trigger[0] == "failed"
-            and gang.trigger[1].get("classification") == CLASSIFICATION_USER
-        ):
-            return "failed", failure_data(gang.trigger[1])
-        dead = [rk for rk in gang.ranks if rk.unreported is not None and not gang.entrypoint]
-        if dead:
-            # a rank that died first explains the others' errors (peers see connection resets)
-            return "lost", {
-                "reason": f"rank {dead[0].rank} {dead[0].unreported} without reporting",
-                "rank": dead[0].rank,
-            }
-        rank0 = next((rk for rk in gang.ranks if rk.rank == 0), gang.ranks[0])
-        t0 = rank0.terminal
-        if gang.preempt_deadline_s is not None and gang.trigger is None:
-            data = (
-                dict(t0["data"])
-                if t0 is not None and t0["kind"] == "preempted"
-                else {"step": None, "checkpoint_step": None, "forced": True}
-            )
-            return "preempted", data
-        if gang.trigger is not None:
-            kind, data = gang.trigger
-            if kind == "failed":
-                return "failed", failure_data(data)
-            return kind, data
-        if gang.failures:
-            return "failed", failure_data(gang.failures[0])
-        kinds = {rk.terminal["kind"] if rk.terminal else None for rk in gang.ranks}
-        if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
-            return "succeeded", dict(t0["data"])
-        if t0 is not None and t0["kind"] == "preempted":
-            return "preempted", dict(t0["data"])
-        missing = [rk.rank for rk in gang.ranks if rk.terminal is None]
-        return "lost", {
-            "reason": f"ranks {missing} exited without reporting",
-            "rank": missing[0] if missing else 0,
-        }
 
     def _kill(self, gang: _Gang) -> None:
         gang.killed = True

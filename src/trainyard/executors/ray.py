@@ -56,10 +56,11 @@ from trainyard.executors.base import (
     EXIT_PREEMPTED,
     ExecutorEvent,
     LaunchRequest,
+    RankEnd,
     WorkerInfo,
     describe_exit,
     event_file_name,
-    failure_data,
+    gang_outcome,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
@@ -663,7 +664,14 @@ class RayExecutor:
         self._remove_probe(gang)
         if gang.cancelled:
             return out
-        kind, data = self._outcome(gang)
+        kind, data = gang_outcome(
+            [RankEnd(rk.rank, rk.terminal, rk.unreported, node_ip=rk.host) for rk in gang.ranks],
+            failures=gang.failures,
+            trigger=gang.trigger,
+            entrypoint=gang.entrypoint,
+            preempting=gang.preempt_deadline_s is not None,
+            preempt_overrides_trigger=gang.phase != "running",  # notice before the gang ran: preempted
+        )
         out.append(self._event(gang, kind, data))
         return out
 
@@ -1022,46 +1030,6 @@ class RayExecutor:
                 with contextlib.suppress(Exception):
                     remove_placement_group(c.pg)
         self._closing = keep
-
-    def _outcome(self, gang: _Gang) -> tuple[str, dict[str, Any]]:
-        user = [f for f in gang.failures if f.get("classification") == CLASSIFICATION_USER]
-        if user:
-            return "failed", failure_data(user[0])
-        if (
-            gang.trigger is not None
-            and gang.trigger[0] == "failed"
-            and gang.trigger[1].get("classification") == CLASSIFICATION_USER
-        ):
-            return "failed", failure_data(gang.trigger[1])
-        dead = [rk for rk in gang.ranks if rk.unreported is not None and not gang.entrypoint]
-        if dead:
-            # a rank that died first explains the others' errors (peers see connection resets)
-            return "lost", {
-                "reason": f"rank {dead[0].rank} {dead[0].unreported}",
-                "rank": dead[0].rank,
-                "node_ip": dead[0].host,
-            }
-        rank0 = gang.ranks[0]
-        t0 = rank0.terminal
-        if gang.preempt_deadline_s is not None and (gang.trigger is None or gang.phase != "running"):
-            if t0 is not None and t0["kind"] == "preempted":
-                return "preempted", dict(t0["data"])
-            return "preempted", {"step": None, "checkpoint_step": None, "forced": True}
-        if gang.trigger is not None:
-            kind, data = gang.trigger
-            return ("failed", failure_data(data)) if kind == "failed" else (kind, data)
-        if gang.failures:
-            return "failed", failure_data(gang.failures[0])
-        kinds = {rk.terminal["kind"] if rk.terminal else None for rk in gang.ranks}
-        if t0 is not None and t0["kind"] == "succeeded" and kinds == {"succeeded"}:
-            return "succeeded", dict(t0["data"])
-        if t0 is not None and t0["kind"] == "preempted":
-            return "preempted", dict(t0["data"])
-        missing = [rk.rank for rk in gang.ranks if rk.terminal is None]
-        return "lost", {
-            "reason": f"ranks {missing} exited without reporting",
-            "rank": missing[0] if missing else 0,
-        }
 
     @staticmethod
     def _event(gang: _Gang, kind: str, data: dict[str, Any]) -> ExecutorEvent:
