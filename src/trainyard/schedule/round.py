@@ -135,16 +135,47 @@ def _cost_key(c: Candidate) -> tuple[float, float, str, int]:
     return (c.expected_cost_usd, c.expected_hours, c.pool, c.devices)
 
 
+def _alternative(c: Candidate) -> Alternative:
+    return Alternative(c.pool, c.devices, c.market, c.expected_cost_usd, c.expected_hours)
+
+
 def _alternatives(chosen: Candidate, by_cost: Sequence[Candidate]) -> tuple[Alternative, ...]:
     """The two cheapest other feasible options (``by_cost`` is sorted by expected cost)."""
     out: list[Alternative] = []
     for c in by_cost:
         if (c.pool, c.devices) == (chosen.pool, chosen.devices):
             continue
-        out.append(Alternative(c.pool, c.devices, c.market, c.expected_cost_usd, c.expected_hours))
+        out.append(_alternative(c))
         if len(out) == 2:
             break
     return tuple(out)
+
+
+def _placement(
+    pj: ProblemJob,
+    chosen: Candidate,
+    reason: str,
+    alternatives: tuple[Alternative, ...],
+    *,
+    from_pool: str | None = None,
+) -> Placement:
+    """``pj`` placed on ``chosen``: a new start, or with ``from_pool`` a running job's migration."""
+    return Placement(
+        job_id=pj.job_id,
+        tenant=pj.tenant,
+        pool=chosen.pool,
+        accelerator=chosen.accelerator,
+        devices=chosen.devices,
+        nodes=chosen.nodes,
+        market=chosen.market,
+        expected_cost_usd=chosen.expected_cost_usd,
+        expected_hours=chosen.expected_hours,
+        checkpoint_interval_s=chosen.checkpoint_interval_s,
+        reason=reason,
+        alternatives=alternatives,
+        migration=from_pool is not None,
+        from_pool=from_pool,
+    )
 
 
 def _placement_reason(
@@ -405,28 +436,8 @@ def schedule_round(
                     f"{_fmt_usd(chosen.expected_cost_usd - chosen.migration_cost_usd)} there, "
                     f"migration {_fmt_usd(chosen.migration_cost_usd)}"
                 )
-            placements.append(
-                Placement(
-                    job_id=pj.job_id,
-                    tenant=pj.tenant,
-                    pool=chosen.pool,
-                    accelerator=chosen.accelerator,
-                    devices=chosen.devices,
-                    nodes=chosen.nodes,
-                    market=chosen.market,
-                    expected_cost_usd=chosen.expected_cost_usd,
-                    expected_hours=chosen.expected_hours,
-                    checkpoint_interval_s=chosen.checkpoint_interval_s,
-                    reason=reason,
-                    alternatives=tuple(
-                        Alternative(o.pool, o.devices, o.market, o.expected_cost_usd, o.expected_hours)
-                        for o in pj.options
-                        if o is not chosen
-                    )[:2],
-                    migration=True,
-                    from_pool=rj.pool,
-                )
-            )
+            others = tuple(_alternative(o) for o in pj.options if o is not chosen)[:2]
+            placements.append(_placement(pj, chosen, reason, others, from_pool=rj.pool))
             continue
         feasible, fitting, by_cost = info[pj.job_id]
         if idx is None:
@@ -446,22 +457,7 @@ def schedule_round(
                 f"; misses its deadline: no option finishes by it any more (p90 finish "
                 f"{_fmt_dur(max(over_s, 0.0))} after it)"
             )
-        placements.append(
-            Placement(
-                job_id=pj.job_id,
-                tenant=pj.tenant,
-                pool=chosen.pool,
-                accelerator=chosen.accelerator,
-                devices=chosen.devices,
-                nodes=chosen.nodes,
-                market=chosen.market,
-                expected_cost_usd=chosen.expected_cost_usd,
-                expected_hours=chosen.expected_hours,
-                checkpoint_interval_s=chosen.checkpoint_interval_s,
-                reason=reason,
-                alternatives=_alternatives(chosen, by_cost),
-            )
-        )
+        placements.append(_placement(pj, chosen, reason, _alternatives(chosen, by_cost)))
     order = {qj.job_id: i for i, qj in enumerate(jobs)}
     order.update({rj.job_id: len(jobs) + i for i, rj in enumerate(running)})
     placements.sort(key=lambda p: order.get(p.job_id, 0))
