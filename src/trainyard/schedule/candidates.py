@@ -17,7 +17,7 @@ clock (see ``to_candidate`` and ``schedule_round``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,9 @@ from trainyard.schedule.types import Candidate, SchedulerConfig
 from trainyard.spec.models import JobSpec
 
 if TYPE_CHECKING:
+    from trainyard.catalog.accelerators import Accelerator
     from trainyard.cost.quote import QuoteOption
+    from trainyard.predict import Prediction
 
 
 def spec_key(spec: JobSpec) -> str:
@@ -67,12 +69,24 @@ def shape_key(spec: JobSpec) -> str:
     return spec.model_dump_json(exclude=_NOT_SHAPE)
 
 
+#: ``calibrated(spec, accelerator, devices, topology)``: the step-time prediction to price ``devices`` x
+#: ``accelerator`` with (``accelerator`` carries the pool's device memory, ``topology`` is the predictor's
+#: keyword arguments for the pool as ``cost.quote.predict_kwargs`` gives them), or None to use the packaged
+#: predictor (``trainyard.predict.predict``). It runs inside pricing, so it must be pure (no I/O).
+CalibrationHook = Callable[[JobSpec, "Accelerator", int, Mapping[str, Any]], "Prediction | None"]
+
+
 @dataclass
 class CandidateCache:
     """In-memory memo of quotes and predictions; the caller may keep one across rounds.
 
     Keys include every priced field of the pool (not its free capacity), so a price change naturally
     misses the cache while a capacity change does not.
+
+    ``calibrated`` is the calibration hook: a control plane that learns step times from running jobs
+    passes one so that pricing predicts on its feedback calibration (see :data:`CalibrationHook`). Its
+    predictions are memoised like the packaged predictor's, and everything priced depends on them, so the
+    hook is fixed for the cache's life: a new calibration takes a new cache.
     """
 
     options: dict[tuple[str, tuple[Any, ...], int, float], QuoteOption] = field(default_factory=dict)
@@ -91,6 +105,7 @@ class CandidateCache:
     base_options: dict[tuple[Any, ...], QuoteOption] = field(default_factory=dict)
     _accelerators: dict[str, Any] = field(default_factory=dict)
     max_entries: int = 500_000
+    calibrated: CalibrationHook | None = None
 
     def key(self, spec: JobSpec) -> str:
         hit = self._keys.get(id(spec))
@@ -179,7 +194,8 @@ def pool_price_key(pool: Pool) -> tuple[Any, ...]:
 
 def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
     """The cost model's predictor with ``pool``'s topology (as ``cost.quote`` passes it), memoised per
-    (workload shape, accelerator and its memory, device count, topology)."""
+    (workload shape, accelerator and its memory, device count, topology); the cache's calibration hook
+    answers first when it has one."""
     from trainyard.cost.quote import predict_kwargs
     from trainyard.predict import predict
 
@@ -190,7 +206,10 @@ def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[J
         pk = (shape, accelerator.name, accelerator.memory_gib, devices, *sorted(topology.items()))
         hit = cache.predictions.get(pk)
         if hit is None:
-            hit = predict(s, accelerator, devices, **topology)
+            if cache.calibrated is not None:
+                hit = cache.calibrated(s, accelerator, devices, topology)
+            if hit is None:
+                hit = predict(s, accelerator, devices, **topology)
             cache.predictions[pk] = hit
         return hit
 

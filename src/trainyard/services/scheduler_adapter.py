@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +42,7 @@ from trainyard.schedule import (
     TenantQuota,
     schedule_round,
 )
+from trainyard.schedule.candidates import CalibrationHook
 from trainyard.services.domain import Job, Placement
 from trainyard.services.execution import DEFAULT_NOTICE_S, Supervisor
 from trainyard.services.lifecycle import ACTIVE_STATES, JobState
@@ -62,6 +63,28 @@ def _fmt_usd(usd: float) -> str:
     return f"${usd:,.2f}" if abs(usd) >= 0.995 else f"${usd:.4f}"
 
 
+def calibrated_predictions(calibration: Calibration | None) -> CalibrationHook | None:
+    """The scheduler's calibration hook for a feedback calibration: predictions on ``calibration`` for
+    accelerators it has measured (as :func:`~trainyard.services.feedback.calibrated_quote` prices
+    quotes), the packaged predictor's for the others; None when nothing has been measured."""
+    if calibration is None or not calibration.corrections:
+        return None
+    from trainyard.predict import predict
+
+    cal = calibration
+    measured = {key.rsplit("/", 1)[-1] for key in cal.corrections}  # family/stack/precision/accelerator
+
+    def calibrated(spec: JobSpec, accelerator: Any, devices: int, topology: Mapping[str, Any]) -> Any:
+        if accelerator.name not in measured:
+            return None
+        try:
+            return predict(spec, accelerator, devices, calibration=cal, **topology)
+        except ValueError:
+            return None  # the packaged predictor answers (and says why it cannot, if it cannot)
+
+    return calibrated
+
+
 class OptimizerRound:
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -74,37 +97,7 @@ class OptimizerRound:
         if version != self._calibration_version:
             self._calibration_version = version
             self.calibration = calibration
-            self.cache = CandidateCache()
-
-    def _seed_predictions(self, specs: Sequence[JobSpec], pools: Sequence[Pool]) -> None:
-        """Predictions on the feedback calibration for pools whose accelerator has been measured, placed in
-        the scheduler's prediction memo under the key its pricing looks up (workload shape, accelerator
-        and its memory, device count, the pool's topology as the cost model passes it)."""
-        cal = self.calibration
-        if cal is None or not cal.corrections:
-            return
-        from trainyard.cost.quote import candidate_device_counts, pool_accelerator, predict_kwargs
-        from trainyard.predict import predict
-        from trainyard.schedule.candidates import shape_key
-
-        measured = {key.rsplit("/", 1)[-1] for key in cal.corrections}
-        targets = [p for p in pools if p.accelerator in measured]
-        if not targets:
-            return
-        shapes: dict[str, JobSpec] = {}
-        for spec in specs:
-            shapes.setdefault(shape_key(spec), spec)
-        for shape, spec in shapes.items():
-            for pool in targets:
-                acc = pool_accelerator(pool)
-                topology = predict_kwargs(pool, acc)
-                for d in candidate_device_counts(spec, pool):
-                    pk = (shape, acc.name, acc.memory_gib, d, *sorted(topology.items()))
-                    if pk not in self.cache.predictions:
-                        try:
-                            self.cache.predictions[pk] = predict(spec, acc, d, calibration=cal, **topology)
-                        except ValueError:
-                            continue
+            self.cache = CandidateCache(calibrated=calibrated_predictions(calibration))
 
     def __call__(
         self,
@@ -119,7 +112,6 @@ class OptimizerRound:
         queued: list[QueuedJob] = []
         unplaced: dict[str, str] = {}
         quotas: dict[str, TenantQuota] = {}
-        specs: dict[str, JobSpec] = {}
         for view in jobs:
             try:
                 spec = spec_from_dict(view.spec)
@@ -136,7 +128,6 @@ class OptimizerRound:
                     progress_fraction=min(max(float(done), 0.0), 0.999),
                 )
             )
-            specs[view.job_id] = spec
             if view.tenant_max_active_devices is not None:
                 # with the running jobs given, the scheduler subtracts what they hold itself
                 left = view.tenant_max_active_devices
@@ -149,7 +140,6 @@ class OptimizerRound:
                 spec = spec_from_dict(rv.spec)
             except TrainyardError:
                 continue
-            specs[rv.job_id] = spec
             moving.append(
                 RunningJob(
                     job_id=rv.job_id,
@@ -165,7 +155,6 @@ class OptimizerRound:
             )
         if not queued and not moving:
             return RoundResult(placements={}, unplaced=unplaced)
-        self._seed_predictions(list(specs.values()), pools)
         cfg = self.config
         if quotas:
             cfg = replace(cfg, quotas={**dict(cfg.quotas), **quotas})
