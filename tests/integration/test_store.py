@@ -131,3 +131,46 @@ def test_tenant_deletion_cascades(db: Database) -> None:
     with db.session() as s:
         assert JobRepo(s).count(tenant_id=tenant.id) == 0
         assert s.execute(text("SELECT count(*) FROM job_events")).scalar() == 0
+
+
+def test_batched_admission_keeps_the_state_machine_and_event_order(db: Database) -> None:
+    """Admission changes many jobs per statement: jobs of the same spec share one quote, a job cancelled
+    before admission is left alone, every admitted job has its events in order, and an edge missing from
+    the transition table is refused before anything is written."""
+    from trainyard.errors import IllegalTransitionError
+    from trainyard.services.pools import local_cpu_pool
+
+    db.upgrade()
+    tenant, _ = TenantService(db).create("t4")
+    who = Principal(tenant_id=tenant.id, tenant_name="t4", key_id="k", admin=False)
+    jobs = JobService(db, live_pools=lambda: [local_cpu_pool(4)], with_catalog=False)
+    small = spec_from_dict(tiny_spec("many"))
+    huge_doc = tiny_spec("huge")
+    huge_doc["model"] = {"architecture": "custom", "params_b": 70.0}
+    huge_doc["resources"] = {"max_devices": 1}
+    huge = spec_from_dict(huge_doc)
+    ids = [jobs.submit(who, small)[0].id for _ in range(7)]
+    big = [jobs.submit(who, huge)[0].id for _ in range(2)]
+    cancelled = jobs.cancel(who, ids[3]).id
+    with db.session() as s, pytest.raises(IllegalTransitionError):
+        jobs.transition_many(s, ids, JobState.PENDING, JobState.RUNNING, "skipping the queue")
+    assert jobs.admit_pending() == 8  # the cancelled job is no longer pending
+    assert jobs.admit_pending() == 0
+    with db.session() as s:
+        repo, events = JobRepo(s), EventRepo(s)
+        for job_id in ids + big:
+            job = repo.get(job_id)
+            assert job is not None
+            kinds = [(e.kind, e.data.get("to")) for e in events.list(job_id)]
+            if job_id == cancelled:
+                assert job.state is JobState.CANCELLED
+                assert kinds == [("state", "pending"), ("state", "cancelled")]
+                continue
+            want = JobState.QUEUED if job_id in ids else JobState.FAILED
+            assert job.state is want, job.reason
+            assert job.quote, "the quote is stored with the job"
+            assert kinds == [("state", "pending"), ("quote", None), ("state", want.value)]
+        # a batch transition applies only to jobs still in the source state
+        assert jobs.transition_many(s, ids, JobState.QUEUED, JobState.CANCELLED, "drained") == [
+            i for i in ids if i != cancelled
+        ]

@@ -35,7 +35,7 @@ log = structlog.get_logger("trainyard.jobs")
 OPEN_STATES = tuple(s.value for s in JobState if s not in TERMINAL_STATES)
 MAX_PAGE = 500
 QUOTE_CACHE_SIZE = 256
-ADMIT_BATCH = 10
+ADMIT_BATCH = 50
 MAX_BROKEN_REPORTED = 5
 
 
@@ -256,51 +256,104 @@ class JobService:
             now,
         )
 
+    def transition_many(
+        self,
+        s: Session,
+        job_ids: Sequence[str],
+        source: JobState,
+        target: JobState,
+        reason: str,
+        *,
+        before: tuple[str, dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> builtins.list[str]:
+        """The same state change for every job of ``job_ids`` still in ``source`` (checked against the one
+        transition table, applied by one conditional UPDATE), each with its ``state`` event, preceded by
+        the ``before`` (kind, data) event when given. Jobs that left ``source`` meanwhile are skipped;
+        returns the ids that changed."""
+        check_transition(source, target)
+        now = self.clock()
+        changed = JobRepo(s).update_many_if_state(
+            job_ids, source, state=target, updated_at_s=now, reason=reason, **fields
+        )
+        state_data = {"from": source.value, "to": target.value, "reason": reason}
+        events: builtins.list[tuple[str, str, dict[str, Any], float]] = []
+        for job_id in changed:
+            if before is not None:
+                events.append((job_id, before[0], before[1], now))
+            events.append((job_id, "state", state_data, now))
+        EventRepo(s).append_many(events)
+        return changed
+
     # ---- admission: pending → queued (quoted) or failed (nothing can run it) -------------------
     def admit_pending(self, limit: int = 200) -> int:
+        """Quote and admit up to ``limit`` pending jobs, oldest first; returns how many were looked at.
+
+        Jobs with the same spec share one quote (cached by spec digest while the live pools are
+        unchanged), so a batch is admitted with one conditional UPDATE per distinct spec plus the events.
+        """
         with self.db.session() as s:
-            pending = JobRepo(s).list(states=[JobState.PENDING.value], limit=limit, newest_first=False)
+            pending = JobRepo(s).ids_in_state(JobState.PENDING, limit)
         if not pending:
             return 0
         live = self._live_pools() if self._live_pools is not None else []
-        pools = quote_pools(live, with_catalog=self.with_catalog)
         fingerprint = hashlib.sha256("|".join(p.model_dump_json() for p in live).encode()).hexdigest()
         if fingerprint != self._quote_cache_pools:  # pools changed: old quotes are stale
             self._quote_cache.clear()
             self._quote_cache_pools = fingerprint
-        for job in pending:
-            if job.spec_sha256 not in self._quote_cache:
-                if len(self._quote_cache) >= QUOTE_CACHE_SIZE:
-                    self._quote_cache.pop(next(iter(self._quote_cache)))
-                self._quote_cache[job.spec_sha256] = self._quote_doc(job.spec, pools)
-        # Admissions in short transactions of ADMIT_BATCH jobs (each re-read under its row lock): few
-        # commits, and the write lock is never held long enough to stall submissions.
+        pools: builtins.list[Any] | None = None
+        for job_id, digest in pending:
+            if digest in self._quote_cache:
+                continue
+            with self.db.session() as s:
+                doc = JobRepo(s).spec_of(job_id)
+            if doc is None:
+                continue
+            if pools is None:
+                pools = quote_pools(live, with_catalog=self.with_catalog)
+            if len(self._quote_cache) >= QUOTE_CACHE_SIZE:
+                self._quote_cache.pop(next(iter(self._quote_cache)))
+            self._quote_cache[digest] = self._quote_doc(doc, pools)
+        quotes = {d: self._quote_cache.get(d) for _, d in pending}
+        # Admissions in short transactions of ADMIT_BATCH jobs: few commits, and the write lock is never
+        # held long enough to stall submissions.
         for start in range(0, len(pending), ADMIT_BATCH):
-            self._admit_batch(pending[start : start + ADMIT_BATCH])
+            self._admit_batch(pending[start : start + ADMIT_BATCH], quotes)
         return len(pending)
 
-    def _admit_batch(self, batch: builtins.list[Job]) -> None:
+    def _admit_batch(
+        self,
+        batch: builtins.list[tuple[str, str]],
+        quotes: dict[str, builtins.list[dict[str, Any]] | TrainyardError | None],
+    ) -> None:
+        by_digest: dict[str, builtins.list[str]] = {}
+        for job_id, digest in batch:
+            by_digest.setdefault(digest, []).append(job_id)
         with self.db.session() as s:
-            for job in batch:
-                q = self._quote_cache[job.spec_sha256]
-                current = JobRepo(s).get(job.id, for_update=True)
-                if current is None or current.state != JobState.PENDING:
+            for digest, ids in by_digest.items():
+                q = quotes.get(digest)
+                if q is None:  # the job vanished before it could be quoted
                     continue
                 if isinstance(q, TrainyardError):
-                    self.transition(s, current, JobState.FAILED, f"rejected at admission: {q.message}")
+                    self.transition_many(
+                        s, ids, JobState.PENDING, JobState.FAILED, f"rejected at admission: {q.message}"
+                    )
                     continue
-                best = q[0] if q else None
-                EventRepo(s).append(job.id, "quote", {"options": len(q), "best": best}, self.clock())
+                quote_event = ("quote", {"options": len(q), "best": q[0] if q else None})
                 if any(o.get("feasible") for o in q):
-                    self.transition(s, current, JobState.QUEUED, "admitted", quote=q)
+                    self.transition_many(
+                        s, ids, JobState.PENDING, JobState.QUEUED, "admitted", before=quote_event, quote=q
+                    )
                 else:
                     reasons = sorted({str(o.get("reason")) for o in q if o.get("reason")})[:5]
-                    self.transition(
+                    self.transition_many(
                         s,
-                        current,
+                        ids,
+                        JobState.PENDING,
                         JobState.FAILED,
                         "infeasible: no option satisfies the job's constraints"
                         + (f" ({'; '.join(reasons)})" if reasons else ""),
+                        before=quote_event,
                         quote=q,
                     )
 

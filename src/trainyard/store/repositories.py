@@ -6,9 +6,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
@@ -25,6 +25,14 @@ from trainyard.store.models import (
 # Statements built once: constructing a Core statement per call costs more than executing it.
 _INSERT_JOB = insert(JobRow).returning(JobRow.seq)
 _INSERT_EVENT = insert(JobEventRow)
+_JOBS = cast(Table, JobRow.__table__)
+_PENDING_DIGESTS = (
+    select(_JOBS.c.id, _JOBS.c.spec_sha256)
+    .where(_JOBS.c.state == bindparam("state"))
+    .order_by(_JOBS.c.seq)
+    .limit(bindparam("limit"))
+)
+_SPEC_OF = select(_JOBS.c.spec).where(_JOBS.c.id == bindparam("id"))
 
 
 def _tenant(row: TenantRow) -> Tenant:
@@ -224,6 +232,34 @@ class JobRepo:
             fields["placement"] = fields["placement"].to_dict()
         self.s.execute(update(JobRow).where(JobRow.id == job_id).values(**fields))
 
+    def ids_in_state(self, state: JobState, limit: int) -> builtins.list[tuple[str, str]]:
+        """(id, spec_sha256) of up to ``limit`` jobs in ``state``, oldest first (no documents loaded)."""
+        rows = self.s.connection().execute(_PENDING_DIGESTS, {"state": state.value, "limit": limit})
+        return [(str(i), str(d)) for i, d in rows]
+
+    def spec_of(self, job_id: str) -> dict[str, Any] | None:
+        spec = self.s.connection().execute(_SPEC_OF, {"id": job_id}).scalar_one_or_none()
+        return dict(spec) if spec is not None else None
+
+    def update_many_if_state(
+        self, job_ids: Sequence[str], current: JobState, **fields: Any
+    ) -> builtins.list[str]:
+        """Set ``fields`` on those of ``job_ids`` still in state ``current`` (one UPDATE … RETURNING, the same
+        values for all; on PostgreSQL it waits for and re-checks rows locked by a concurrent change).
+        Returns the ids that were updated, in the order given."""
+        if not job_ids:
+            return []
+        if "state" in fields and isinstance(fields["state"], JobState):
+            fields["state"] = fields["state"].value
+        stmt = (
+            update(_JOBS)
+            .where(_JOBS.c.id.in_(list(job_ids)), _JOBS.c.state == current.value)
+            .values(**fields)
+            .returning(_JOBS.c.id)
+        )
+        done = {str(i) for i in self.s.connection().execute(stmt).scalars()}
+        return [i for i in job_ids if i in done]
+
     def update_if_state(self, job_id: str, state: JobState, **fields: Any) -> bool:
         """Change fields only while the job is still in ``state`` (no state change, no event)."""
         res = self.s.execute(
@@ -240,6 +276,13 @@ class EventRepo:
         self.s.connection().execute(
             _INSERT_EVENT, {"job_id": job_id, "kind": kind, "data": data, "time_s": time_s}
         )
+
+    def append_many(self, events: Sequence[tuple[str, str, dict[str, Any], float]]) -> None:
+        """Append (job_id, kind, data, time_s) events in the order given (one executemany)."""
+        if events:
+            self.s.connection().execute(
+                _INSERT_EVENT, [{"job_id": j, "kind": k, "data": d, "time_s": t} for j, k, d, t in events]
+            )
 
     def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
         q = (
