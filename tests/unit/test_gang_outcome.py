@@ -1,7 +1,10 @@
-"""gang_outcome: the one terminal event of an attempt, shared by the local and Ray executors."""
+"""Watching a gang, shared by the local and Ray executors: first_abnormal (what went wrong first, the
+gang's trigger) and gang_outcome (the one terminal event of an attempt)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +14,12 @@ from hypothesis import strategies as st
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
     CLASSIFICATION_USER,
+    EXIT_PREEMPTED,
     TERMINAL_KINDS,
     RankEnd,
+    first_abnormal,
     gang_outcome,
+    rank_log_name,
 )
 
 USER_FAIL = {"rank": 1, "reason": "ValueError: bad batch", "classification": CLASSIFICATION_USER}
@@ -229,3 +235,92 @@ def test_outcome_is_one_well_formed_terminal_event(gang: dict[str, Any]) -> None
     assert (kind == "failed" and data["classification"] == CLASSIFICATION_USER) == user_failed
     if kind == "succeeded":
         assert all(rk.terminal and rk.terminal["kind"] == "succeeded" for rk in gang["ranks"])
+
+
+# ---- first_abnormal ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """A rank as an executor sees it (the RankState protocol)."""
+
+    rank: int
+    exited: bool = False
+    exit_code: int | None = None
+    terminal: dict[str, Any] | None = None
+    last_seen_s: float | None = 129.0  # a second ago
+
+
+NOW_S = 130.0
+
+
+def abnormal(
+    ranks: list[Seen], tmp_path: Path, entrypoint: bool = False
+) -> tuple[str, dict[str, Any]] | None:
+    return first_abnormal(
+        ranks,
+        now_s=NOW_S,
+        entrypoint=entrypoint,
+        started_s=0.0,
+        started_what="launch",
+        startup_timeout_s=60.0,
+        heartbeat_timeout_s=20.0,
+        run_dir=tmp_path,
+    )
+
+
+def test_a_healthy_gang_has_nothing_abnormal(tmp_path: Path) -> None:
+    done = {"kind": "succeeded", "data": {}}
+    assert abnormal([Seen(0), Seen(1, last_seen_s=NOW_S - 19.0)], tmp_path) is None
+    assert abnormal([Seen(0, exited=True, exit_code=0, terminal=done), Seen(1)], tmp_path) is None
+
+
+def test_a_rank_that_exits_without_reporting_loses_the_gang(tmp_path: Path) -> None:
+    assert abnormal([Seen(0), Seen(1, exited=True, exit_code=-9)], tmp_path) == (
+        "lost",
+        {"reason": "rank 1 was killed by SIGKILL without reporting", "rank": 1},
+    )
+    # it comes before a lower rank's missed heartbeats
+    trigger = abnormal([Seen(0, last_seen_s=0.0), Seen(1, exited=True, exit_code=1)], tmp_path)
+    assert trigger is not None and trigger[1]["rank"] == 1
+
+
+def test_an_entrypoint_rank_that_exits_with_an_error_is_the_users_failure(tmp_path: Path) -> None:
+    (tmp_path / rank_log_name(1)).write_text("Traceback (most recent call last):\nKeyError: 'x'\n")
+    trigger = abnormal([Seen(0), Seen(1, exited=True, exit_code=2)], tmp_path, entrypoint=True)
+    assert trigger == (
+        "failed",
+        {
+            "reason": "rank 1 of the entrypoint exited with code 2",
+            "classification": CLASSIFICATION_USER,
+            "traceback_tail": "Traceback (most recent call last):\nKeyError: 'x'\n",
+            "rank": 1,
+        },
+    )
+    # preempted, or an exit status nobody knows (an adopted worker), is no user error
+    for code in (EXIT_PREEMPTED, None):
+        trigger = abnormal([Seen(0, exited=True, exit_code=code)], tmp_path, entrypoint=True)
+        assert trigger is not None and trigger[0] == "lost"
+
+
+def test_silent_ranks_are_lost_after_the_startup_or_heartbeat_timeout(tmp_path: Path) -> None:
+    assert abnormal([Seen(0), Seen(1, last_seen_s=None)], tmp_path) == (
+        "lost",
+        {"reason": "rank 1 sent no event within 60 s of launch", "rank": 1},
+    )
+    assert abnormal([Seen(0, last_seen_s=NOW_S - 25.0)], tmp_path) == (
+        "lost",
+        {"reason": "rank 0 missed heartbeats for 25 s", "rank": 0},
+    )
+    # within the timeouts: nothing yet
+    early = first_abnormal(
+        [Seen(0, last_seen_s=None)],
+        now_s=NOW_S,
+        entrypoint=False,
+        started_s=NOW_S - 59.0,
+        started_what="launch",
+        startup_timeout_s=60.0,
+        heartbeat_timeout_s=20.0,
+        run_dir=tmp_path,
+    )
+    assert early is None

@@ -19,14 +19,20 @@ Event kinds and their ``data``:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 EVENT_KINDS = ("started", "heartbeat", "checkpoint", "preempted", "succeeded", "failed", "lost", "log")
 TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
+WORKER_TERMINAL_KINDS = ("succeeded", "preempted", "failed")  # what a rank reports itself ("lost" is ours)
+PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log")  # forwarded from a rank as they are
 CLASSIFICATION_USER = "user"
 CLASSIFICATION_INFRA = "infra"
 
@@ -187,7 +193,108 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-# ---- the one terminal event of an attempt (shared by the local and Ray executors) -------------------
+def log_tail(path: Path, n_bytes: int = 4000) -> str:
+    """The last ``n_bytes`` of a rank's log ('' when it cannot be read): a failure's traceback tail."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - n_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the process group a worker leads (its own session), or to the process alone;
+    a process that is gone already is not an error."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def wait_for_terminal(
+    poll: Callable[[], list[ExecutorEvent]],
+    watching: Callable[[], bool],
+    job_id: str,
+    timeout_s: float,
+    poll_s: float = 0.05,
+) -> list[ExecutorEvent]:
+    """Call an executor's ``poll`` until ``job_id`` reports a terminal event, ``watching()`` turns
+    False (the gang is gone, e.g. cancelled) or ``timeout_s`` passes; every event seen, in order."""
+    events: list[ExecutorEvent] = []
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        batch = poll()
+        events.extend(batch)
+        if any(e.job_id == job_id and e.kind in TERMINAL_KINDS for e in batch):
+            return events
+        if not watching():
+            return events
+        time.sleep(poll_s)
+    return events
+
+
+# ---- watching a gang: what went wrong first, and the one terminal event of an attempt ----------------
+
+
+class RankState(Protocol):
+    """What an executor knows about one rank of a running gang (both executors' ``_Rank`` have it)."""
+
+    rank: int
+    exited: bool
+    exit_code: int | None
+    terminal: dict[str, Any] | None  # its terminal event, once it reported one
+    last_seen_s: float | None  # time of its newest event; None before its first
+
+
+def first_abnormal(
+    ranks: Sequence[RankState],
+    *,
+    now_s: float,
+    entrypoint: bool,
+    started_s: float,
+    started_what: str,
+    startup_timeout_s: float,
+    heartbeat_timeout_s: float,
+    run_dir: Path,
+) -> tuple[str, dict[str, Any]] | None:
+    """The first abnormal observation of a running gang under no preemption notice, or None: the gang's
+    trigger (it is torn down, and the observation decides the attempt's outcome).
+
+    In order: a rank that exited without a terminal event (an entrypoint's rank that exited with an
+    error is the user's failure, with the tail of its log; otherwise the gang is ``lost``); then a rank
+    that sent no event within ``startup_timeout_s`` of ``started_s`` (``started_what`` names that moment,
+    e.g. "launch"), or none for ``heartbeat_timeout_s``.
+    """
+    for rk in ranks:
+        if rk.exited and rk.terminal is None:
+            how = describe_exit(rk.exit_code)
+            if entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
+                return "failed", {
+                    "reason": f"rank {rk.rank} of the entrypoint {how}",
+                    "classification": CLASSIFICATION_USER,
+                    "traceback_tail": log_tail(run_dir / rank_log_name(rk.rank)),
+                    "rank": rk.rank,
+                }
+            return "lost", {"reason": f"rank {rk.rank} {how} without reporting", "rank": rk.rank}
+    for rk in ranks:
+        if rk.exited:
+            continue
+        if rk.last_seen_s is None:
+            if now_s - started_s > startup_timeout_s:
+                return "lost", {
+                    "reason": f"rank {rk.rank} sent no event within {startup_timeout_s:.0f} s "
+                    f"of {started_what}",
+                    "rank": rk.rank,
+                }
+        elif now_s - rk.last_seen_s > heartbeat_timeout_s:
+            return "lost", {
+                "reason": f"rank {rk.rank} missed heartbeats for {now_s - rk.last_seen_s:.0f} s",
+                "rank": rk.rank,
+            }
+    return None
 
 
 @dataclass(frozen=True)

@@ -33,25 +33,26 @@ from typing import IO, Any
 
 from trainyard.errors import ConflictError, NotFoundError
 from trainyard.executors.base import (
-    CLASSIFICATION_USER,
-    EXIT_PREEMPTED,
+    PASS_THROUGH_KINDS,
+    WORKER_TERMINAL_KINDS,
     ExecutorEvent,
     LaunchRequest,
     RankEnd,
     WorkerInfo,
     describe_exit,
     event_file_name,
+    first_abnormal,
     gang_outcome,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
     rank_log_name,
+    signal_group,
+    wait_for_terminal,
 )
 from trainyard.runtime.events import EventTail
 from trainyard.runtime.worker import exit_file_name
 
-PASS_THROUGH = ("started", "heartbeat", "checkpoint", "log")
-LOG_TAIL_BYTES = 4000
 EXIT_FILE_WAIT_S = 1.0
 
 
@@ -75,17 +76,6 @@ def pid_alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return True
-
-
-def log_tail(path: Path, n_bytes: int = LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - n_bytes))
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -233,7 +223,7 @@ class LocalExecutor:
         with contextlib.suppress(OSError):
             assert server.stdin is not None
             server.stdin.close()
-        _kill_group(server.pid, signal.SIGKILL)
+        signal_group(server.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=5)
 
@@ -297,7 +287,7 @@ class LocalExecutor:
                     )
             except OSError:
                 for rk in ranks:
-                    _kill_group(rk.pid, signal.SIGKILL)
+                    signal_group(rk.pid, signal.SIGKILL)
                 raise
             gang = _Gang(
                 job_id=req.job_id,
@@ -331,7 +321,7 @@ class LocalExecutor:
             gang.preempt_deadline_s = deadline + self.preempt_grace_s
             for rk in gang.ranks:
                 if not rk.poll_exit():
-                    _kill_group(rk.pid, signal.SIGTERM)
+                    signal_group(rk.pid, signal.SIGTERM)
 
     def cancel(self, job_id: str) -> None:
         """Kill every rank now; the attempt ends without a terminal event (the service knows why)."""
@@ -435,11 +425,11 @@ class LocalExecutor:
                 rk.last_seen_s = max(rk.last_seen_s or 0.0, t)
                 kind = doc.get("kind")
                 data = dict(doc.get("data") or {})
-                if kind in PASS_THROUGH:
+                if kind in PASS_THROUGH_KINDS:
                     if gang.adopted_at_s is not None and t < gang.adopted_at_s:
                         continue
                     out.append(ExecutorEvent(gang.job_id, gang.attempt, str(kind), data, t))
-                elif kind in ("succeeded", "preempted", "failed"):
+                elif kind in WORKER_TERMINAL_KINDS:
                     rk.terminal = doc
                     if kind == "failed":
                         gang.failures.append({"rank": rk.rank, **data})
@@ -458,55 +448,19 @@ class LocalExecutor:
             ):
                 rk.unreported = f"{describe_exit(rk.exit_code)} without reporting"
         # abnormal observations (the first one decides the outcome)
-        if gang.trigger is None:
-            for rk in gang.ranks:
-                if rk.exited and rk.terminal is None:
-                    if gang.preempt_deadline_s is not None:
-                        continue  # exiting under a notice; decided below
-                    how = describe_exit(rk.exit_code)
-                    if gang.entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
-                        tail = log_tail(gang.run_dir / rank_log_name(rk.rank))
-                        gang.trigger = (
-                            "failed",
-                            {
-                                "reason": f"rank {rk.rank} of the entrypoint {how}",
-                                "classification": CLASSIFICATION_USER,
-                                "traceback_tail": tail,
-                                "rank": rk.rank,
-                            },
-                        )
-                    else:
-                        gang.trigger = (
-                            "lost",
-                            {"reason": f"rank {rk.rank} {how} without reporting", "rank": rk.rank},
-                        )
-                    gang.teardown_at_s = now
-                    break
         if gang.trigger is None and gang.preempt_deadline_s is None:
-            for rk in gang.ranks:
-                if rk.exited:
-                    continue
-                if rk.last_seen_s is None:
-                    if now - gang.started_s > self.startup_timeout_s:
-                        gang.trigger = (
-                            "lost",
-                            {
-                                "reason": f"rank {rk.rank} sent no event within "
-                                f"{self.startup_timeout_s:.0f} s of launch",
-                                "rank": rk.rank,
-                            },
-                        )
-                elif now - rk.last_seen_s > self.heartbeat_timeout_s:
-                    gang.trigger = (
-                        "lost",
-                        {
-                            "reason": f"rank {rk.rank} missed heartbeats for {now - rk.last_seen_s:.0f} s",
-                            "rank": rk.rank,
-                        },
-                    )
-                if gang.trigger is not None:
-                    gang.teardown_at_s = now
-                    break
+            trigger = first_abnormal(
+                gang.ranks,
+                now_s=now,
+                entrypoint=gang.entrypoint,
+                started_s=gang.started_s,
+                started_what="launch",
+                startup_timeout_s=self.startup_timeout_s,
+                heartbeat_timeout_s=self.heartbeat_timeout_s,
+                run_dir=gang.run_dir,
+            )
+            if trigger is not None:
+                gang.trigger, gang.teardown_at_s = trigger, now
         if gang.preempt_deadline_s is not None and now >= gang.preempt_deadline_s and not gang.killed:
             self._kill(gang)
         if gang.teardown_at_s is not None and now >= gang.teardown_at_s and not gang.killed:
@@ -516,7 +470,7 @@ class LocalExecutor:
         # every rank is gone: drain late events, then report exactly one terminal event
         for rk in gang.ranks:
             for doc in rk.tail.read_new():
-                if doc.get("kind") in ("succeeded", "preempted", "failed") and rk.terminal is None:
+                if doc.get("kind") in WORKER_TERMINAL_KINDS and rk.terminal is None:
                     rk.terminal = doc
                     if doc["kind"] == "failed":
                         gang.failures.append({"rank": rk.rank, **(doc.get("data") or {})})
@@ -545,24 +499,12 @@ class LocalExecutor:
         gang.killed = True
         for rk in gang.ranks:
             if not rk.poll_exit():
-                _kill_group(rk.pid, signal.SIGKILL)
+                signal_group(rk.pid, signal.SIGKILL)
 
     # ---- helpers for callers ---------------------------------------------------------------------
     def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.05) -> list[ExecutorEvent]:
         """Poll until ``job_id`` reports a terminal event (or ``timeout_s``); returns every event seen."""
-        events: list[ExecutorEvent] = []
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            batch = self.poll()
-            events.extend(batch)
-            if any(
-                e.job_id == job_id and e.kind in ("succeeded", "preempted", "failed", "lost") for e in batch
-            ):
-                return events
-            if job_id not in self._gangs:
-                return events
-            time.sleep(poll_s)
-        return events
+        return wait_for_terminal(self.poll, lambda: job_id in self._gangs, job_id, timeout_s, poll_s)
 
 
 def _read_exit_file(path: Path | None) -> int | None:
@@ -575,12 +517,4 @@ def _read_exit_file(path: Path | None) -> int | None:
 
 
 def _has_terminal(path: Path) -> bool:
-    return any(d.get("kind") in ("succeeded", "preempted", "failed") for d in EventTail(path).read_new())
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+    return any(d.get("kind") in WORKER_TERMINAL_KINDS for d in EventTail(path).read_new())

@@ -52,19 +52,21 @@ from trainyard.errors import (
 )
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
-    CLASSIFICATION_USER,
-    EXIT_PREEMPTED,
+    PASS_THROUGH_KINDS,
+    WORKER_TERMINAL_KINDS,
     ExecutorEvent,
     LaunchRequest,
     RankEnd,
     WorkerInfo,
     describe_exit,
     event_file_name,
+    first_abnormal,
     gang_outcome,
     launch_file_name,
     launch_request_to_dict,
     notice_file_name,
     rank_log_name,
+    wait_for_terminal,
 )
 
 log = logging.getLogger("trainyard.executors.ray")
@@ -73,8 +75,6 @@ POOL_RESOURCE_PREFIX = "trainyard/pool:"
 ACCELERATOR_RESOURCE_PREFIX = "trainyard/accelerator:"
 DEFAULT_NAMESPACE = "trainyard"
 SHARED_PATHS_ENV = "TRAINYARD_RAY_SHARED_PATHS"
-PASS_THROUGH = ("started", "heartbeat", "checkpoint", "log")
-WORKER_TERMINAL = ("succeeded", "preempted", "failed")
 LOCAL_SCHEMES = ("", "file", "local")
 MACHINE_LOCAL_SCHEMES = ("memory",)  # process memory: not even another process reads it
 PROBE_PREFIX = ".trainyard-probe"
@@ -614,19 +614,7 @@ class RayExecutor:
 
     def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.05) -> list[ExecutorEvent]:
         """Poll until ``job_id`` reports a terminal event (or ``timeout_s``); every event seen."""
-        events: list[ExecutorEvent] = []
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            batch = self.poll()
-            events.extend(batch)
-            if any(
-                e.job_id == job_id and e.kind in ("succeeded", "preempted", "failed", "lost") for e in batch
-            ):
-                return events
-            if job_id not in self._gangs:
-                return events
-            time.sleep(poll_s)
-        return events
+        return wait_for_terminal(self.poll, lambda: job_id in self._gangs, job_id, timeout_s, poll_s)
 
     def _poll_gang(self, gang: _Gang) -> list[ExecutorEvent]:
         import ray
@@ -865,14 +853,14 @@ class RayExecutor:
         rk.last_seen_s = max(rk.last_seen_s or 0.0, t)
         kind = str(doc.get("kind"))
         data = dict(doc.get("data") or {})
-        if kind in PASS_THROUGH:
+        if kind in PASS_THROUGH_KINDS:
             if gang.adopted_at_s is not None and kind != "checkpoint" and t < gang.adopted_at_s:
                 return
             if kind == "started" and rk.hello:
                 data.setdefault("node_ip", rk.hello.get("node_ip"))
                 data.setdefault("ray_node_id", rk.hello.get("node_id"))
             out.append(ExecutorEvent(gang.job_id, gang.attempt, kind, data, t))
-        elif kind in WORKER_TERMINAL:
+        elif kind in WORKER_TERMINAL_KINDS:
             rk.terminal = doc
             if kind == "failed":
                 gang.failures.append({"rank": rk.rank, **data})
@@ -911,61 +899,19 @@ class RayExecutor:
                 and gang.preempt_deadline_s is None
             ):
                 rk.unreported = describe_exit(rk.exit_code)
-        if gang.trigger is None and gang.phase == "running":
-            for rk in gang.ranks:
-                if rk.exited and rk.terminal is None:
-                    if gang.preempt_deadline_s is not None:
-                        continue
-                    how = describe_exit(rk.exit_code)
-                    if gang.entrypoint and rk.exit_code not in (None, EXIT_PREEMPTED):
-                        self._set_trigger(
-                            gang,
-                            "failed",
-                            {
-                                "reason": f"rank {rk.rank} of the entrypoint {how}",
-                                "classification": CLASSIFICATION_USER,
-                                "traceback_tail": _tail(gang.run_dir / rank_log_name(rk.rank)),
-                                "rank": rk.rank,
-                            },
-                            teardown_now=True,
-                        )
-                    else:
-                        self._set_trigger(
-                            gang,
-                            "lost",
-                            {"reason": f"rank {rk.rank} {how} without reporting", "rank": rk.rank},
-                            teardown_now=True,
-                        )
-                    break
         if gang.trigger is None and gang.preempt_deadline_s is None and gang.phase == "running":
-            started = gang.placed_s or gang.launched_s
-            for rk in gang.ranks:
-                if rk.exited:
-                    continue
-                if rk.last_seen_s is None:
-                    if now - started > self.startup_timeout_s:
-                        self._set_trigger(
-                            gang,
-                            "lost",
-                            {
-                                "reason": f"rank {rk.rank} sent no event within "
-                                f"{self.startup_timeout_s:.0f} s of its placement",
-                                "rank": rk.rank,
-                            },
-                            teardown_now=True,
-                        )
-                elif now - rk.last_seen_s > self.heartbeat_timeout_s:
-                    self._set_trigger(
-                        gang,
-                        "lost",
-                        {
-                            "reason": f"rank {rk.rank} missed heartbeats for {now - rk.last_seen_s:.0f} s",
-                            "rank": rk.rank,
-                        },
-                        teardown_now=True,
-                    )
-                if gang.trigger is not None:
-                    break
+            trigger = first_abnormal(
+                gang.ranks,
+                now_s=now,
+                entrypoint=gang.entrypoint,
+                started_s=gang.placed_s or gang.launched_s,
+                started_what="its placement",
+                startup_timeout_s=self.startup_timeout_s,
+                heartbeat_timeout_s=self.heartbeat_timeout_s,
+                run_dir=gang.run_dir,
+            )
+            if trigger is not None:
+                self._set_trigger(gang, *trigger, teardown_now=True)
         if gang.preempt_deadline_s is not None and now >= gang.preempt_deadline_s and not gang.killed:
             self._kill(gang)
         if gang.teardown_at_s is not None and now >= gang.teardown_at_s and not gang.killed:
@@ -1055,16 +1001,6 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
 def _short(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _tail(path: Path, n_bytes: int = 4000) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - n_bytes))
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _log_header(attempt: int, rank: int, note: str) -> bytes:

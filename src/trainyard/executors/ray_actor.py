@@ -33,6 +33,7 @@ from trainyard.executors.base import (
     launch_file_name,
     notice_file_name,
     rank_log_name,
+    signal_group,
 )
 
 PR_SET_PDEATHSIG = 1
@@ -192,12 +193,12 @@ class RankHost:
         notice.write_text(json.dumps({"deadline_time_s": deadline_time_s, "notice_s": notice_s}))
         if self.proc is None or self._exited():
             return False
-        _signal_group(self.proc.pid, signal.SIGTERM)
+        signal_group(self.proc.pid, signal.SIGTERM)
         return True
 
     def kill_worker(self) -> None:
         if self.proc is not None and not self._exited():
-            _signal_group(self.proc.pid, signal.SIGKILL)
+            signal_group(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
             self._exited()
@@ -239,11 +240,3 @@ def _read_from(path: Path, offset: int, *, whole_lines: bool) -> bytes:
         end = chunk.rfind(b"\n")
         return b"" if end < 0 else chunk[: end + 1]
     return chunk
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
