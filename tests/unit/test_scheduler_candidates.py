@@ -61,3 +61,19 @@ def test_a_requeued_job_is_priced_for_its_remaining_work() -> None:
     assert again.expected_cost_usd == want.expected_cost_usd
     assert again.expected_cost_usd < 0.6 * fresh.expected_cost_usd
     assert QueuedJob(job_id="x", tenant="t", spec=s, submit_s=0.0).progress_fraction == 0.0
+
+
+def test_spec_and_pool_keys_are_memoised_per_object() -> None:
+    from trainyard.schedule.candidates import base_key, pool_price_key, shape_key, spec_key
+
+    cache = CandidateCache()
+    one, same = spec("one"), spec("one")
+    p = pool("a", "a100-80gb", 2.0)
+    for _ in range(2):
+        assert cache.key(one) == cache.key(same) == spec_key(one)
+        assert cache.base(one) == base_key(one) and cache.shape(one) == shape_key(one)
+        assert cache.pool_key(p) == pool_price_key(p)
+        assert cache.facts(one) is cache.facts(one)
+    # one entry per object, not per call; an equal spec that is another object has its own
+    assert len(cache._keys) == 2 and len(cache._bases) == 1 and len(cache._pool_keys) == 1
+    assert cache.facts(one) is not cache.facts(same)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainyard.catalog.accelerators import load_accelerators
 from trainyard.catalog.pools import Pool
@@ -69,6 +69,27 @@ def shape_key(spec: JobSpec) -> str:
     return spec.model_dump_json(exclude=_NOT_SHAPE)
 
 
+_T = TypeVar("_T")
+_O = TypeVar("_O")
+
+
+def _per_object(table: dict[int, tuple[_O, _T]], obj: _O, make: Callable[[_O], _T]) -> _T:
+    """``make(obj)`` memoised in ``table`` per object: keyed by ``id``, and the object is kept with its
+    value so that an id reused by a new object after the old one was freed is not mistaken for it."""
+    hit = table.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    value = make(obj)
+    table[id(obj)] = (obj, value)
+    return value
+
+
+def _spec_facts(spec: JobSpec) -> Any:
+    from trainyard.cost.quote import SpecFacts
+
+    return SpecFacts.of(spec, None, math.inf)
+
+
 #: ``calibrated(spec, accelerator, devices, topology)``: the step-time prediction to price ``devices`` x
 #: ``accelerator`` with (``accelerator`` carries the pool's device memory, ``topology`` is the predictor's
 #: keyword arguments for the pool as ``cost.quote.predict_kwargs`` gives them), or None to use the packaged
@@ -108,24 +129,13 @@ class CandidateCache:
     calibrated: CalibrationHook | None = None
 
     def key(self, spec: JobSpec) -> str:
-        hit = self._keys.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        k = spec_key(spec)
-        self._keys[id(spec)] = (spec, k)
-        return k
+        """:func:`spec_key` of ``spec``, memoised per spec object."""
+        return _per_object(self._keys, spec, spec_key)
 
     def facts(self, spec: JobSpec) -> Any:
         """``cost.quote.SpecFacts`` of ``spec`` without its deadline (the scheduler checks deadlines
         against its clock), memoised per spec object."""
-        hit = self._facts.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        from trainyard.cost.quote import SpecFacts
-
-        f = SpecFacts.of(spec, None, math.inf)
-        self._facts[id(spec)] = (spec, f)
-        return f
+        return _per_object(self._facts, spec, _spec_facts)
 
     def accelerator(self, pool: Pool) -> Any:
         """The catalog accelerator of the pool (``option_for`` applies the pool's memory to it)."""
@@ -139,32 +149,17 @@ class CandidateCache:
 
     def pool_key(self, pool: Pool) -> tuple[Any, ...]:
         """:func:`pool_price_key` of ``pool``, memoised per pool object (a round's pools)."""
-        hit = self._pool_keys.get(id(pool))
-        if hit is not None and hit[0] is pool:
-            return hit[1]
-        if len(self._pool_keys) > 4096:
+        if len(self._pool_keys) > 4096 and id(pool) not in self._pool_keys:
             self._pool_keys.clear()
-        k = pool_price_key(pool)
-        self._pool_keys[id(pool)] = (pool, k)
-        return k
+        return _per_object(self._pool_keys, pool, pool_price_key)
 
     def base(self, spec: JobSpec) -> str:
         """:func:`base_key` of ``spec``, memoised per spec object."""
-        hit = self._bases.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        k = base_key(spec)
-        self._bases[id(spec)] = (spec, k)
-        return k
+        return _per_object(self._bases, spec, base_key)
 
     def shape(self, spec: JobSpec) -> str:
         """:func:`shape_key` of ``spec``, memoised per spec object."""
-        hit = self._shapes.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        k = shape_key(spec)
-        self._shapes[id(spec)] = (spec, k)
-        return k
+        return _per_object(self._shapes, spec, shape_key)
 
     def trim(self) -> None:
         """Drop everything once the memo grows past ``max_entries`` (each round starts with this)."""
