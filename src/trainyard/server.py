@@ -6,6 +6,7 @@ shutdown policy; a restart reconciles them (adopts live ones, requeues the rest)
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -147,6 +148,11 @@ def serve(
             timeout_graceful_shutdown=10,
         )
         server = _GracefulServer(config)
+        # Everything allocated during start-up (modules, catalog, app) lives as long as the process: move
+        # it out of the collector's generations so that a full collection under load walks only what
+        # requests allocate (shorter GC pauses, i.e. a lower p99).
+        gc.collect()
+        gc.freeze()
         platform.start_loop()
         log.info(
             "listening",

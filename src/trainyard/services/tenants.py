@@ -103,18 +103,29 @@ class TenantService:
         return t
 
     # ---- authentication ------------------------------------------------------------------------
+    def cached_principal(self, presented: str | None) -> Principal | None:
+        """The principal of a key authenticated within the last AUTH_CACHE_TTL_S, without touching the
+        database; None when it has to be looked up (unknown, expired, malformed or revoked keys)."""
+        if not presented:
+            return None
+        digest = keys.hash_key(presented)
+        with self._lock:
+            hit = self._auth_cache.get(digest)
+        if hit is not None and hit[1] > self.clock():
+            return hit[0]
+        return None
+
     def authenticate(self, presented: str | None) -> Principal:
         if not presented:
             raise AuthenticationError("missing API key (send Authorization: Bearer <key>)")
         prefix = keys.key_prefix(presented)
         if prefix is None:
             raise AuthenticationError("invalid API key")
+        hit = self.cached_principal(presented)
+        if hit is not None:
+            return hit
         digest = keys.hash_key(presented)
         now = self.clock()
-        with self._lock:
-            hit = self._auth_cache.get(digest)
-        if hit is not None and hit[1] > now:
-            return hit[0]
         principal: Principal | None = None
         with self.db.session() as s:
             for rec in ApiKeyRepo(s).by_prefix(prefix):
