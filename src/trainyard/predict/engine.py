@@ -1,12 +1,18 @@
 """Parallelism planner, memory model and step-time model, evaluated over all candidate plans at once.
 
-A candidate plan is (tensor, pipeline, data, FSDP scope, activation checkpointing, micro-batch[, virtual
-pipeline stages, context parallel]). Candidates are enumerated once per (device count, topology, pins) and
-evaluated as numpy arrays, so a prediction costs a few hundred microseconds.
+A candidate plan is (tensor, pipeline, data, expert, FSDP scope, activation checkpointing, micro-batch[,
+virtual pipeline stages, context parallel]). Candidates are enumerated once per (device count, topology,
+pins) and evaluated as numpy arrays, so a prediction costs a few hundred microseconds.
 
 Device layout (Megatron order): tensor parallel innermost (inside a node's fast interconnect), then context
 and data parallel, pipeline outermost. A collective whose group spans more than the fast domain runs at the
 inter-node bandwidth.
+
+Mixture-of-experts: expert parallelism (EP) splits the routed experts over ``ep`` data-parallel ranks (the
+expert layers keep the tensor-parallel degree). Each rank holds ``n_experts / ep`` experts; FSDP shards them
+further over ``shard / ep`` ranks when the shard group is larger. Every MoE layer exchanges the routed tokens
+in four all-to-alls per micro-batch (dispatch and combine, forward and backward; two more when the forward is
+recomputed), over NVLink for the peers inside the node and the network for the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from trainyard.predict.params import EfficiencyParams
-from trainyard.predict.workload import Workload
+from trainyard.predict.workload import Workload, expert_flops_per_token, head_flops_per_token
 from trainyard.spec.models import ActivationCheckpointing, Method
 
 GIB = 1024.0**3
@@ -49,12 +55,17 @@ class Pins:
     virtual_stages: int = 1
     context: int = 1
     fsdp_scope: int | None = None  # FSDP_GLOBAL / FSDP_HYBRID when fixed
+    expert: int | None = None  # expert-parallel degree (MoE only)
+    # How tokens pick experts: "uniform" (balanced routing of a trained router, experts of a token spread
+    # at random) or "contiguous" (a token's k experts are adjacent, as benchmark gates that force balance
+    # assign them: t·k ... t·k + k - 1); only replays of published runs set it.
+    routing: str = "uniform"
 
 
 @dataclass(frozen=True)
 class Hardware:
     peak_flops: float  # dense matmul peak at the compute precision
-    attn_peak_flops: float  # attention kernels (fp8 recipes keep attention in bf16)
+    attn_peak_flops: float  # what fp8 recipes keep in bf16 (attention kernels, the output layer); else peak
     mem_bw_bytes_s: float
     memory_bytes: float  # usable (after headroom and workspace)
 
@@ -69,9 +80,12 @@ def _pow2_upto(n: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def enumerate_candidates(
-    topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins
+    topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins, n_experts: int = 1
 ) -> dict[str, np.ndarray]:
-    """All plans for this topology and pins, as parallel integer arrays (possibly empty)."""
+    """All plans for this topology and pins, as parallel integer arrays (possibly empty).
+
+    ``n_experts`` > 1 (MoE) adds the expert-parallel degree: powers of two dividing both the data-parallel
+    degree and the expert count (or the pinned degree, when it does)."""
     n = topo.devices
     rows: list[tuple[int, ...]] = []
     cp = pins.context
@@ -94,6 +108,13 @@ def enumerate_candidates(
             if dp > global_batch:
                 continue
             b_local = -(-global_batch // dp)
+            if n_experts > 1:
+                if pins.expert is not None:
+                    eps = [pins.expert] if dp % pins.expert == 0 and n_experts % pins.expert == 0 else []
+                else:
+                    eps = [e for e in _pow2_upto(dp) if dp % e == 0 and n_experts % e == 0]
+            else:
+                eps = [1]
             if pins.fsdp is True:
                 scopes = [FSDP_GLOBAL] if dp > 1 else [FSDP_NONE]
                 if dp > 1 and tp * cp * dp > topo.fast_domain:
@@ -122,14 +143,15 @@ def enumerate_candidates(
                     mbs = [min(pins.micro_batch, b_local)]
                 else:
                     mbs = sorted({*(_pow2_upto(b_local)), b_local})
-                for ck in cks:
-                    for mb in mbs:
-                        rows.append((tp, pp, dp, scope, shard, ck, mb, b_local))
+                for ep in eps:
+                    for ck in cks:
+                        for mb in mbs:
+                            rows.append((tp, pp, dp, scope, shard, ck, mb, b_local, ep))
     if not rows:
         return {}
     rows = [(*r, n) for r in rows]
     arr = np.array(rows, dtype=np.int64)
-    names = ("tp", "pp", "dp", "scope", "shard", "ck", "mb", "b_local", "n")
+    names = ("tp", "pp", "dp", "scope", "shard", "ck", "mb", "b_local", "ep", "n")
     out = {k: arr[:, i] for i, k in enumerate(names)}
     out.update({f"{k}_f": arr[:, i].astype(float) for i, k in enumerate(names)})
     return out
@@ -146,24 +168,114 @@ class Evaluation:
     n_micro: np.ndarray
 
 
-_FLOPS_CACHE: dict[int, tuple[Workload, np.ndarray, np.ndarray]] = {}
+_FLOPS_CACHE: dict[int, tuple[Workload, np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
-def _flops_by_policy(w: Workload) -> tuple[np.ndarray, np.ndarray]:
-    """Matmul and attention FLOPs per token for each checkpointing policy (memoised per workload)."""
+def _flops_by_policy(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dense matmul, attention and routed-expert matmul FLOPs per token for each checkpointing policy
+    (memoised per workload; the expert FLOPs are not in the dense matmul FLOPs)."""
     hit = _FLOPS_CACHE.get(id(w))
     if hit is not None and hit[0] is w:
-        return hit[1], hit[2]
+        return hit[1], hit[2], hit[3]
     mm_tok = np.empty(3)
     at_tok = np.empty(3)
+    ex_tok = np.empty(3)
     for i, pol in enumerate(CK_ENUM):
         f = w.flops(pol)
-        mm_tok[i] = f.matmul_model + f.matmul_recompute
+        ex_tok[i] = expert_flops_per_token(w.fwd, w.method, pol)
+        mm_tok[i] = f.matmul_model + f.matmul_recompute - ex_tok[i]
         at_tok[i] = f.attention_model + f.attention_recompute
     if len(_FLOPS_CACHE) > 4096:
         _FLOPS_CACHE.clear()
-    _FLOPS_CACHE[id(w)] = (w, mm_tok, at_tok)
-    return mm_tok, at_tok
+    _FLOPS_CACHE[id(w)] = (w, mm_tok, at_tok, ex_tok)
+    return mm_tok, at_tok, ex_tok
+
+
+@lru_cache(maxsize=65536)
+def _hit_one(groups: float, n_experts: int, k: int) -> float:
+    local = n_experts / max(groups, 1.0)
+    miss = 1.0
+    for i in range(min(k, n_experts)):
+        miss *= max(0.0, n_experts - local - i) / (n_experts - i)
+    return 1.0 - miss
+
+
+@lru_cache(maxsize=1024)
+def _hit_table(n_experts: int, k: int, top: int) -> np.ndarray:
+    return np.array([_hit_one(float(g), n_experts, k) for g in range(top + 1)])
+
+
+def _hit(groups: np.ndarray, n_experts: int, k: int) -> np.ndarray:
+    """Probability that one of ``groups`` equal groups of experts receives a given token routed to ``k``
+    distinct experts chosen uniformly: ``1 - C(E - E/groups, k) / C(E, k)``."""
+    whole = groups.astype(np.int64)
+    top = int(whole.max()) if whole.size else 0
+    if top <= 4096 and bool((whole == groups).all()):
+        table: np.ndarray = _hit_table(n_experts, k, max(top, 64))[whole]
+        return table
+    values, inverse = np.unique(groups, return_inverse=True)
+    table = np.array([_hit_one(float(g), n_experts, k) for g in values])
+    out: np.ndarray = table[inverse.reshape(groups.shape)]
+    return out
+
+
+def _a2a_copies(
+    ep: np.ndarray, n_in: np.ndarray, n_experts: int, k: int, routing: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of a token one all-to-all sends (over the intra-node links, over the network).
+
+    Dispatchers send a token once to each rank inside the node that holds one of its experts, and once to
+    each other node holding one (forwarded inside that node over NVLink, DeepEP-style)."""
+    nodes = ep / n_in
+    if routing == "contiguous":
+        ranks = np.minimum(ep, np.ceil(k * ep / n_experts))  # adjacent ranks holding the k experts
+        local = np.minimum(1.0, n_in / ep)  # chance that they sit in the sender's node
+        intra = local * ranks * (1.0 - 1.0 / n_in)
+        inter = (1.0 - local) * np.ceil(ranks / n_in)
+        return intra, inter
+    intra = (n_in - 1.0) * _hit(ep, n_experts, k)
+    inter = (nodes - 1.0) * _hit(nodes, n_experts, k)
+    return intra, inter
+
+
+def memory_bytes(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> np.ndarray:
+    """Memory per device of every candidate plan (states, FSDP gather buffers, activations, logits)."""
+    tp = cand["tp_f"]
+    pp = cand["pp_f"]
+    shard = cand["shard_f"]
+    ep = cand["ep_f"]
+    ck = cand["ck"]
+    mb = cand["mb_f"]
+    n_micro = np.ceil(cand["b_local_f"] / mb)
+    tokens_mb = mb * w.seq_len / float(pins.context)
+    sh = w.shape
+    L = float(sh.n_blocks)
+    ab = w.act_bytes
+    full = (ck == 2).astype(float)
+    wb = 4.0 if w.states.master == 0 else 2.0
+    st = w.states
+    state_all = st.weights + st.grads + st.master + st.optimizer
+    # Routed experts' share of the states: their weights, and their gradients/master/moments when trained.
+    exp_state = w.expert_params * st.weights / max(w.params, 1)
+    if w.method == Method.FULL and w.expert_params:
+        exp_state += w.expert_params * (st.grads + st.master + st.optimizer) / max(w.trainable, 1)
+    ep_div = np.maximum(ep, shard)
+    state = ((state_all - exp_state) / shard + exp_state / ep_div) / (tp * pp)
+    layer_exp = w.expert_params / L
+    gather = np.where(
+        cand["scope"] != FSDP_NONE, 2.0 * (w.layer_params - layer_exp + layer_exp / ep) * wb / tp, 0.0
+    )
+    held = np.minimum(pp, n_micro)
+    per_tok_layer = np.where(
+        ck == 0,
+        (w.act_per_token_layer + w.act_scores_per_token_layer) / tp,
+        np.where(ck == 1, w.act_per_token_layer / tp, sh.d_model * ab / tp),
+    )
+    act = tokens_mb * per_tok_layer * (L / pp) * held
+    act = act + full * tokens_mb * w.act_per_token_layer / tp  # one layer re-materialised in backward
+    logits = tokens_mb * sh.vocab_size / tp * (ab + 4.0)  # logits + fp32 loss/gradient chunk
+    result: np.ndarray = state + gather + act + logits
+    return result
 
 
 def evaluate(
@@ -194,16 +306,33 @@ def evaluate(
     tokens_mb = mb * w.seq_len / cp
 
     # --- FLOPs per token by checkpointing policy ---
-    mm_tok, at_tok = _flops_by_policy(w)
+    mm_tok, at_tok, ex_tok = _flops_by_policy(w)
     mm_flops = tokens_mb * mm_tok[ck] / (tp * pp)
     at_flops = tokens_mb * at_tok[ck] / (tp * pp)
 
     width = d / tp
     e_mm = p.mm_max / (1.0 + p.dim_knee / width + p.token_knee / tokens_mb)
     e_at = p.mm_max * p.attn_ratio / (1.0 + p.token_knee / tokens_mb)
-    t_comp = mm_flops / (hw.peak_flops * e_mm) + at_flops / (hw.attn_peak_flops * e_at)
+    if hw.attn_peak_flops != hw.peak_flops:
+        # FP8 recipe: the output layer runs at the bf16 rate.
+        hd_flops = tokens_mb * head_flops_per_token(w.fwd, w.method) / (tp * pp)
+        t_comp = (mm_flops - hd_flops) / (hw.peak_flops * e_mm) + hd_flops / (hw.attn_peak_flops * e_mm)
+    else:
+        t_comp = mm_flops / (hw.peak_flops * e_mm)
+    t_comp = t_comp + at_flops / (hw.attn_peak_flops * e_at)
+    moe = sh.is_moe
+    ep = cand["ep_f"]
+    if moe:
+        # Routed experts run as grouped matmuls over the tokens each local expert receives (balanced
+        # routing: tokens x k x ep / n_experts), as narrow as the smaller of d_model and the expert width.
+        ex_flops = tokens_mb * ex_tok[ck] / (tp * pp)
+        tok_e = np.maximum(1.0, tokens_mb * sh.experts_active * ep / sh.experts_total)
+        width_e = min(d, float(sh.d_ff)) / tp
+        e_ex = p.moe_eff * p.mm_max / (1.0 + p.dim_knee / width_e + p.token_knee / tok_e)
+        t_comp = t_comp + ex_flops / (hw.peak_flops * e_ex)
+        mm_flops = mm_flops + ex_flops
     full = (ck == 2).astype(float)
-    elem = tokens_mb * w.elementwise_bytes_per_token * (3.0 + full) / (tp * pp)
+    elem = tokens_mb * (w.elementwise_bytes_per_token * (3.0 + full) + w.fp8_cast_bytes_per_token) / (tp * pp)
     t_mem = elem / (hw.mem_bw_bytes_s * p.mem_eff)
     t_ovh = p.layer_overhead_s * (L / pp) * (1.0 + 0.5 * full)
     t_mb = t_comp + t_mem + t_ovh
@@ -222,13 +351,24 @@ def evaluate(
     span_all = cand["n_f"] > topo.fast_domain
     t_p2p = np.where(pp > 1, 2.0 * tokens_mb * d * ab / tp / np.where(span_all, inter, intra), 0.0)
     t_mb_total = t_mb + t_tp + t_cp + t_p2p
+    t_a2a: Any = 0.0
+    if moe:
+        # Expert all-to-all of the routed tokens (``_a2a_copies``), not overlapped with compute.
+        n_in = np.minimum(ep, np.maximum(1.0, np.floor(topo.fast_domain / (tp * cp))))
+        c_in, c_out = _a2a_copies(ep, n_in, sh.experts_total, sh.experts_active, pins.routing)
+        t_one = tokens_mb * d * ab / tp * (c_in / intra + c_out / inter)
+        t_a2a = np.where(ep > 1, (4.0 + 2.0 * full) * (L / pp) * t_one, 0.0)
+        t_mb_total = t_mb_total + t_a2a
     bubble = (pp - 1.0) / vp * t_mb_total
     t_pipe = n_micro * t_mb_total + bubble
 
-    # Data-parallel traffic.
+    # Data-parallel traffic. Routed-expert weights (MoE) are split by expert parallelism: a rank holds
+    # 1/ep of them and shards or all-reduces them only with the ranks holding the same experts.
     wb = 4.0 if w.states.master == 0 else 2.0
-    weights_b = w.params * wb / (tp * pp)
-    grads_b = w.trainable * wb / (tp * pp)
+    exp_w = w.expert_params * wb / (tp * pp)
+    exp_g = exp_w if w.method == Method.FULL else 0.0
+    weights_b = w.params * wb / (tp * pp) - exp_w
+    grads_b = w.trainable * wb / (tp * pp) - exp_g
     # A group spanning nodes runs at the node's aggregate network bandwidth shared by the groups running
     # concurrently: k members per node give k x the per-device share (NCCL-style multi-ring), capped by
     # the intra-node links.
@@ -243,36 +383,43 @@ def evaluate(
     # FSDP (per micro-batch: all-gather forward, all-gather backward, reduce-scatter of gradients).
     fs_vol = (2.0 * weights_b + grads_b) * (shard - 1.0) / np.maximum(shard, 1.0)
     t_fs = fs_vol / shard_bw
+    ep_div = np.maximum(ep, shard)  # ranks sharing one copy of the experts' states
+    if w.expert_params:
+        eshard = ep_div / ep
+        per_node_e = np.maximum(1.0, np.floor(topo.fast_domain / (tp * cp * ep)))
+        eshard_bw = np.where(
+            tp * cp * ep_div > topo.fast_domain,
+            np.minimum(intra, np.minimum(per_node_e, eshard) * inter),
+            intra,
+        )
+        fs_vol_e = (2.0 * exp_w + exp_g) / ep * (eshard - 1.0) / eshard
+        t_fs = t_fs + fs_vol_e / eshard_bw
     fs_exposed = np.where(scope != FSDP_NONE, n_micro * np.maximum((1 - p.overlap) * t_fs, t_fs - t_mb), 0.0)
     # Gradient all-reduce across replicas once per step (DDP; or across hybrid-shard groups).
     replicas = np.where(scope == FSDP_NONE, dp, np.where(scope == FSDP_HYBRID, dp / shard, 1.0))
     ar_bytes = grads_b / np.where(scope == FSDP_NONE, 1.0, shard)
     ar_bw = np.where(scope == FSDP_NONE, dp_bw, inter)
     t_ar = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas * ar_bytes / ar_bw, 0.0)
+    if w.expert_params:
+        replicas_e = np.maximum(1.0, dp / ep_div)
+        t_ar = t_ar + np.where(
+            replicas_e > 1, 2.0 * (replicas_e - 1) / replicas_e * exp_g / ep_div / ar_bw, 0.0
+        )
     ar_exposed = np.maximum((1 - p.overlap) * t_ar, t_ar - t_bwd_mb)
     # Optimizer update, memory bound, on the local shard.
+    exp_t = w.expert_params if w.method == Method.FULL else 0.0
     t_opt = (
-        w.trainable / (tp * pp * shard) * w.optimizer_bytes_per_trainable / (hw.mem_bw_bytes_s * p.mem_eff)
+        ((w.trainable - exp_t) / shard + exp_t / ep_div)
+        / (tp * pp)
+        * w.optimizer_bytes_per_trainable
+        / (hw.mem_bw_bytes_s * p.mem_eff)
     )
 
     step = t_pipe + fs_exposed + ar_exposed + t_opt + p.step_overhead_s
 
-    # --- memory per device ---
-    st = w.states
-    state = (st.weights + st.grads + st.master + st.optimizer) / (tp * pp * shard)
-    gather = np.where(scope != FSDP_NONE, 2.0 * w.layer_params * wb / tp, 0.0)
-    held = np.minimum(pp, n_micro)
-    per_tok_layer = np.where(
-        ck == 0,
-        (w.act_per_token_layer + w.act_scores_per_token_layer) / tp,
-        np.where(ck == 1, w.act_per_token_layer / tp, d * ab / tp),
-    )
-    act = tokens_mb * per_tok_layer * (L / pp) * held
-    act = act + full * tokens_mb * w.act_per_token_layer / tp  # one layer re-materialised in backward
-    logits = tokens_mb * sh.vocab_size / tp * (ab + 4.0)  # logits + fp32 loss/gradient chunk
-    mem = state + gather + act + logits
+    mem = memory_bytes(w, cand, pins)
     hw_flops = n_micro * (mm_flops + at_flops)
-    comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p)
+    comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p + t_a2a)
     return Evaluation(step, mem, n_micro * t_comp, comm, bubble, hw_flops, n_micro)
 
 
@@ -300,6 +447,7 @@ def plan_dict(cand: dict[str, np.ndarray], i: int, pins: Pins, ev: Evaluation) -
         "pipeline": int(cand["pp"][i]),
         "virtual_stages": pins.virtual_stages,
         "context": pins.context,
+        "expert": int(cand["ep"][i]),
         "micro_batch": int(cand["mb"][i]),
         "grad_accum": int(ev.n_micro[i]),
         "activation_checkpointing": CK_NAMES[int(cand["ck"][i])],
@@ -311,7 +459,7 @@ def min_memory_plan(
 ) -> float:
     if not cand:
         return math.inf
-    return float(evaluate(w, cand, topo, hw, p, pins).memory_bytes.min())
+    return float(memory_bytes(w, cand, pins).min())
 
 
 __all__ = [

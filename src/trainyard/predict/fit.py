@@ -2,7 +2,9 @@
 
 - :func:`fit_calibration` fits :class:`EfficiencyParams` per (family, stack, precision) group by
   regularised least squares on ``log(predicted / measured)`` step times (priors keep groups with few rows
-  sensible), then per accelerator where one has enough rows of its own.
+  sensible), then per accelerator where one has enough rows of its own — on dense-model rows only; then
+  the family's MoE term (``moe_eff``, routed-expert matmul efficiency) on its MoE rows with the dense
+  parameters fixed, so MoE rows never move the dense calibration.
 - :func:`leave_one_model_out` refits without each model in turn and predicts that model's rows: the
   error it reports is never measured on rows the parameters were tuned on. Its residuals give the p10/p90
   bands of the packaged calibration.
@@ -174,6 +176,8 @@ def fit_calibration(
     for r in rows:
         if r.index not in prep:
             prep[r.index] = prepare_row(r)
+    moe_rows = [r for r in rows if r.is_moe]
+    rows = [r for r in rows if not r.is_moe]
     by_group: dict[str, list[CalibrationRow]] = defaultdict(list)
     for r in rows:
         by_group[_group_key(r)].append(r)
@@ -204,7 +208,47 @@ def fit_calibration(
                         key=f"{g}/{acc}",
                         prior_scale=0.6,
                     )
-    return Calibration(params=params, version=version)
+    cal = Calibration(params=params, version=version)
+    return _fit_moe(cal, moe_rows, prep)
+
+
+MOE_EFF_SIGMA = 0.5  # log-space prior width of the MoE term around 1 (no MoE penalty)
+MOE_EFF_BOUNDS = (0.2, 2.0)
+
+
+def _row_params(cal: Calibration, r: CalibrationRow) -> EfficiencyParams:
+    acc = get_accelerator(r.accelerator)
+    dtype = compute_dtype(r.spec.workload.precision)
+    return cal.lookup(acc.family, stack_of(acc, r.stack), dtype, acc.name)[0]
+
+
+def _fit_moe(cal: Calibration, moe_rows: Sequence[CalibrationRow], prep: dict[int, _Prepared]) -> Calibration:
+    """Fit one ``moe_eff`` per family to its MoE rows (dense parameters fixed) and set it on every key of
+    the family; families without MoE rows keep ``moe_eff`` = 1."""
+    by_family: dict[str, list[CalibrationRow]] = defaultdict(list)
+    for r in moe_rows:
+        by_family[r.family].append(r)
+    params = dict(cal.params)
+    for family, frows in by_family.items():
+        base = [(_row_params(cal, r), prep[r.index]) for r in frows]
+        meas = np.array([r.measured_s for _, r in base])
+
+        def resid(
+            x: np.ndarray,
+            base: list[tuple[EfficiencyParams, _Prepared]] = base,
+            meas: np.ndarray = meas,
+        ) -> np.ndarray:
+            eff = float(math.exp(x[0]))
+            pred = np.array([pr.time(replace(p, moe_eff=eff)) for p, pr in base])
+            return np.concatenate([np.log(pred / meas), x / MOE_EFF_SIGMA])
+
+        lo, hi = (math.log(b) for b in MOE_EFF_BOUNDS)
+        sol = least_squares(resid, np.zeros(1), bounds=([lo], [hi]), method="trf", max_nfev=60)
+        eff = float(math.exp(sol.x[0]))
+        for key, p in params.items():
+            if key.startswith(f"{family}/"):
+                params[key] = replace(p, moe_eff=eff, moe_rows=len(frows))
+    return replace(cal, params=params)
 
 
 @dataclass(frozen=True)
@@ -224,14 +268,15 @@ class HeldOut:
 
 
 def leave_one_model_out(rows: Sequence[CalibrationRow]) -> list[HeldOut]:
-    """Refit without each model and predict its rows (no row is scored by parameters tuned on it)."""
+    """Refit without each model and predict its rows (no row is scored by parameters tuned on it). A model
+    is an architecture: rows of one model published under two names are held out together."""
     prep = {r.index: prepare_row(r) for r in rows}
     out: list[HeldOut] = []
-    for model in sorted({r.model_name for r in rows}):
-        train = [r for r in rows if r.model_name != model]
+    for model in sorted({r.model_key for r in rows}):
+        train = [r for r in rows if r.model_key != model]
         cal = fit_calibration(train, prepared=prep, version=f"lomo-{model}")
         for r in rows:
-            if r.model_name != model:
+            if r.model_key != model:
                 continue
             acc = get_accelerator(r.accelerator)
             dtype = compute_dtype(r.spec.workload.precision)
@@ -241,14 +286,23 @@ def leave_one_model_out(rows: Sequence[CalibrationRow]) -> list[HeldOut]:
 
 
 def with_residual_bands(cal: Calibration, held: Sequence[HeldOut]) -> Calibration:
-    """Set each key's p10/p90 from held-out log residuals of its group (family-wide when few)."""
+    """Set each key's p10/p90 from held-out log residuals of its group (family-wide when few), from dense
+    rows; the MoE band of a family from its MoE rows' held-out residuals."""
     by_group: dict[str, list[float]] = defaultdict(list)
     by_family: dict[str, list[float]] = defaultdict(list)
+    moe_family: dict[str, list[float]] = defaultdict(list)
     for h in held:
+        if h.row.is_moe:
+            moe_family[h.row.family].append(h.log_ratio)
+            continue
         by_group[h.row.group].append(h.log_ratio)
         by_family[h.row.family].append(h.log_ratio)
     out = {}
     for key, p in cal.params.items():
+        mvals = moe_family.get(key.split("/")[0], [])
+        if len(mvals) >= 3:
+            mlo, mhi = np.quantile(mvals, [0.1, 0.9])
+            p = replace(p, moe_log_resid_p10=float(min(mlo, -0.05)), moe_log_resid_p90=float(max(mhi, 0.05)))
         group = "/".join(key.split("/")[:3])
         vals = by_group.get(group, [])
         if len(vals) < 5:
@@ -267,10 +321,15 @@ def summarize(held: Sequence[HeldOut]) -> dict[str, Any]:
 
     fam: dict[str, list[float]] = defaultdict(list)
     grp: dict[str, list[float]] = defaultdict(list)
+    kind: dict[str, list[float]] = defaultdict(list)
     for h in held:
         fam[h.row.family].append(h.ape)
         grp[h.row.group].append(h.ape)
+        kind["moe" if h.row.is_moe else "dense"].append(h.ape)
+    dense = [h for h in held if not h.row.is_moe]
     return {
+        "dense_mdape": md([h.ape for h in dense]),
+        "by_kind": {k: {"rows": len(v), "mdape": md(v)} for k, v in sorted(kind.items())},
         "rows": len(held),
         "mdape": md([h.ape for h in held]),
         "mean_ape": float(np.mean([h.ape for h in held])) if held else float("nan"),

@@ -91,18 +91,29 @@ class _Context:
     inter_gbs: float
     tp_cap: int
     pins: Pins
+    # Device counts already checked for a fitting plan (the smallest-fitting search of every device count
+    # of a sweep revisits the same counts); never part of equality.
+    fits_memo: dict[int, bool] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
     wl = spec.workload
-    tensor = pipeline = None
+    tensor = pipeline = expert = None
     fsdp: bool | None = None
     if isinstance(wl.parallelism, ParallelismPin):
         tensor, pipeline, fsdp = wl.parallelism.tensor, wl.parallelism.pipeline, wl.parallelism.fsdp
+        expert = wl.parallelism.expert
     ck = None
     if wl.activation_checkpointing != ActivationCheckpointing.AUTO:
         ck = engine.CK_NAMES.index(wl.activation_checkpointing.value)
-    pins = Pins(tensor=tensor, pipeline=pipeline, fsdp=fsdp, micro_batch=wl.micro_batch, checkpointing=ck)
+    pins = Pins(
+        tensor=tensor,
+        pipeline=pipeline,
+        fsdp=fsdp,
+        micro_batch=wl.micro_batch,
+        checkpointing=ck,
+        expert=expert,
+    )
     if override:
         scope = override.get("fsdp_scope")
         pins = Pins(
@@ -118,6 +129,8 @@ def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
             virtual_stages=int(override.get("virtual_stages", 1)),
             context=int(override.get("context", 1)),
             fsdp_scope=engine.FSDP_NAMES.index(scope) if scope else None,
+            expert=override.get("expert", pins.expert),
+            routing=str(override.get("routing", "uniform")),
         )
     return pins
 
@@ -155,22 +168,27 @@ def _topology(ctx: _Context, devices: int) -> Topology:
 def _candidates(ctx: _Context, devices: int) -> tuple[Topology, dict[str, np.ndarray]]:
     topo = _topology(ctx, devices)
     sh = ctx.w.shape
-    return topo, engine.enumerate_candidates(topo, ctx.w.global_batch, sh.n_blocks, sh.n_heads, ctx.pins)
+    return topo, engine.enumerate_candidates(
+        topo, ctx.w.global_batch, sh.n_blocks, sh.n_heads, ctx.pins, sh.experts_total
+    )
 
 
 def _fits_at(ctx: _Context, devices: int) -> bool:
-    topo, cand = _candidates(ctx, devices)
-    if not cand:
-        return False
-    ev = engine.evaluate(ctx.w, cand, topo, ctx.hw, ctx.params, ctx.pins)
-    return bool((ev.memory_bytes <= ctx.hw.memory_bytes).any())
+    hit = ctx.fits_memo.get(devices)
+    if hit is not None:
+        return hit
+    _topo, cand = _candidates(ctx, devices)
+    fits = bool(cand) and bool((engine.memory_bytes(ctx.w, cand, ctx.pins) <= ctx.hw.memory_bytes).any())
+    ctx.fits_memo[devices] = fits
+    return fits
 
 
 def _min_devices(ctx: _Context, start: int) -> int | None:
-    """Smallest device count above ``start`` found to fit (doubling, then bisection), or None."""
+    """Smallest device count above ``start`` found to fit (powers of two, then bisection), or None."""
     lo, n = start, start + 1
     while n <= MAX_SEARCH_DEVICES and not _fits_at(ctx, n):
-        lo, n = n, n * 2
+        # Up through the powers of two (searches from different starts then share their probes).
+        lo, n = n, 1 << n.bit_length()
     if n > MAX_SEARCH_DEVICES:
         return None
     hi = n
@@ -240,6 +258,16 @@ def _infeasible_reason(ctx: _Context, devices: int) -> str:
         return f"{devices} devices are not a multiple of tensor {tp} x pipeline {pp}"
     if pins.pipeline is not None and pins.pipeline > ctx.w.shape.n_blocks:
         return f"pipeline {pins.pipeline} exceeds the {ctx.w.shape.n_blocks} layers"
+    if pins.expert is not None and pins.expert > 1:
+        if ctx.w.shape.experts_total % pins.expert:
+            return f"expert parallel {pins.expert} does not divide the {ctx.w.shape.experts_total} experts"
+        dp = devices // (tp * pp * pins.context)
+        if dp % pins.expert:
+            return (
+                f"expert parallel {pins.expert} does not divide the data-parallel degree {dp} "
+                f"({devices} devices / tensor {tp} x pipeline {pp}); experts are split over "
+                "data-parallel ranks"
+            )
     return (
         f"global_batch {ctx.w.global_batch} cannot keep {devices} devices busy with the allowed "
         "tensor/pipeline degrees (data parallel degree would exceed the batch)"
@@ -264,8 +292,8 @@ def predict(
     ``devices_per_node`` / ``inter_node_gbps`` describe the pool's topology (defaults from the catalog);
     ``calibration`` replaces the packaged one (e.g. after feedback or local profiles); ``stack`` names a
     non-default software stack (e.g. ``xla`` on NVIDIA); ``plan`` fixes plan fields beyond the spec's pins
-    (``tensor``, ``pipeline``, ``fsdp``, ``fsdp_scope``, ``micro_batch``, ``activation_checkpointing``,
-    ``virtual_stages``, ``context``) — used to replay published configurations;
+    (``tensor``, ``pipeline``, ``expert``, ``fsdp``, ``fsdp_scope``, ``micro_batch``,
+    ``activation_checkpointing``, ``virtual_stages``, ``context``) — used to replay published configurations;
     ``fast_domain_devices`` sets how many devices share the fast interconnect (e.g. one TPU slice).
     """
     if devices < 1:
@@ -361,6 +389,14 @@ def _finalize(
     step = float(ev.step_time_s[i])
     step *= cal.correction(accelerator.family, st, dtype, accelerator.name)
     lo_f, hi_f = math.exp(ctx.params.log_resid_p10), math.exp(ctx.params.log_resid_p90)
+    if w.shape.is_moe:
+        # MoE: the wider of the dense band and the held-out MoE residuals' band.
+        lo_f = min(lo_f, math.exp(ctx.params.moe_log_resid_p10))
+        hi_f = max(hi_f, math.exp(ctx.params.moe_log_resid_p90))
+        if not ctx.params.moe_rows:
+            notes.append(
+                f"{accelerator.name}: no MoE measurements for this family; expert matmuls uncalibrated"
+            )
     measured = spec.measured.step_time_s.get(accelerator.name)
     if measured is not None:
         ref = spec.resources.min_devices or 1

@@ -73,6 +73,10 @@ class EfficiencyParams:
     comm_eff: float = 0.7  # achieved fraction of link bandwidth for collectives
     overlap: float = 0.8  # share of overlappable communication hidden behind compute
     step_overhead_s: float = 0.0  # fixed cost per optimizer step (launches of the update, host work)
+    moe_eff: float = 1.0  # routed-expert (grouped) matmuls relative to dense matmuls of the same shape
+    moe_rows: int = 0  # MoE measurements ``moe_eff`` was fitted to (0: not fitted)
+    moe_log_resid_p10: float = -0.35  # quantiles of log(measured / predicted) for MoE models
+    moe_log_resid_p90: float = 0.35
     log_resid_p10: float = -0.2  # quantiles of log(measured / predicted) in calibration
     log_resid_p90: float = 0.2
     n_rows: int = 0

@@ -44,12 +44,21 @@ class Shape:
     derived: bool = False  # True when invented from params_b
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts_total > 1
+
+    @property
     def block_params(self) -> int:
         attn = self.d_model * (2 * self.q_dim + 2 * self.kv_dim)
-        router = self.d_model * self.experts_total if self.experts_total > 1 else 0
+        router = self.d_model * self.experts_total if self.is_moe else 0
         return (
             attn + self.experts_total * self.ffn_mats * self.d_model * self.d_ff + router + 2 * self.d_model
         )
+
+    @property
+    def block_expert_params(self) -> int:
+        """Routed-expert weights of one block (0 for a dense model): what expert parallelism splits."""
+        return self.experts_total * self.ffn_mats * self.d_model * self.d_ff if self.is_moe else 0
 
 
 def shape_of(model: ModelSpec) -> Shape:
@@ -112,6 +121,7 @@ class ComponentFlops:
     ffn: float  # active experts only, plus the router
     logits: float
     lora: float  # adapter matmuls (0 for full fine-tuning)
+    experts: float = 0.0  # the part of ``ffn`` run as routed-expert (grouped) matmuls; 0 for a dense model
 
     @property
     def blocks_matmul(self) -> float:
@@ -129,9 +139,12 @@ def forward_flops_per_token(shape: Shape, seq_len: int, lora_rank: int | None = 
     causal = 0.5 if shape.causal else 1.0
     # QKᵀ: 2·s·q_dim per token, AV: 2·s·q_dim per token.
     scores = L * 4.0 * seq_len * shape.q_dim * causal
-    ffn = L * shape.experts_active * shape.ffn_mats * 2.0 * d * shape.d_ff
-    if shape.experts_total > 1:
-        ffn += L * 2.0 * d * shape.experts_total
+    experts = L * shape.experts_active * shape.ffn_mats * 2.0 * d * shape.d_ff
+    ffn = experts
+    if shape.is_moe:
+        ffn += L * 2.0 * d * shape.experts_total  # router
+    else:
+        experts = 0.0
     logits = 2.0 * d * shape.vocab_size
     lora = 0.0
     if lora_rank is not None:
@@ -139,7 +152,7 @@ def forward_flops_per_token(shape: Shape, seq_len: int, lora_rank: int | None = 
         attn = r * ((d + shape.q_dim) * 2 + (d + shape.kv_dim) * 2)
         ffn_l = r * shape.ffn_mats * (d + shape.d_ff) * shape.experts_active
         lora = L * 2.0 * (attn + ffn_l)
-    return ComponentFlops(qkv, attn_out, scores, ffn, logits, lora)
+    return ComponentFlops(qkv, attn_out, scores, ffn, logits, lora, experts)
 
 
 @dataclass(frozen=True)
@@ -175,6 +188,21 @@ def training_flops_per_token(
     return TrainingFlops(matmul, attention, mm_re, at_re)
 
 
+def head_flops_per_token(fwd: ComponentFlops, method: Method) -> float:
+    """Training FLOPs per token of the output layer (logits), included in the matmul terms; FP8 recipes
+    keep it in bf16 (Transformer Engine covers the blocks' linear layers only)."""
+    return fwd.logits * (3.0 if method == Method.FULL else 2.0)
+
+
+def expert_flops_per_token(
+    fwd: ComponentFlops, method: Method, checkpointing: ActivationCheckpointing
+) -> float:
+    """Training FLOPs per token of the routed-expert matmuls (included in :func:`training_flops_per_token`'s
+    matmul terms; the planner times them separately, at the tokens each expert sees)."""
+    base_factor = 3.0 if method == Method.FULL else 2.0
+    return fwd.experts * (base_factor + (1.0 if checkpointing == ActivationCheckpointing.FULL else 0.0))
+
+
 def training_flops_per_step(spec: JobSpec, checkpointing: ActivationCheckpointing | None = None) -> float:
     """Model FLOPs of one optimizer step (no recomputation unless ``checkpointing`` is given)."""
     w = workload_of(spec)
@@ -199,9 +227,26 @@ def elementwise_bytes_per_token(shape: Shape, act_bytes: float) -> float:
         + 2 * (shape.q_dim + shape.kv_dim)
         + shape.experts_active * (3 if shape.ffn_mats == 3 else 2) * shape.d_ff
     )
+    if shape.is_moe:
+        # Router logits, softmax and top-k in fp32; token permutation to the experts and back (read d, write
+        # k copies; read k expert outputs, write their weighted sum).
+        per_block += 3 * 4 * shape.experts_total + act_bytes * 2 * (1 + shape.experts_active) * shape.d_model
     # Final norm, logits write + softmax/cross-entropy read and write in fp32.
     head = act_bytes * 2 * shape.d_model + shape.vocab_size * (act_bytes + 2 * 4)
     return shape.n_blocks * per_block + head
+
+
+def fp8_cast_bytes_per_token(shape: Shape) -> float:
+    """Bytes moved per token, forward and backward, by the FP8 casts of an FP8 recipe (Transformer Engine).
+
+    Every FP8 linear layer quantises its input in the forward pass and its output gradient in the backward
+    pass with a fused cast-transpose: read the bf16 tensor (2 B), write the FP8 copy and its transpose
+    (2 B). The linear layers of a block are QKV, the attention output, FC1 and FC2 (per active expert).
+    """
+    d, k = shape.d_model, shape.experts_active
+    fwd_inputs = d + shape.q_dim + k * d + k * shape.d_ff
+    bwd_grads = shape.q_dim + 2 * shape.kv_dim + d + k * (shape.ffn_mats - 1) * shape.d_ff + k * d
+    return 4.0 * shape.n_blocks * (fwd_inputs + bwd_grads)
 
 
 # Optimizer step traffic per trainable parameter (read + write): AdamW mixed precision reads the fp32 master,
@@ -285,6 +330,8 @@ def activation_bytes_per_token_per_layer(
     hidden = (2 if shape.ffn_mats == 3 else 1) * shape.d_ff + shape.d_ff
     mlp = act_bytes * (d + shape.experts_active * hidden)
     masks = 2 * d if dropout else 0  # attention-output and FFN-output dropout masks, 1 byte each
+    if shape.is_moe:
+        mlp += act_bytes * 2 * shape.experts_active * d  # tokens dispatched to the experts and their outputs
     scores = 0.0
     if not flash:
         scores = shape.n_heads * seq_len * (act_bytes + (1 + act_bytes if dropout else 0))
@@ -317,8 +364,10 @@ class Workload:
     act_bytes: float
     states: StateBytes
     layer_params: float  # parameters of one block (for FSDP gather buffers and TP/PP splits)
+    expert_params: float  # routed-expert weights of all blocks (split by expert parallelism); 0 if dense
     embed_params: float
-    elementwise_bytes_per_token: float
+    elementwise_bytes_per_token: float  # forward; the backward moves about twice as much
+    fp8_cast_bytes_per_token: float  # forward + backward FP8 quantisation traffic (0 unless fp8-mixed)
     optimizer_bytes_per_trainable: float
     act_per_token_layer: float
     act_scores_per_token_layer: float
@@ -357,8 +406,12 @@ def _workload(spec: JobSpec) -> Workload:
         act_bytes=act_b,
         states=state_bytes(total_params, trainable, wl.precision, wl.optimizer),
         layer_params=float(shape.block_params),
+        expert_params=float(shape.n_blocks * shape.block_expert_params),
         embed_params=max(0.0, embed),
         elementwise_bytes_per_token=elementwise_bytes_per_token(shape, act_b),
+        fp8_cast_bytes_per_token=(
+            fp8_cast_bytes_per_token(shape) if wl.precision == Precision.FP8_MIXED else 0.0
+        ),
         optimizer_bytes_per_trainable=optimizer_update_bytes(wl.precision, wl.optimizer),
         act_per_token_layer=act,
         act_scores_per_token_layer=scores,

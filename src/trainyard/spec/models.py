@@ -231,6 +231,9 @@ class ParallelismPin(_Strict):
     fsdp: bool = False
     tensor: Annotated[int, Field(ge=1, le=1024)] = 1
     pipeline: Annotated[int, Field(ge=1, le=1024)] = 1
+    # Expert parallel degree of an MoE model (experts split over this many data-parallel ranks); left out,
+    # the planner chooses it. Additive to the DESIGN §3.2 pin; meaningless (and rejected) without experts.
+    expert: Annotated[int, Field(ge=1, le=4096)] | None = None
 
 
 class WorkloadSpec(_Strict):
@@ -508,6 +511,21 @@ class JobSpec(_Strict):
         if isinstance(v, list):
             return {str(t): "" for t in v}
         return v
+
+    @model_validator(mode="after")
+    def _check_expert_pin(self) -> JobSpec:
+        par = self.workload.parallelism
+        if isinstance(par, ParallelismPin) and par.expert is not None and par.expert > 1:
+            experts = self.model.n_experts
+            if experts is None or experts < 2:
+                raise ValueError(
+                    "workload.parallelism.expert: expert parallelism needs an MoE model (model.n_experts > 1)"
+                )
+            if experts % par.expert:
+                raise ValueError(
+                    f"workload.parallelism.expert: {par.expert} does not divide model.n_experts {experts}"
+                )
+        return self
 
     def to_document(self) -> dict[str, Any]:
         """The spec as a JSON-able document, with the contract's key names."""
