@@ -166,6 +166,7 @@ class Evaluation:
     bubble_s: np.ndarray
     hw_flops_per_step: np.ndarray  # per device
     n_micro: np.ndarray
+    all_to_all_s: np.ndarray  # expert all-to-all time per step (MoE with expert parallelism; else 0)
 
 
 _FLOPS_CACHE: dict[int, tuple[Workload, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -420,7 +421,8 @@ def evaluate(
     mem = memory_bytes(w, cand, pins)
     hw_flops = n_micro * (mm_flops + at_flops)
     comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p + t_a2a)
-    return Evaluation(step, mem, n_micro * t_comp, comm, bubble, hw_flops, n_micro)
+    a2a_step = n_micro * t_a2a + np.zeros_like(step)
+    return Evaluation(step, mem, n_micro * t_comp, comm, bubble, hw_flops, n_micro, a2a_step)
 
 
 def concat_candidates(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

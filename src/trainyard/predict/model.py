@@ -58,7 +58,8 @@ class Prediction:
     hfu: float = 0.0  # hardware FLOPs utilisation (includes recomputation)
     model_flops_per_step: float = 0.0
     memory_capacity_gib: float = 0.0  # usable memory per device (after workspace and headroom)
-    breakdown: dict[str, float] = field(default_factory=dict)  # compute_s, comm_exposed_s, bubble_s
+    # compute_s, comm_exposed_s (includes all_to_all_s), bubble_s, all_to_all_s (MoE expert parallelism)
+    breakdown: dict[str, float] = field(default_factory=dict)
     calibration_key: str = ""
 
     def to_contract(self) -> dict[str, Any]:
@@ -456,6 +457,7 @@ def _finalize(
             "compute_s": float(ev.compute_s[i]),
             "comm_exposed_s": float(ev.comm_exposed_s[i]),
             "bubble_s": float(ev.bubble_s[i]),
+            "all_to_all_s": float(ev.all_to_all_s[i]),
         },
         calibration_key=key,
     )
