@@ -310,3 +310,21 @@ def test_fp8_speedup_is_below_2x_and_grows_with_width() -> None:
     assert 1.0 < small < large < 2.0
     assert workload_of(make_spec(_dense(2048, 2))).fp8_cast_bytes_per_token == 0
     assert workload_of(make_spec(_dense(2048, 2), precision="fp8-mixed")).fp8_cast_bytes_per_token > 0
+
+
+def test_megatron_bridge_rows_replay_tensor_parallel_overlap() -> None:
+    rows, _ = packaged_rows()
+    llama = next(r for r in rows if r.model_name == "Llama-3-70B")
+    assert llama.plan["tp_overlap"] is True and llama.plan["tensor"] == 4
+    h100 = get_accelerator("h100")
+    n, st_ = llama.devices, llama.stack
+    hidden = predict(llama.spec, h100, n, plan=llama.plan, stack=st_, search_min_devices=False)
+    plan_off = {**llama.plan, "tp_overlap": False}
+    exposed = predict(llama.spec, h100, n, plan=plan_off, stack=st_, search_min_devices=False)
+    assert hidden.breakdown["comm_exposed_s"] < exposed.breakdown["comm_exposed_s"]
+    assert hidden.step_time_s < exposed.step_time_s
+    # Without tensor parallelism there is nothing to overlap.
+    dense = make_spec(_dense(2048, 4), seq_len=2048, global_batch=16)
+    a = predict(dense, h100, 8, plan={"tensor": 1, "tp_overlap": True})
+    b = predict(dense, h100, 8, plan={"tensor": 1})
+    assert a.step_time_s == b.step_time_s

@@ -382,6 +382,13 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
         ep_m = re.search(r"EP(\d+)", par)
         if ep_m:
             plan["expert"] = int(ep_m.group(1))
+        if "Megatron-Bridge" in r["source"] and tp > 1:
+            plan["tp_overlap"] = True
+            assumptions.append(
+                "tensor-parallel communication overlapped with the GEMMs (userbuffers), as the "
+                "Megatron-Bridge performance configs set (scripts/performance/configs/llama/"
+                "llama3_llm_pretrain.py, H100: userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192)"
+            )
     elif "Trainium" in hw:
         # Degrees are in NeuronCores (2 per chip): tensor parallel over NCs of whole chips.
         tp_nc = int(re.search(r"TP=(\d+)", par).group(1))  # type: ignore[union-attr]

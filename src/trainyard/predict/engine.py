@@ -60,6 +60,7 @@ class Pins:
     # at random) or "contiguous" (a token's k experts are adjacent, as benchmark gates that force balance
     # assign them: t·k ... t·k + k - 1); only replays of published runs set it.
     routing: str = "uniform"
+    tp_overlap: bool = False  # tensor-parallel communication overlapped with the GEMMs (replays only)
 
 
 @dataclass(frozen=True)
@@ -344,6 +345,10 @@ def evaluate(
     # backward, 2 more when the forward is recomputed, of tokens·d activations, inside the node.
     tp_vol = np.where(tp > 1, (4.0 + 2.0 * full) * 2.0 * (tp - 1) / tp * tokens_mb * d * ab * (L / pp), 0.0)
     t_tp = tp_vol / intra
+    if pins.tp_overlap:
+        # Tensor-parallel communication pipelined with the GEMMs (Transformer Engine userbuffers): only the
+        # share ``overlap`` cannot hide, or what the compute is too short to cover, stays exposed.
+        t_tp = np.maximum((1.0 - p.overlap) * t_tp, t_tp - t_mb)
     # Context parallel: all-gather K and V per layer forward, reduce-scatter their gradients backward.
     t_cp = 0.0
     if cp > 1:

@@ -132,6 +132,7 @@ def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
             fsdp_scope=engine.FSDP_NAMES.index(scope) if scope else None,
             expert=override.get("expert", pins.expert),
             routing=str(override.get("routing", "uniform")),
+            tp_overlap=bool(override.get("tp_overlap", False)),
         )
     return pins
 
