@@ -221,6 +221,33 @@ class TenantList(BaseModel):
     tenants: list[TenantDoc]
 
 
+class ApiKeyDoc(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "key-3f2a9c1b7d4e5a6b",
+                    "prefix": "Ab12Cd34",
+                    "admin": False,
+                    "created_at": "2026-11-29T12:00:00Z",
+                    "revoked": False,
+                }
+            ]
+        }
+    )
+    id: str
+    prefix: str = Field(
+        description="The public part of the key: `ty_<prefix>_...`. The key itself is never stored."
+    )
+    admin: bool
+    created_at: str | None
+    revoked: bool
+
+
+class ApiKeyList(BaseModel):
+    keys: list[ApiKeyDoc]
+
+
 class WhoAmI(BaseModel):
     tenant: str
     admin: bool

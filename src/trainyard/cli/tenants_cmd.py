@@ -1,4 +1,4 @@
-"""`trainyard tenants create|list` (admin key)."""
+"""`trainyard tenants create|list` (admin key) and `trainyard tenants keys list|revoke`."""
 
 from __future__ import annotations
 
@@ -53,3 +53,49 @@ def list_tenants(as_json: bool = typer.Option(False, "--json", help="Print {tena
             str(t.get("max_active_devices") or "-"),
         )
     console.print(table)
+
+
+keys_app = typer.Typer(
+    help="A tenant's API keys (an admin key, or a key of that tenant).", no_args_is_help=True
+)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("list")
+@handle_errors
+def list_keys(
+    name: str = typer.Argument(..., help="Tenant name."),
+    as_json: bool = typer.Option(False, "--json", help="Print {keys} as JSON."),
+) -> None:
+    """List a tenant's API keys: id, prefix, created, revoked (the keys themselves are never stored)."""
+    with client() as c:
+        doc = c.list_api_keys(name)
+    if as_json:
+        print_json(doc)
+        return
+    table = Table("ID", "KEY", "ADMIN", "CREATED", "REVOKED")
+    for k in doc["keys"]:
+        table.add_row(
+            k["id"],
+            f"ty_{k['prefix']}_…",
+            "yes" if k["admin"] else "no",
+            k.get("created_at") or "",
+            "yes" if k["revoked"] else "no",
+        )
+    console.print(table)
+
+
+@keys_app.command("revoke")
+@handle_errors
+def revoke_key(
+    name: str = typer.Argument(..., help="Tenant name."),
+    key_id: str = typer.Argument(..., help="Key id from `trainyard tenants keys list NAME`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the key document as JSON."),
+) -> None:
+    """Revoke an API key: requests with it answer 401 from now on."""
+    with client() as c:
+        doc = c.revoke_api_key(name, key_id)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"key {doc['id']} (ty_{doc['prefix']}_…) of tenant [bold]{name}[/] revoked.")

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -255,6 +256,16 @@ class TrainyardClient:
 
     def list_tenants(self) -> dict[str, Any]:
         return self.request("GET", "/v1/tenants")
+
+    def list_api_keys(self, tenant: str) -> dict[str, Any]:
+        """``{keys: [{id, prefix, admin, created_at, revoked}]}`` of a tenant (admin, or its own key)."""
+        return self.request("GET", f"/v1/tenants/{quote(tenant, safe='')}/keys")
+
+    def revoke_api_key(self, tenant: str, key_id: str) -> dict[str, Any]:
+        """Revoke one of the tenant's keys; returns its document with ``revoked: true``."""
+        return self.request(
+            "POST", f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}/revoke"
+        )
 
     def whoami(self) -> dict[str, Any]:
         return self.request("GET", "/v1/whoami")

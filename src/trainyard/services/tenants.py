@@ -9,8 +9,10 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+import structlog
 from sqlalchemy.exc import IntegrityError
 
 from trainyard.errors import AuthenticationError, ConflictError, InvalidInputError, NotFoundError
@@ -22,6 +24,8 @@ from trainyard.tenancy import keys
 TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")
 DEFAULT_TENANT = "default"
 AUTH_CACHE_TTL_S = 30.0
+
+log = structlog.get_logger("trainyard.tenants")
 
 
 def _new_id(prefix: str) -> str:
@@ -35,6 +39,8 @@ class TenantService:
         # key sha256 -> (principal, expires_at_s); saves a database round trip per request.
         self._auth_cache: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
+        # bumped by every revocation: a lookup that started before it must not cache what it read
+        self._revocations = 0
 
     # ---- tenants -----------------------------------------------------------------------------
     def create(
@@ -95,6 +101,40 @@ class TenantService:
         with self.db.session() as s:
             return TenantRepo(s).list()
 
+    # ---- API keys ------------------------------------------------------------------------------
+    def list_keys(self, tenant_name: str) -> builtins.list[ApiKeyRecord]:
+        """The tenant's API keys (revoked ones included), oldest first."""
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(tenant_name)
+            if tenant is None:
+                raise NotFoundError(f"no tenant named {tenant_name!r}")
+            return ApiKeyRepo(s).for_tenant(tenant.id)
+
+    def revoke_key(self, tenant_name: str, key_id: str, *, by: str = "") -> ApiKeyRecord:
+        """Revoke one of the tenant's keys; it fails authentication from the next request on (the auth
+        cache forgets it before this returns). Revoking a revoked key changes nothing. A key id of another
+        tenant is unknown here (NotFoundError)."""
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(tenant_name)
+            if tenant is None:
+                raise NotFoundError(f"no tenant named {tenant_name!r}")
+            repo = ApiKeyRepo(s)
+            key = repo.get(key_id, tenant_id=tenant.id)
+            if key is None:
+                raise NotFoundError(
+                    f"tenant {tenant_name!r} has no API key {key_id!r}",
+                    hint=f"List its keys with `trainyard tenants keys list {tenant_name}`.",
+                )
+            if not key.revoked:
+                repo.revoke(key.id)
+        with self._lock:
+            self._revocations += 1
+            for digest in [d for d, (p, _) in self._auth_cache.items() if p.key_id == key.id]:
+                del self._auth_cache[digest]
+        if not key.revoked:
+            log.info("api_key_revoked", tenant=tenant_name, key_id=key.id, prefix=key.prefix, by=by)
+        return replace(key, revoked=True)
+
     def get(self, name: str) -> Tenant:
         with self.db.session() as s:
             t = TenantRepo(s).by_name(name)
@@ -126,6 +166,8 @@ class TenantService:
             return hit
         digest = keys.hash_key(presented)
         now = self.clock()
+        with self._lock:
+            revocations = self._revocations
         principal: Principal | None = None
         with self.db.session() as s:
             for rec in ApiKeyRepo(s).by_prefix(prefix):
@@ -144,7 +186,8 @@ class TenantService:
         with self._lock:
             if len(self._auth_cache) > 10_000:
                 self._auth_cache.clear()
-            self._auth_cache[digest] = (principal, now + AUTH_CACHE_TTL_S)
+            if revocations == self._revocations:  # else the key may have been revoked since it was read
+                self._auth_cache[digest] = (principal, now + AUTH_CACHE_TTL_S)
         return principal
 
     # ---- embedded defaults ---------------------------------------------------------------------

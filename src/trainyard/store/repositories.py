@@ -122,18 +122,37 @@ class ApiKeyRepo:
         rows = self.s.scalars(
             select(ApiKeyRow).where(ApiKeyRow.prefix == prefix, ApiKeyRow.revoked.is_(False))
         )
-        return [
-            ApiKeyRecord(
-                id=r.id,
-                tenant_id=r.tenant_id,
-                prefix=r.prefix,
-                key_sha256=r.key_sha256,
-                admin=r.admin,
-                created_at_s=r.created_at_s,
-                revoked=r.revoked,
-            )
-            for r in rows
-        ]
+        return [_api_key(r) for r in rows]
+
+    def for_tenant(self, tenant_id: str) -> builtins.list[ApiKeyRecord]:
+        """The tenant's keys, oldest first, revoked ones included."""
+        rows = self.s.scalars(
+            select(ApiKeyRow)
+            .where(ApiKeyRow.tenant_id == tenant_id)
+            .order_by(ApiKeyRow.created_at_s, ApiKeyRow.id)
+        )
+        return [_api_key(r) for r in rows]
+
+    def get(self, key_id: str, *, tenant_id: str) -> ApiKeyRecord | None:
+        row = self.s.scalars(
+            select(ApiKeyRow).where(ApiKeyRow.id == key_id, ApiKeyRow.tenant_id == tenant_id)
+        ).first()
+        return _api_key(row) if row else None
+
+    def revoke(self, key_id: str) -> None:
+        self.s.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id).values(revoked=True))
+
+
+def _api_key(r: ApiKeyRow) -> ApiKeyRecord:
+    return ApiKeyRecord(
+        id=r.id,
+        tenant_id=r.tenant_id,
+        prefix=r.prefix,
+        key_sha256=r.key_sha256,
+        admin=r.admin,
+        created_at_s=r.created_at_s,
+        revoked=r.revoked,
+    )
 
 
 class JobRepo:
