@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/bench_predictor_accuracy.py                 # report only
     .venv/bin/python benchmarks/bench_predictor_accuracy.py --write-params  # also refit the package data
 
-For every model in ``predict/data/throughput_calibration.csv`` the efficiency parameters are refitted on
-the rows of all *other* models and that model's rows are predicted; MdAPE is reported overall, per family
-and per (family, stack, precision). ``--write-params`` fits on all rows and writes
-``src/trainyard/predict/data/calibration.json`` with p10/p90 bands from the held-out residuals.
+For every model (architecture) in ``predict/data/throughput_calibration.csv`` the efficiency parameters are
+refitted on the rows of all *other* models and that model's rows are predicted; MdAPE is reported overall,
+per kind (dense / MoE), per family and per (family, stack, precision). ``--write-params`` fits on all
+rows and writes ``src/trainyard/predict/data/calibration.json`` with p10/p90 bands from the held-out
+residuals.
 Results go to ``benchmarks/results/predictor_accuracy.json``.
 """
 
@@ -43,7 +44,7 @@ def main() -> None:
     lomo_s = time.perf_counter() - t0
     summary = summarize(held)
     print(
-        f"leave-one-model-out over {len(rows)} rows ({len({r.model_name for r in rows})} models), "
+        f"leave-one-model-out over {len(rows)} rows ({len({r.model_key for r in rows})} models), "
         f"{len(skipped)} rows skipped, {lomo_s:.1f} s"
     )
     print(
@@ -61,6 +62,8 @@ def main() -> None:
         f"\nMdAPE overall {summary['mdape']:.1%} "
         f"(mean {summary['mean_ape']:.1%}, p90 {summary['p90_ape']:.1%})"
     )
+    for kind, v in summary["by_kind"].items():
+        print(f"  {kind:14} rows {v['rows']:>3}  MdAPE {v['mdape']:.1%}")
     for fam, v in summary["by_family"].items():
         print(f"  {fam:14} rows {v['rows']:>3}  MdAPE {v['mdape']:.1%}")
     for grp, v in summary["by_group"].items():
@@ -68,6 +71,7 @@ def main() -> None:
     doc = {
         "benchmark": "predictor leave-one-model-out",
         "rows": len(rows),
+        "models": len({r.model_key for r in rows}),
         "skipped": [{"row": s.index, "model": s.model_name, "reason": s.reason} for s in skipped],
         "summary": summary,
         "lomo_seconds": lomo_s,
