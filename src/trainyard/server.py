@@ -99,6 +99,12 @@ def default_schedule_round() -> Any:
         return None
 
 
+def _installed(module: str) -> str | None:
+    import importlib.util
+
+    return module if importlib.util.find_spec(module) is not None else None
+
+
 def _graceful_server_class() -> Any:
     import uvicorn
 
@@ -142,6 +148,10 @@ def serve(
             app,
             host=host,
             port=port,
+            # "auto": uvloop and the httptools parser (pinned dependencies) when importable, else asyncio
+            # and h11; together they take ~20 % off the CPU time of a submission (docs/benchmarks.md).
+            loop="auto",
+            http="auto",
             log_config=None,
             access_log=False,
             lifespan="off",
@@ -161,6 +171,8 @@ def serve(
             database=platform.db.dialect,
             api_key_file=str(settings.api_key_path),
             executor=getattr(options.executor, "name", "none"),
+            http=_installed("httptools") or "h11",
+            loop=_installed("uvloop") or "asyncio",
         )
         server.run()
     finally:
