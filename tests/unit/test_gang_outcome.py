@@ -19,6 +19,7 @@ from trainyard.executors.base import (
     RankEnd,
     first_abnormal,
     gang_outcome,
+    note_exits,
     rank_log_name,
 )
 
@@ -249,6 +250,7 @@ class Seen:
     exit_code: int | None = None
     terminal: dict[str, Any] | None = None
     last_seen_s: float | None = 129.0  # a second ago
+    unreported: str | None = None
 
 
 NOW_S = 130.0
@@ -324,3 +326,26 @@ def test_silent_ranks_are_lost_after_the_startup_or_heartbeat_timeout(tmp_path: 
         run_dir=tmp_path,
     )
     assert early is None
+
+
+def test_note_exits_records_unreported_ends_unless_expected() -> None:
+    died, ok_exit, reported = Seen(0, exited=True, exit_code=1), Seen(1, exited=True, exit_code=0), Seen(2)
+    note_exits([died, ok_exit, reported], entrypoint=False, expected=False)
+    assert died.unreported == "exited with code 1" and died.terminal is None
+    assert ok_exit.unreported == "exited with code 0"  # the SDK trainer always reports; silence is a loss
+    assert reported.unreported is None
+    lost = Seen(0, exited=True, exit_code=-9, unreported="lost its Ray actor (node died)")
+    note_exits([lost], entrypoint=False, expected=False)
+    assert lost.unreported == "lost its Ray actor (node died)"  # the first account stays
+
+
+def test_note_exits_an_entrypoint_exiting_0_succeeded_and_expected_ends_are_no_loss() -> None:
+    ok_exit, failed_exit = Seen(0, exited=True, exit_code=0), Seen(1, exited=True, exit_code=3)
+    note_exits([ok_exit, failed_exit], entrypoint=True, expected=False)
+    assert (
+        ok_exit.terminal == {"kind": "succeeded", "data": {"final_step": None}} and ok_exit.unreported is None
+    )
+    assert failed_exit.unreported == "exited with code 3"
+    killed = Seen(0, exited=True, exit_code=-9)
+    note_exits([killed], entrypoint=False, expected=True)  # we tore it down or gave notice
+    assert killed.unreported is None and killed.terminal is None

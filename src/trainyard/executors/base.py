@@ -247,6 +247,18 @@ class RankState(Protocol):
     exit_code: int | None
     terminal: dict[str, Any] | None  # its terminal event, once it reported one
     last_seen_s: float | None  # time of its newest event; None before its first
+    unreported: str | None  # how it ended on its own without a terminal event, in words
+
+
+def note_exits(ranks: Sequence[RankState], *, entrypoint: bool, expected: bool) -> None:
+    """Account for ranks that exited without a terminal event: an entrypoint's rank that exited with 0
+    succeeded (a user command need not report), and unless the gang's end was ``expected`` (the executor
+    killed it, or delivered a preemption notice) any other such rank's exit goes into ``unreported``."""
+    for rk in ranks:
+        if entrypoint and rk.exited and rk.terminal is None and rk.exit_code == 0:
+            rk.terminal = {"kind": "succeeded", "data": {"final_step": None}}
+        if rk.exited and rk.terminal is None and rk.unreported is None and not expected:
+            rk.unreported = describe_exit(rk.exit_code)
 
 
 def first_abnormal(

@@ -39,12 +39,12 @@ from trainyard.executors.base import (
     LaunchRequest,
     RankEnd,
     WorkerInfo,
-    describe_exit,
     event_file_name,
     first_abnormal,
     gang_outcome,
     launch_file_name,
     launch_request_to_dict,
+    note_exits,
     notice_file_name,
     rank_log_name,
     signal_group,
@@ -89,7 +89,7 @@ class _Rank:
     exit_code: int | None = None
     exited: bool = False
     terminal: dict[str, Any] | None = None
-    unreported: str | None = None  # how it died on its own without a terminal event (RankEnd.unreported)
+    unreported: str | None = None  # how it died, when it died on its own without a terminal event
     exit_file: Path | None = None  # written by the fork server (the parent of a forked worker)
     dead_since_s: float | None = None
 
@@ -436,17 +436,8 @@ class LocalExecutor:
                         if gang.trigger is None:
                             gang.trigger = ("failed", data)
                             gang.teardown_at_s = now + self.failure_grace_s
-        for rk in gang.ranks:
-            if gang.entrypoint and rk.exited and rk.terminal is None and rk.exit_code == 0:
-                rk.terminal = {"kind": "succeeded", "data": {"final_step": None}}
-            if (
-                rk.exited
-                and rk.terminal is None
-                and rk.unreported is None
-                and not gang.killed
-                and gang.preempt_deadline_s is None
-            ):
-                rk.unreported = f"{describe_exit(rk.exit_code)} without reporting"
+        expected = gang.killed or gang.preempt_deadline_s is not None  # we killed it, or gave notice
+        note_exits(gang.ranks, entrypoint=gang.entrypoint, expected=expected)
         # abnormal observations (the first one decides the outcome)
         if gang.trigger is None and gang.preempt_deadline_s is None:
             trigger = first_abnormal(
@@ -486,7 +477,14 @@ class LocalExecutor:
         if gang.cancelled:
             return out
         kind, data = gang_outcome(
-            [RankEnd(rk.rank, rk.terminal, rk.unreported) for rk in gang.ranks],
+            [
+                RankEnd(
+                    rk.rank,
+                    rk.terminal,
+                    None if rk.unreported is None else f"{rk.unreported} without reporting",
+                )
+                for rk in gang.ranks
+            ],
             failures=gang.failures,
             trigger=gang.trigger,
             entrypoint=gang.entrypoint,

@@ -58,12 +58,12 @@ from trainyard.executors.base import (
     LaunchRequest,
     RankEnd,
     WorkerInfo,
-    describe_exit,
     event_file_name,
     first_abnormal,
     gang_outcome,
     launch_file_name,
     launch_request_to_dict,
+    note_exits,
     notice_file_name,
     rank_log_name,
     wait_for_terminal,
@@ -888,17 +888,8 @@ class RayExecutor:
             gang.teardown_at_s = min(gang.teardown_at_s or time.time(), time.time())
 
     def _observe(self, gang: _Gang, now: float) -> None:
-        for rk in gang.ranks:
-            if gang.entrypoint and rk.exited and rk.terminal is None and rk.exit_code == 0:
-                rk.terminal = {"kind": "succeeded", "data": {"final_step": None}}
-            if (
-                rk.exited
-                and rk.terminal is None
-                and rk.unreported is None
-                and not gang.killed
-                and gang.preempt_deadline_s is None
-            ):
-                rk.unreported = describe_exit(rk.exit_code)
+        expected = gang.killed or gang.preempt_deadline_s is not None  # we killed it, or gave notice
+        note_exits(gang.ranks, entrypoint=gang.entrypoint, expected=expected)
         if gang.trigger is None and gang.preempt_deadline_s is None and gang.phase == "running":
             trigger = first_abnormal(
                 gang.ranks,
