@@ -28,6 +28,7 @@ from trainyard.cost import model as cm
 from trainyard.cost.money import format_duration_s, format_usd
 from trainyard.cost.quote import QuoteOption, quote
 from trainyard.errors import ServiceUnavailableError, TrainyardError
+from trainyard.executors.local import pid_alive
 from trainyard.settings import Settings, load_settings
 from trainyard.spec import load_spec
 
@@ -141,19 +142,6 @@ def any_free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _is_trainyard_up(pid: int) -> bool:
     """Whether ``pid`` is a `trainyard up` process (a pid file can outlive its process and the pid be
     reused by another program, which must never be signalled)."""
@@ -178,15 +166,15 @@ def stop_stale_server(home: Path, out: Console) -> None:
     except (ValueError, KeyError, OSError):
         path.unlink(missing_ok=True)
         return
-    if _pid_alive(pid) and _is_trainyard_up(pid):
+    if pid_alive(pid) and _is_trainyard_up(pid):
         out.print(
             f"A demo server from an earlier run is still up (pid {pid}, {info.get('url')}); stopping it."
         )
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 20
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     path.unlink(missing_ok=True)
 
