@@ -174,3 +174,63 @@ def test_batched_admission_keeps_the_state_machine_and_event_order(db: Database)
         assert jobs.transition_many(s, ids, JobState.QUEUED, JobState.CANCELLED, "drained") == [
             i for i in ids if i != cancelled
         ]
+
+
+def test_postgres_replaces_a_pooled_connection_the_server_closed(tmp_path: Path) -> None:
+    """No ping per transaction, but a pooled connection that sat idle is checked before use: after the
+    server terminated every connection of the database, the next transaction still succeeds."""
+    import time
+
+    import psycopg
+
+    from controlplane_support import PG_ADMIN_DSN
+    from trainyard.store.db import PING_IF_IDLE_S
+
+    with database_url("postgresql", tmp_path) as url:
+        d = Database(url)
+        try:
+            d.upgrade()
+            with d.session() as s:
+                assert s.execute(text("SELECT 1")).scalar() == 1
+            name = d.engine.url.database
+            with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                ).fetchone()
+            assert killed is not None and killed[0] >= 1
+            time.sleep(PING_IF_IDLE_S + 0.2)
+            with d.session() as s:
+                assert s.execute(text("SELECT 2")).scalar() == 2
+        finally:
+            d.dispose()
+
+
+def test_a_submission_leaves_pooled_connections_transactional(db: Database) -> None:
+    """A submission commits on its own (on PostgreSQL in autocommit); the pooled connection it used
+    still runs the next session as one transaction, so a failing use case rolls back everything."""
+    db.upgrade()
+    tenant, _ = TenantService(db).create("t5")
+    who = Principal(tenant_id=tenant.id, tenant_name="t5", key_id="k", admin=False)
+    jobs = JobService(db)
+    first, created = jobs.submit(who, spec_from_dict(tiny_spec("kept")))
+    assert created
+    doomed = Job(
+        id="job-000000000001",
+        seq=0,
+        tenant_id=tenant.id,
+        name="doomed",
+        state=JobState.PENDING,
+        spec=tiny_spec("doomed"),
+        created_at_s=1.0,
+        updated_at_s=1.0,
+        spec_sha256="x" * 64,
+    )
+    with pytest.raises(RuntimeError), db.session() as s:
+        JobRepo(s).add(doomed, first_event=("state", {"to": "pending"}, 1.0))
+        raise RuntimeError("the use case fails after its insert")
+    with db.session() as s:
+        assert JobRepo(s).get(doomed.id) is None
+        assert EventRepo(s).list(doomed.id) == []
+        assert [e.kind for e in EventRepo(s).list(first.id)] == ["state"]
+        assert JobRepo(s).count(tenant_id=tenant.id) == 1

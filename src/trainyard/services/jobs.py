@@ -149,15 +149,18 @@ class JobService:
         )
         # One transaction on the common path: insert, and let the (tenant, Idempotency-Key) unique
         # constraint detect a replay, which is then answered with the first job.
+        first_event = ("state", {"from": None, "to": "pending", "reason": "submitted"}, now)
         try:
-            with self.db.session() as s:
-                if principal.max_queued_jobs is not None:
+            if principal.max_queued_jobs is None:
+                # no quota to check: the job and its first event are the only write (on PostgreSQL one
+                # statement, committed on its own — see JobRepo.add and Database.single_statement_session)
+                with self.db.single_statement_session() as s:
+                    stored = JobRepo(s).add(job, first_event=first_event)
+            else:
+                with self.db.session() as s:
                     open_jobs = JobRepo(s).count(tenant_id=principal.tenant_id, states=OPEN_STATES)
                     check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
-                stored = JobRepo(s).add(job)
-                EventRepo(s).append(
-                    job.id, "state", {"from": None, "to": "pending", "reason": "submitted"}, now
-                )
+                    stored = JobRepo(s).add(job, first_event=first_event)
             return stored, True
         except IntegrityError:
             if idempotency_key is None:

@@ -7,6 +7,7 @@ that concurrent writers queue on the lock instead of failing with "database is l
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -15,11 +16,13 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from trainyard.errors import InvalidInputError, ServiceUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PING_IF_IDLE_S = 1.0  # PostgreSQL: ping a pooled connection before use when it sat idle this long
 HEAD_REVISION = "0002_step_times"
 
 
@@ -45,11 +48,38 @@ def make_engine(url: str, *, pool_size: int = 16) -> Engine:
         _configure_sqlite(engine)
         return engine
     if backend == "postgresql":
-        return create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size)
+        _ping_idle_connections(engine)
+        return engine
     raise InvalidInputError(
         f"database backend {backend!r} is not supported",
         hint="Use sqlite:///path/to/trainyard.db or postgresql+psycopg://user@host:5432/db.",
     )
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Pessimistic disconnect handling without a round trip per transaction: a pooled connection that sat
+    idle for PING_IF_IDLE_S or longer is pinged on checkout, and a dead one is replaced (SQLAlchemy retries
+    the checkout with a fresh connection). A connection checked in a moment ago is handed out as is; if
+    the server went away in between, the failing statement makes SQLAlchemy invalidate the whole pool.
+    (``pool_pre_ping`` would ping before every transaction: one extra round trip per API request.)"""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info["checked_in_at_s"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        last = record.info.get("checked_in_at_s")
+        if last is None or time.monotonic() - last < PING_IF_IDLE_S:
+            return  # freshly opened, or in use a moment ago
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise DisconnectionError("pooled connection is gone") from exc
+        if not alive:
+            raise DisconnectionError("pooled connection is gone")
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -139,6 +169,21 @@ class Database:
         # Other processes are still serialised by BEGIN IMMEDIATE + busy_timeout.
         with self._write_lock, self._sessions.begin() as s:
             yield s
+
+    @contextmanager
+    def single_statement_session(self) -> Iterator[Session]:
+        """A session for a use case that writes with exactly ONE statement (atomic on its own). On
+        PostgreSQL it runs in autocommit: no BEGIN/COMMIT round trips, the statement is committed when it
+        returns. On SQLite it is :meth:`session` (a transaction there costs no round trip)."""
+        if self._write_lock is not None:
+            with self.session() as s:
+                yield s
+            return
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with Session(bind=conn, expire_on_commit=False) as s:
+                yield s
+                s.commit()  # nothing left to send in autocommit; ends the session's transaction cleanly
 
     def ping(self) -> bool:
         from sqlalchemy import text

@@ -33,6 +33,28 @@ _PENDING_DIGESTS = (
     .limit(bindparam("limit"))
 )
 _SPEC_OF = select(_JOBS.c.spec).where(_JOBS.c.id == bindparam("id"))
+_EVENTS = cast(Table, JobEventRow.__table__)
+_NEW_JOB = (
+    insert(_JOBS)
+    .values({c.name: bindparam(c.name, type_=c.type) for c in _JOBS.c if c.name != "seq"})
+    .returning(_JOBS.c.seq, _JOBS.c.id)
+    .cte("new_job")
+)
+# PostgreSQL: WITH new_job AS (INSERT INTO jobs … RETURNING seq, id) INSERT INTO job_events … SELECT … FROM
+# new_job RETURNING (SELECT seq FROM new_job) — the job and its first event, atomically, in one statement.
+_INSERT_JOB_WITH_EVENT = (
+    insert(_EVENTS)
+    .from_select(
+        ["job_id", "kind", "data", "time_s"],
+        select(
+            _NEW_JOB.c.id,
+            bindparam("event_kind", type_=_EVENTS.c.kind.type),
+            bindparam("event_data", type_=_EVENTS.c.data.type),
+            bindparam("event_time_s", type_=_EVENTS.c.time_s.type),
+        ),
+    )
+    .returning(select(_NEW_JOB.c.seq).scalar_subquery())
+)
 
 
 def _tenant(row: TenantRow) -> Tenant:
@@ -159,37 +181,41 @@ class JobRepo:
     def __init__(self, s: Session) -> None:
         self.s = s
 
-    def add(self, job: Job) -> Job:
-        """Insert a new job (one INSERT … RETURNING seq, compiled once) and return it with its sequence."""
-        seq = (
-            self.s.connection()
-            .execute(  # Core path: no ORM bookkeeping for a plain insert
-                _INSERT_JOB,
-                {
-                    "id": job.id,
-                    "tenant_id": job.tenant_id,
-                    "name": job.name,
-                    "state": job.state.value,
-                    "spec": job.spec,
-                    "spec_sha256": job.spec_sha256,
-                    "idempotency_key": job.idempotency_key,
-                    "created_at_s": job.created_at_s,
-                    "updated_at_s": job.updated_at_s,
-                    "attempt": job.attempt,
-                    "placement": None,
-                    "quote": job.quote,
-                    "cost_usd": 0.0,
-                    "checkpoints": [],
-                    "workers": [],
-                    "result": None,
-                    "reason": job.reason,
-                    "progress": {},
-                    "attempt_started_at_s": None,
-                    "run_dir": None,
-                },
-            )
-            .scalar_one()
-        )
+    def add(self, job: Job, first_event: tuple[str, dict[str, Any], float] | None = None) -> Job:
+        """Insert a new job and, when given, its first (kind, data, time_s) event; return the job with its
+        sequence. Statements are compiled once; on PostgreSQL the job and its event are one statement
+        (a data-modifying CTE: one round trip instead of two)."""
+        params = {
+            "id": job.id,
+            "tenant_id": job.tenant_id,
+            "name": job.name,
+            "state": job.state.value,
+            "spec": job.spec,
+            "spec_sha256": job.spec_sha256,
+            "idempotency_key": job.idempotency_key,
+            "created_at_s": job.created_at_s,
+            "updated_at_s": job.updated_at_s,
+            "attempt": job.attempt,
+            "placement": None,
+            "quote": job.quote,
+            "cost_usd": 0.0,
+            "checkpoints": [],
+            "workers": [],
+            "result": None,
+            "reason": job.reason,
+            "progress": {},
+            "attempt_started_at_s": None,
+            "run_dir": None,
+        }
+        conn = self.s.connection()  # Core path: no ORM bookkeeping for a plain insert
+        if first_event is not None and conn.dialect.name == "postgresql":
+            kind, data, time_s = first_event
+            params.update(event_kind=kind, event_data=data, event_time_s=time_s)
+            seq = conn.execute(_INSERT_JOB_WITH_EVENT, params).scalar_one()
+        else:
+            seq = conn.execute(_INSERT_JOB, params).scalar_one()
+            if first_event is not None:
+                EventRepo(self.s).append(job.id, *first_event)
         return replace(job, seq=int(seq))
 
     def get(self, job_id: str, *, tenant_id: str | None = None, for_update: bool = False) -> Job | None:
