@@ -97,6 +97,22 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=Fa
 """
 
 
+def _uvicorn_stack() -> str:
+    """What uvicorn's "auto" picks for both servers: httptools/uvloop when installed, else h11/asyncio."""
+    import importlib
+
+    def importable(name: str) -> bool:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return False
+        return True
+
+    http = "httptools" if importable("httptools") else "h11"
+    loop = "uvloop" if importable("uvloop") else "asyncio"
+    return f"{http} + {loop}"
+
+
 def free_port() -> int:
     import socket
 
@@ -202,10 +218,26 @@ def run_target(kind: str, db_url: str, home: Path, clients: int, requests: int) 
         if kind == "trainyard":
             headers["Authorization"] = "Bearer " + (home / "api_key").read_text().strip()
         asyncio.run(_load(port, path, headers, clients, max(1, 200 // clients)))  # warm-up
-        return asyncio.run(_load(port, path, headers, clients, max(1, requests // clients)))
+        cpu0 = _process_cpu_s(proc.pid)
+        res = asyncio.run(_load(port, path, headers, clients, max(1, requests // clients)))
+        # the server's CPU time per request (Linux /proc), a number less noisy than wall time on a
+        # shared machine; for trainyard it includes the control loop admitting jobs meanwhile
+        cpu1 = _process_cpu_s(proc.pid)
+        if cpu0 is not None and cpu1 is not None:
+            res["server_cpu_ms_per_request"] = round((cpu1 - cpu0) * 1000 / max(1, res["requests"]), 3)
+        res["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        return res
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _process_cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def postgres_db() -> tuple[str, Any]:
@@ -263,7 +295,9 @@ def main() -> None:
             )
             print(
                 f"  {db:<10} {kind:<9} {res['submissions_per_s']:>8.1f}/s  p50 {res['p50_ms']:>7.2f} ms  "
-                f"p99 {res['p99_ms']:>7.2f} ms  errors {res['errors']}",
+                f"p99 {res['p99_ms']:>7.2f} ms  errors {res['errors']}  "
+                f"server CPU {res.get('server_cpu_ms_per_request', float('nan')):.3f} ms/request  "
+                f"load {res['load_avg_1m']}",
                 flush=True,
             )
     for db in databases if not args.no_bare else []:
@@ -287,6 +321,7 @@ def main() -> None:
                 "clients": args.clients,
                 "requests": args.requests,
                 "machine": {
+                    "http": _uvicorn_stack(),
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                     "platform": platform.platform(),
