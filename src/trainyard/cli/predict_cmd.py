@@ -71,6 +71,8 @@ def _plan_text(plan: dict[str, Any]) -> str:
         parts.append(f"tp{plan['tensor']}")
     if plan["pipeline"] > 1:
         parts.append(f"pp{plan['pipeline']}")
+    if plan.get("expert", 1) > 1:
+        parts.append(f"ep{plan['expert']}")
     parts.append(f"mb{plan['micro_batch']}x{plan['grad_accum']}")
     if plan["activation_checkpointing"] != "none":
         parts.append(f"ckpt:{plan['activation_checkpointing']}")

@@ -292,8 +292,11 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
             model = dict(
                 n_layers=layers, d_model=d, n_heads=heads, d_ff=int(m.group(1)), ffn="gated", vocab_size=32000
             )
-            if hd:
-                model["head_dim"] = int(hd.group(1))
+            # MaxText's base.yml sets head_dim 128 unless the config overrides it (the 128B and 1024B
+            # configs reach their published sizes only with it).
+            model["head_dim"] = int(hd.group(1)) if hd else 128
+            if not hd:
+                assumptions.append("head_dim 128 (MaxText base.yml default)")
         else:
             model = dict(KNOWN_MODELS.get(name, {})) or dict(
                 n_layers=layers, d_model=d, n_heads=heads, ffn="mlp", vocab_size=51200
@@ -327,7 +330,16 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
     ck = "none"
     if "act_ckpt=True" in notes or "remat=full" in notes:
         ck = "full"
-    elif "remat=minimal" in notes or "remat=qkv_proj_offloaded" in notes or "selective" in par:
+    elif "remat=qkv_proj_offloaded" in notes:
+        # MaxText qkv_proj_offloaded saves nothing on the device (names_which_can_be_saved=[]) and
+        # offloads the Q/K/V projections to host memory: device memory as full recomputation, and the
+        # backward recomputes everything but those projections.
+        ck = "full"
+        assumptions.append("remat=qkv_proj_offloaded: Q/K/V in host memory, the rest recomputed (as full)")
+    elif "remat=minimal" in notes:
+        # MaxText minimal (checkpoint_dots_with_no_batch_dims): matmul outputs saved, the rest recomputed.
+        ck = "minimal"
+    elif "selective" in par:
         ck = "selective"
     if "Automodel" in par:
         # NeMo Automodel: FSDP2 over all data-parallel ranks, expert parallel inside it, optional pipeline.
@@ -348,6 +360,13 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
         if "note" in cfg:
             assumptions.append(f"Automodel benchmark config {cfg['note']}")
         if cfg:
+            # The benchmark models are cast to bf16 (initialize_weights(dtype=torch.bfloat16)) and trained
+            # with torch.optim.Adam: weights, gradients and both moments in bf16, no fp32 master copy.
+            plan["bf16_states"] = True
+            assumptions.append(
+                "model states in bf16 (Automodel casts the benchmark model to bf16; torch.optim.Adam keeps "
+                "its moments in the parameters' dtype): 8 bytes per parameter"
+            )
             # fake_balanced_gate: true in every benchmark config: token t goes to experts t*k ... t*k+k-1.
             plan["routing"] = "contiguous"
             assumptions.append(
@@ -382,6 +401,16 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
         ep_m = re.search(r"EP(\d+)", par)
         if ep_m:
             plan["expert"] = int(ep_m.group(1))
+        if "Megatron-Bridge" in r["source"]:
+            # Performance configs: use_distributed_optimizer, grad_reduce_in_fp32 False (bf16 gradients,
+            # set_llama31_common_configs / set_qwen3_common_configs), FP8 recipes with fp8_param_gather.
+            plan["distributed_optimizer"] = True
+            note = "distributed optimizer (fp32 master and Adam moments sharded over data parallel)"
+            note += ", bf16 grads"
+            if precision == "fp8-mixed":
+                plan["fp8_params"] = True
+                note += ", FP8 weights (fp8_param_gather)"
+            assumptions.append(f"Megatron-Bridge performance config: {note}")
         if "Megatron-Bridge" in r["source"] and tp > 1:
             plan["tp_overlap"] = True
             assumptions.append(
@@ -401,6 +430,11 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
             "activation_checkpointing": "selective",
         }
         assumptions.append("Neuron tensor degree in NeuronCores halved to chips; selective recompute assumed")
+    elif stack == "xla" and not par.strip():
+        # Parallelism, micro-batch and rematerialisation not published (MaxText tiering table): the
+        # planner chooses, as it would for a user's spec.
+        plan = {}
+        assumptions.append("parallelism not published: the planner's choice is replayed")
     elif stack == "xla":
         tp_m = re.search(r"ici_tensor=(\d+)", par)
         tp = int(tp_m.group(1)) if tp_m else 1

@@ -29,8 +29,12 @@ from trainyard.predict.workload import Workload, expert_flops_per_token, head_fl
 from trainyard.spec.models import ActivationCheckpointing, Method
 
 GIB = 1024.0**3
-CK_NAMES = ("none", "selective", "full")
+# Recompute policies. "minimal" (replays only; the planner never enumerates it and a spec cannot pin it)
+# is MaxText's remat_policy=minimal (jax checkpoint_dots_with_no_batch_dims): the outputs of the weight
+# matmuls and the layer input are saved, norms, activation functions and the attention core recomputed.
+CK_NAMES = ("none", "selective", "full", "minimal")
 CK_ENUM = (ActivationCheckpointing.NONE, ActivationCheckpointing.SELECTIVE, ActivationCheckpointing.FULL)
+CK_MINIMAL = 3
 FSDP_NONE, FSDP_GLOBAL, FSDP_HYBRID = 0, 1, 2
 FSDP_NAMES = ("none", "full", "hybrid")
 
@@ -61,6 +65,13 @@ class Pins:
     # assign them: t·k ... t·k + k - 1); only replays of published runs set it.
     routing: str = "uniform"
     tp_overlap: bool = False  # tensor-parallel communication overlapped with the GEMMs (replays only)
+    # How a replayed run holds its model states (replays of published runs only; see ``memory_terms``):
+    # Megatron's distributed optimizer (fp32 master weights and optimizer moments sharded over the
+    # data-parallel ranks, ZeRO-1), FP8 working weights (Transformer Engine fp8 parameters), or the whole
+    # model cast to bf16 (weights, gradients and Adam moments in bf16, no fp32 master copy).
+    distributed_optimizer: bool = False
+    fp8_params: bool = False
+    bf16_states: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,10 +190,11 @@ def _flops_by_policy(w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     hit = _FLOPS_CACHE.get(id(w))
     if hit is not None and hit[0] is w:
         return hit[1], hit[2], hit[3]
-    mm_tok = np.empty(3)
-    at_tok = np.empty(3)
-    ex_tok = np.empty(3)
-    for i, pol in enumerate(CK_ENUM):
+    mm_tok = np.empty(4)
+    at_tok = np.empty(4)
+    ex_tok = np.empty(4)
+    # "minimal" recomputes what "selective" does among the FLOPs (the attention core; no matmuls).
+    for i, pol in enumerate((*CK_ENUM, ActivationCheckpointing.SELECTIVE)):
         f = w.flops(pol)
         ex_tok[i] = expert_flops_per_token(w.fwd, w.method, pol)
         mm_tok[i] = f.matmul_model + f.matmul_recompute - ex_tok[i]
@@ -240,10 +252,30 @@ def _a2a_copies(
     return intra, inter
 
 
-def memory_bytes(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> np.ndarray:
-    """Memory per device of every candidate plan (states, FSDP gather buffers, activations, logits)."""
+# The loss is computed in chunks of this many tokens in fp32 (see ``memory_terms``).
+LOSS_CHUNK_TOKENS = 1024
+MEMORY_TERMS = ("states", "fsdp_buffers", "activations", "logits", "loss_chunk")
+
+
+def memory_terms(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> dict[str, np.ndarray]:
+    """Memory per device of every candidate plan, by term (bytes; the sum is :func:`memory_bytes`).
+
+    - ``states``: weights, gradients, fp32 master weights and optimizer moments, divided by tensor ×
+      pipeline × the FSDP shard degree (routed experts by max(expert parallel, shard)). Replays may hold
+      them as the published run did (``Pins.distributed_optimizer``, ``fp8_params``, ``bf16_states``).
+    - ``fsdp_buffers``: all-gathered working weights of two layers (the one computing, the one prefetched).
+    - ``activations``: Korthikanti et al. 2022 per recompute policy, ``min(pipeline, micro-batches)``
+      micro-batches in flight (1F1B), plus one re-materialised layer with full recomputation.
+    - ``logits``: the output layer's logits of one micro-batch in the working precision. Production
+      stacks never materialise a full fp32 ``[tokens × vocab]`` copy: Megatron's fused vocab-parallel
+      cross entropy and Transformer Engine's parallel cross entropy write the gradient into the logits
+      in place, flash-attn's and Liger's kernels compute the fp32 softmax block by block, MaxText tiles
+      the vocabulary (``num_vocab_tiling``).
+    - ``loss_chunk``: the fp32 working block of that chunked loss, ``LOSS_CHUNK_TOKENS`` tokens at a time.
+    """
     tp = cand["tp_f"]
     pp = cand["pp_f"]
+    dp = cand["dp_f"]
     shard = cand["shard_f"]
     ep = cand["ep_f"]
     ck = cand["ck"]
@@ -256,27 +288,63 @@ def memory_bytes(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> np.nda
     full = (ck == 2).astype(float)
     wb = 4.0 if w.states.master == 0 else 2.0
     st = w.states
-    state_all = st.weights + st.grads + st.master + st.optimizer
-    # Routed experts' share of the states: their weights, and their gradients/master/moments when trained.
-    exp_state = w.expert_params * st.weights / max(w.params, 1)
-    if w.method == Method.FULL and w.expert_params:
-        exp_state += w.expert_params * (st.grads + st.master + st.optimizer) / max(w.trainable, 1)
+    weights, grads, master, moments = st.weights, st.grads, st.master, st.optimizer
+    if pins.bf16_states and master:
+        master, moments = 0.0, moments / 2.0  # everything in bf16: no fp32 master, bf16 Adam moments
+    per_w = weights / max(w.params, 1)
+    if pins.fp8_params:
+        # FP8 working weights for the blocks' linear layers; embeddings and output layer stay bf16.
+        weights = (w.params - w.embed_params) * 1.0 + w.embed_params * per_w
+        per_w = weights / max(w.params, 1)
+    per_t = 1.0 / max(w.trainable, 1)
+    trained_exp = w.expert_params if w.method == Method.FULL else 0.0
+    # Routed experts' share: their weights, and their gradients/master/moments when trained.
+    exp_wg = w.expert_params * per_w + trained_exp * grads * per_t
+    exp_mo = trained_exp * (master + moments) * per_t
+    dense_wg = weights + grads - exp_wg
+    dense_mo = master + moments - exp_mo
     ep_div = np.maximum(ep, shard)
-    state = ((state_all - exp_state) / shard + exp_state / ep_div) / (tp * pp)
+    if pins.distributed_optimizer:
+        # ZeRO-1 without FSDP: master weights and moments over the data-parallel ranks (routed experts'
+        # over the ranks holding the same experts, i.e. all data-parallel ranks together).
+        ddp = cand["scope"] == FSDP_NONE
+        mo_dense_div = np.where(ddp, dp, shard)
+        mo_exp_div = np.where(ddp, np.maximum(ep, dp), ep_div)
+    else:
+        mo_dense_div, mo_exp_div = shard, ep_div
+    state = (dense_wg / shard + dense_mo / mo_dense_div + exp_wg / ep_div + exp_mo / mo_exp_div) / (tp * pp)
     layer_exp = w.expert_params / L
     gather = np.where(
         cand["scope"] != FSDP_NONE, 2.0 * (w.layer_params - layer_exp + layer_exp / ep) * wb / tp, 0.0
     )
     held = np.minimum(pp, n_micro)
-    per_tok_layer = np.where(
-        ck == 0,
-        (w.act_per_token_layer + w.act_scores_per_token_layer) / tp,
-        np.where(ck == 1, w.act_per_token_layer / tp, sh.d_model * ab / tp),
+    per_tok_layer = np.select(
+        [ck == 0, ck == 1, ck == 2],
+        [
+            (w.act_per_token_layer + w.act_scores_per_token_layer) / tp,
+            w.act_per_token_layer / tp,
+            np.full_like(tp, sh.d_model * ab) / tp,
+        ],
+        w.act_matmul_outputs_per_token_layer / tp,
     )
     act = tokens_mb * per_tok_layer * (L / pp) * held
     act = act + full * tokens_mb * w.act_per_token_layer / tp  # one layer re-materialised in backward
-    logits = tokens_mb * sh.vocab_size / tp * (ab + 4.0)  # logits + fp32 loss/gradient chunk
-    result: np.ndarray = state + gather + act + logits
+    logits = tokens_mb * sh.vocab_size / tp * ab
+    loss_chunk = np.minimum(tokens_mb, float(LOSS_CHUNK_TOKENS)) * sh.vocab_size / tp * 4.0
+    zero = np.zeros_like(tp)
+    return {
+        "states": state + zero,
+        "fsdp_buffers": gather + zero,
+        "activations": act + zero,
+        "logits": logits + zero,
+        "loss_chunk": loss_chunk + zero,
+    }
+
+
+def memory_bytes(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> np.ndarray:
+    """Memory per device of every candidate plan (the sum of :func:`memory_terms`)."""
+    t = memory_terms(w, cand, pins)
+    result: np.ndarray = t["states"] + t["fsdp_buffers"] + t["activations"] + t["logits"] + t["loss_chunk"]
     return result
 
 
@@ -334,7 +402,10 @@ def evaluate(
         t_comp = t_comp + ex_flops / (hw.peak_flops * e_ex)
         mm_flops = mm_flops + ex_flops
     full = (ck == 2).astype(float)
-    elem = tokens_mb * (w.elementwise_bytes_per_token * (3.0 + full) + w.fp8_cast_bytes_per_token) / (tp * pp)
+    # Full and minimal recomputation both re-run the memory-bound kernels (norms, activations) forward.
+    elem_re = (ck >= 2).astype(float)
+    elem_tok = w.elementwise_bytes_per_token * (3.0 + elem_re) + w.fp8_cast_bytes_per_token
+    elem = tokens_mb * elem_tok / (tp * pp)
     t_mem = elem / (hw.mem_bw_bytes_s * p.mem_eff)
     t_ovh = p.layer_overhead_s * (L / pp) * (1.0 + 0.5 * full)
     t_mb = t_comp + t_mem + t_ovh
@@ -414,8 +485,13 @@ def evaluate(
     ar_exposed = np.maximum((1 - p.overlap) * t_ar, t_ar - t_bwd_mb)
     # Optimizer update, memory bound, on the local shard.
     exp_t = w.expert_params if w.method == Method.FULL else 0.0
+    opt_div, opt_div_e = shard, ep_div
+    if pins.distributed_optimizer:
+        # Each rank updates its own shard of the master weights (ZeRO-1).
+        opt_div = np.where(scope == FSDP_NONE, dp, shard)
+        opt_div_e = np.where(scope == FSDP_NONE, np.maximum(ep, dp), ep_div)
     t_opt = (
-        ((w.trainable - exp_t) / shard + exp_t / ep_div)
+        ((w.trainable - exp_t) / opt_div + exp_t / opt_div_e)
         / (tp * pp)
         * w.optimizer_bytes_per_trainable
         / (hw.mem_bw_bytes_s * p.mem_eff)
@@ -470,6 +546,7 @@ def min_memory_plan(
 
 
 __all__ = [
+    "CK_MINIMAL",
     "CK_NAMES",
     "FSDP_NAMES",
     "Evaluation",
@@ -479,6 +556,7 @@ __all__ = [
     "Topology",
     "enumerate_candidates",
     "evaluate",
+    "memory_terms",
     "min_memory_plan",
     "plan_dict",
 ]

@@ -58,7 +58,10 @@ class Prediction:
     hfu: float = 0.0  # hardware FLOPs utilisation (includes recomputation)
     model_flops_per_step: float = 0.0
     memory_capacity_gib: float = 0.0  # usable memory per device (after workspace and headroom)
-    # compute_s, comm_exposed_s (includes all_to_all_s), bubble_s, all_to_all_s (MoE expert parallelism)
+    # compute_s, comm_exposed_s (includes all_to_all_s), bubble_s, all_to_all_s (MoE expert parallelism);
+    # memory per device by term: memory_states_gib, memory_fsdp_buffers_gib, memory_activations_gib,
+    # memory_logits_gib, memory_loss_chunk_gib (the fp32 block of the chunked loss); they sum to
+    # memory_per_device_gib
     breakdown: dict[str, float] = field(default_factory=dict)
     calibration_key: str = ""
 
@@ -133,6 +136,9 @@ def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
             expert=override.get("expert", pins.expert),
             routing=str(override.get("routing", "uniform")),
             tp_overlap=bool(override.get("tp_overlap", False)),
+            distributed_optimizer=bool(override.get("distributed_optimizer", False)),
+            fp8_params=bool(override.get("fp8_params", False)),
+            bf16_states=bool(override.get("bf16_states", False)),
         )
     return pins
 
@@ -419,6 +425,7 @@ def _finalize(
         source = "measured"
         notes.append(f"step time from spec.measured ({measured} s on {ref} x {accelerator.name})")
     mem_gib = float(ev.memory_bytes[i]) / GIB
+    terms = engine.memory_terms(w, engine.slice_candidates(cand, i, i + 1), ctx.pins)
     if ctx.pins.micro_batch is not None and int(cand["mb"][i]) < ctx.pins.micro_batch:
         notes.append(
             f"micro_batch {ctx.pins.micro_batch} exceeds a replica's {int(cand['b_local'][i])} sequences; "
@@ -459,6 +466,7 @@ def _finalize(
             "comm_exposed_s": float(ev.comm_exposed_s[i]),
             "bubble_s": float(ev.bubble_s[i]),
             "all_to_all_s": float(ev.all_to_all_s[i]),
+            **{f"memory_{k}_gib": float(v[0]) / GIB for k, v in terms.items()},
         },
         calibration_key=key,
     )

@@ -315,14 +315,23 @@ def korthikanti_activation_bytes_per_layer(
 
 
 def activation_bytes_per_token_per_layer(
-    shape: Shape, seq_len: int, act_bytes: float, *, flash: bool = True, dropout: bool = False
+    shape: Shape,
+    seq_len: int,
+    act_bytes: float,
+    *,
+    flash: bool = True,
+    dropout: bool = False,
+    fp8_linear_inputs: bool = False,
 ) -> tuple[float, float]:
     """(bytes stored per token per block without recomputation, bytes of the attention-score term).
 
     The Korthikanti accounting generalised to GQA, any FFN width and gated FFNs: norm inputs, the QKV
     input, Q/K/V, the attention output, the FFN input, its hidden outputs and activation output. With
     ``dropout`` the masks are counted (1 byte each); without ``flash`` the softmax output, its dropout mask
-    and dropout output (``5·a·s`` bytes per token at fp16) are stored.
+    and dropout output (``5·a·s`` bytes per token at fp16) are stored. With ``fp8_linear_inputs`` (FP8
+    recipes: Transformer Engine saves the FP8-cast input of every FP8 linear layer for its weight
+    gradient) the inputs of QKV, the attention output projection, FC1 and FC2 (per active expert) are
+    stored at 1 byte per element instead of ``act_bytes``.
     """
     d = shape.d_model
     norms = 2 * act_bytes * d
@@ -332,10 +341,24 @@ def activation_bytes_per_token_per_layer(
     masks = 2 * d if dropout else 0  # attention-output and FFN-output dropout masks, 1 byte each
     if shape.is_moe:
         mlp += act_bytes * 2 * shape.experts_active * d  # tokens dispatched to the experts and their outputs
+    if fp8_linear_inputs:
+        k = shape.experts_active
+        mlp -= (act_bytes - 1.0) * k * (d + shape.d_ff)  # FC1 input (dispatched copy for MoE), FC2 input
+        attn -= (act_bytes - 1.0) * (d + shape.q_dim)  # QKV input, output-projection input
     scores = 0.0
     if not flash:
         scores = shape.n_heads * seq_len * (act_bytes + (1 + act_bytes if dropout else 0))
     return norms + attn + mlp + masks, scores
+
+
+def matmul_output_bytes_per_token_per_layer(shape: Shape, act_bytes: float) -> float:
+    """Bytes stored per token per block when only the weight matmuls' outputs and the block input are
+    saved (MaxText ``remat_policy=minimal``): Q/K/V, the attention output projection, FC1 (two outputs
+    when gated) and FC2 per active expert, and the block input."""
+    d, k = shape.d_model, shape.experts_active
+    attn = shape.q_dim + 2 * shape.kv_dim + d
+    ffn = k * ((shape.ffn_mats - 1) * shape.d_ff + d)
+    return act_bytes * (d + attn + ffn)
 
 
 def lora_params_of(shape: Shape, rank: int) -> int:
@@ -371,6 +394,7 @@ class Workload:
     optimizer_bytes_per_trainable: float
     act_per_token_layer: float
     act_scores_per_token_layer: float
+    act_matmul_outputs_per_token_layer: float  # what the replay-only "minimal" policy stores
 
     @property
     def tokens_per_step(self) -> int:
@@ -391,7 +415,9 @@ def _workload(spec: JobSpec) -> Workload:
         trainable = params
     total_params = params + (trainable if wl.method == Method.LORA else 0)
     act_b = 4.0 if wl.precision == Precision.FP32 else 2.0
-    act, scores = activation_bytes_per_token_per_layer(shape, wl.seq_len, act_b)
+    act, scores = activation_bytes_per_token_per_layer(
+        shape, wl.seq_len, act_b, fp8_linear_inputs=wl.precision == Precision.FP8_MIXED
+    )
     embed = float(params - shape.n_blocks * shape.block_params) if not shape.derived else 0.0
     return Workload(
         shape=shape,
@@ -415,6 +441,7 @@ def _workload(spec: JobSpec) -> Workload:
         optimizer_bytes_per_trainable=optimizer_update_bytes(wl.precision, wl.optimizer),
         act_per_token_layer=act,
         act_scores_per_token_layer=scores,
+        act_matmul_outputs_per_token_layer=matmul_output_bytes_per_token_per_layer(shape, act_b),
     )
 
 
