@@ -27,7 +27,7 @@ from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transi
 from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
-from trainyard.store.repositories import EventRepo, JobRepo
+from trainyard.store.repositories import EventRepo, JobRepo, insert_job
 from trainyard.tenancy.quotas import check_queue_quota
 
 log = structlog.get_logger("trainyard.jobs")
@@ -153,9 +153,9 @@ class JobService:
         try:
             if principal.max_queued_jobs is None:
                 # no quota to check: the job and its first event are the only write (on PostgreSQL one
-                # statement, committed on its own — see JobRepo.add and Database.single_statement_session)
-                with self.db.single_statement_session() as s:
-                    stored = JobRepo(s).add(job, first_event=first_event)
+                # statement, committed on its own — see insert_job and Database.write_connection)
+                with self.db.write_connection(single_statement=True) as conn:
+                    stored = insert_job(conn, job, first_event)
             else:
                 with self.db.session() as s:
                     open_jobs = JobRepo(s).count(tenant_id=principal.tenant_id, states=OPEN_STATES)

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -173,19 +173,24 @@ class Database:
             yield s
 
     @contextmanager
-    def single_statement_session(self) -> Iterator[Session]:
-        """A session for a use case that writes with exactly ONE statement (atomic on its own). On
-        PostgreSQL it runs in autocommit: no BEGIN/COMMIT round trips, the statement is committed when it
-        returns. On SQLite it is :meth:`session` (a transaction there costs no round trip)."""
+    def write_connection(self, *, single_statement: bool = False) -> Iterator[Connection]:
+        """A Core connection in one transaction (commit on success), without an ORM session: about 30 us
+        cheaper for use cases that only run precompiled statements. On SQLite it queues on the same
+        writers' lock as :meth:`session`. On PostgreSQL, ``single_statement=True`` (the use case writes
+        with exactly one statement, atomic on its own) runs it in autocommit: no BEGIN/COMMIT round
+        trips; the connection goes back to the pool transactional again."""
         if self._write_lock is not None:
-            with self.session() as s:
-                yield s
+            with self._write_lock, self.engine.begin() as conn:
+                yield conn
+            return
+        if not single_statement:
+            with self.engine.begin() as conn:
+                yield conn
             return
         with self.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            with Session(bind=conn, expire_on_commit=False) as s:
-                yield s
-                s.commit()  # nothing left to send in autocommit; ends the session's transaction cleanly
+            auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield auto
+            auto.commit()  # nothing left to send in autocommit; ends the connection's transaction cleanly
 
     def ping(self) -> bool:
         from sqlalchemy import text

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
@@ -177,46 +177,53 @@ def _api_key(r: ApiKeyRow) -> ApiKeyRecord:
     )
 
 
+def insert_job(
+    conn: Connection, job: Job, first_event: tuple[str, dict[str, Any], float] | None = None
+) -> Job:
+    """Insert a new job and, when given, its first (kind, data, time_s) event on ``conn`` (Core path, no
+    ORM bookkeeping; statements compiled once); return the job with its sequence. On PostgreSQL the job
+    and its event are one statement (a data-modifying CTE: atomic, one round trip)."""
+    params = {
+        "id": job.id,
+        "tenant_id": job.tenant_id,
+        "name": job.name,
+        "state": job.state.value,
+        "spec": job.spec,
+        "spec_sha256": job.spec_sha256,
+        "idempotency_key": job.idempotency_key,
+        "created_at_s": job.created_at_s,
+        "updated_at_s": job.updated_at_s,
+        "attempt": job.attempt,
+        "placement": None,
+        "quote": job.quote,
+        "cost_usd": 0.0,
+        "checkpoints": [],
+        "workers": [],
+        "result": None,
+        "reason": job.reason,
+        "progress": {},
+        "attempt_started_at_s": None,
+        "run_dir": None,
+    }
+    if first_event is not None and conn.dialect.name == "postgresql":
+        kind, data, time_s = first_event
+        params.update(event_kind=kind, event_data=data, event_time_s=time_s)
+        seq = conn.execute(_INSERT_JOB_WITH_EVENT, params).scalar_one()
+    else:
+        seq = conn.execute(_INSERT_JOB, params).scalar_one()
+        if first_event is not None:
+            kind, data, time_s = first_event
+            conn.execute(_INSERT_EVENT, {"job_id": job.id, "kind": kind, "data": data, "time_s": time_s})
+    return replace(job, seq=int(seq))
+
+
 class JobRepo:
     def __init__(self, s: Session) -> None:
         self.s = s
 
     def add(self, job: Job, first_event: tuple[str, dict[str, Any], float] | None = None) -> Job:
-        """Insert a new job and, when given, its first (kind, data, time_s) event; return the job with its
-        sequence. Statements are compiled once; on PostgreSQL the job and its event are one statement
-        (a data-modifying CTE: one round trip instead of two)."""
-        params = {
-            "id": job.id,
-            "tenant_id": job.tenant_id,
-            "name": job.name,
-            "state": job.state.value,
-            "spec": job.spec,
-            "spec_sha256": job.spec_sha256,
-            "idempotency_key": job.idempotency_key,
-            "created_at_s": job.created_at_s,
-            "updated_at_s": job.updated_at_s,
-            "attempt": job.attempt,
-            "placement": None,
-            "quote": job.quote,
-            "cost_usd": 0.0,
-            "checkpoints": [],
-            "workers": [],
-            "result": None,
-            "reason": job.reason,
-            "progress": {},
-            "attempt_started_at_s": None,
-            "run_dir": None,
-        }
-        conn = self.s.connection()  # Core path: no ORM bookkeeping for a plain insert
-        if first_event is not None and conn.dialect.name == "postgresql":
-            kind, data, time_s = first_event
-            params.update(event_kind=kind, event_data=data, event_time_s=time_s)
-            seq = conn.execute(_INSERT_JOB_WITH_EVENT, params).scalar_one()
-        else:
-            seq = conn.execute(_INSERT_JOB, params).scalar_one()
-            if first_event is not None:
-                EventRepo(self.s).append(job.id, *first_event)
-        return replace(job, seq=int(seq))
+        """Insert a new job and, when given, its first (kind, data, time_s) event (see :func:`insert_job`)."""
+        return insert_job(self.s.connection(), job, first_event)
 
     def get(self, job_id: str, *, tenant_id: str | None = None, for_update: bool = False) -> Job | None:
         q = select(JobRow).where(JobRow.id == job_id)
