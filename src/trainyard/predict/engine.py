@@ -179,6 +179,12 @@ class Evaluation:
     hw_flops_per_step: np.ndarray  # per device
     n_micro: np.ndarray
     all_to_all_s: np.ndarray  # expert all-to-all time per step (MoE with expert parallelism; else 0)
+    # memory per device by term (bytes; MEMORY_TERMS order), summing to memory_bytes
+    mem_states: np.ndarray
+    mem_fsdp_buffers: np.ndarray
+    mem_activations: np.ndarray
+    mem_logits: np.ndarray
+    mem_loss_chunk: np.ndarray
 
 
 _FLOPS_CACHE: dict[int, tuple[Workload, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -310,40 +316,43 @@ def memory_terms(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> dict[s
         ddp = cand["scope"] == FSDP_NONE
         mo_dense_div = np.where(ddp, dp, shard)
         mo_exp_div = np.where(ddp, np.maximum(ep, dp), ep_div)
+        state = dense_wg / shard + dense_mo / mo_dense_div + exp_wg / ep_div + exp_mo / mo_exp_div
+        state = state / (tp * pp)
     else:
-        mo_dense_div, mo_exp_div = shard, ep_div
-    state = (dense_wg / shard + dense_mo / mo_dense_div + exp_wg / ep_div + exp_mo / mo_exp_div) / (tp * pp)
+        state = ((dense_wg + dense_mo) / shard + (exp_wg + exp_mo) / ep_div) / (tp * pp)
     layer_exp = w.expert_params / L
     gather = np.where(
         cand["scope"] != FSDP_NONE, 2.0 * (w.layer_params - layer_exp + layer_exp / ep) * wb / tp, 0.0
     )
     held = np.minimum(pp, n_micro)
-    per_tok_layer = np.select(
-        [ck == 0, ck == 1, ck == 2],
+    by_policy = np.array(
         [
-            (w.act_per_token_layer + w.act_scores_per_token_layer) / tp,
-            w.act_per_token_layer / tp,
-            np.full_like(tp, sh.d_model * ab) / tp,
-        ],
-        w.act_matmul_outputs_per_token_layer / tp,
+            w.act_per_token_layer + w.act_scores_per_token_layer,  # none
+            w.act_per_token_layer,  # selective (flash attention: no score matrix either way)
+            sh.d_model * ab,  # full: the layer input
+            w.act_matmul_outputs_per_token_layer,  # minimal (replays)
+        ]
     )
+    per_tok_layer = by_policy[ck] / tp
     act = tokens_mb * per_tok_layer * (L / pp) * held
     act = act + full * tokens_mb * w.act_per_token_layer / tp  # one layer re-materialised in backward
     logits = tokens_mb * sh.vocab_size / tp * ab
     loss_chunk = np.minimum(tokens_mb, float(LOSS_CHUNK_TOKENS)) * sh.vocab_size / tp * 4.0
-    zero = np.zeros_like(tp)
     return {
-        "states": state + zero,
-        "fsdp_buffers": gather + zero,
-        "activations": act + zero,
-        "logits": logits + zero,
-        "loss_chunk": loss_chunk + zero,
+        "states": state,
+        "fsdp_buffers": gather,
+        "activations": act,
+        "logits": logits,
+        "loss_chunk": loss_chunk,
     }
 
 
 def memory_bytes(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> np.ndarray:
     """Memory per device of every candidate plan (the sum of :func:`memory_terms`)."""
-    t = memory_terms(w, cand, pins)
+    return _sum_terms(memory_terms(w, cand, pins))
+
+
+def _sum_terms(t: dict[str, np.ndarray]) -> np.ndarray:
     result: np.ndarray = t["states"] + t["fsdp_buffers"] + t["activations"] + t["logits"] + t["loss_chunk"]
     return result
 
@@ -499,11 +508,22 @@ def evaluate(
 
     step = t_pipe + fs_exposed + ar_exposed + t_opt + p.step_overhead_s
 
-    mem = memory_bytes(w, cand, pins)
+    terms = memory_terms(w, cand, pins)
+    mem = _sum_terms(terms)
     hw_flops = n_micro * (mm_flops + at_flops)
     comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p + t_a2a)
     a2a_step = n_micro * t_a2a + np.zeros_like(step)
-    return Evaluation(step, mem, n_micro * t_comp, comm, bubble, hw_flops, n_micro, a2a_step)
+    return Evaluation(
+        step,
+        mem,
+        n_micro * t_comp,
+        comm,
+        bubble,
+        hw_flops,
+        n_micro,
+        a2a_step,
+        *(terms[k] for k in MEMORY_TERMS),
+    )
 
 
 def concat_candidates(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

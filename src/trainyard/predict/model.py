@@ -425,7 +425,6 @@ def _finalize(
         source = "measured"
         notes.append(f"step time from spec.measured ({measured} s on {ref} x {accelerator.name})")
     mem_gib = float(ev.memory_bytes[i]) / GIB
-    terms = engine.memory_terms(w, engine.slice_candidates(cand, i, i + 1), ctx.pins)
     if ctx.pins.micro_batch is not None and int(cand["mb"][i]) < ctx.pins.micro_batch:
         notes.append(
             f"micro_batch {ctx.pins.micro_batch} exceeds a replica's {int(cand['b_local'][i])} sequences; "
@@ -466,7 +465,7 @@ def _finalize(
             "comm_exposed_s": float(ev.comm_exposed_s[i]),
             "bubble_s": float(ev.bubble_s[i]),
             "all_to_all_s": float(ev.all_to_all_s[i]),
-            **{f"memory_{k}_gib": float(v[0]) / GIB for k, v in terms.items()},
+            **{f"memory_{k}_gib": float(getattr(ev, f"mem_{k}")[i]) / GIB for k in engine.MEMORY_TERMS},
         },
         calibration_key=key,
     )
