@@ -1,12 +1,9 @@
 """Predictor memory model: every published calibration configuration fits on its hardware, the terms of
 the memory breakdown (states, FSDP buffers, activations, logits and the chunked loss), the replayed ways
-of holding model states, FP8 activations, and the expert-parallel degree in `trainyard predict`'s table."""
+of holding model states and FP8 activations."""
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +18,6 @@ from trainyard.predict.params import HEADROOM_FRACTION, WORKSPACE_GIB
 from trainyard.predict.workload import activation_bytes_per_token_per_layer, shape_of
 from trainyard.spec.models import JobSpec
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROWS, _SKIPPED = packaged_rows()
 
 LLAMA_8B = {
@@ -173,11 +169,19 @@ def test_bf16_states_hold_eight_bytes_per_parameter() -> None:
     assert pure * GIB == pytest.approx(8.0 * spec.params / 8)
 
 
-def test_replay_fields_never_change_an_unpinned_prediction() -> None:
-    spec = _spec()
-    a = predict(spec, get_accelerator("h100"), 16, search_min_devices=False)
-    b = predict(spec, get_accelerator("h100"), 16, plan={}, search_min_devices=False)
-    assert a.memory_per_device_gib == b.memory_per_device_gib and a.plan == b.plan
+def test_distributed_optimizer_changes_nothing_under_fsdp() -> None:
+    """ZeRO-1 shards what FSDP already shards: with FSDP the replay field leaves memory and time alone."""
+    spec = _spec(global_batch=64)
+    plan = {"tensor": 1, "pipeline": 1, "micro_batch": 1, "fsdp": True, "fsdp_scope": "full"}
+    a = predict(spec, get_accelerator("h100"), 16, plan=plan, search_min_devices=False)
+    b = predict(
+        spec,
+        get_accelerator("h100"),
+        16,
+        plan={**plan, "distributed_optimizer": True},
+        search_min_devices=False,
+    )
+    assert a.memory_per_device_gib == b.memory_per_device_gib and a.step_time_s == b.step_time_s
 
 
 # ---- FP8 activations ------------------------------------------------------------------------------------
@@ -208,45 +212,3 @@ def test_fp8_never_needs_more_memory_than_bf16() -> None:
             search_min_devices=False,
         )
         assert b.breakdown["memory_activations_gib"] <= a.breakdown["memory_activations_gib"]
-
-
-# ---- CLI: the expert-parallel degree in the table --------------------------------------------------------
-
-
-def _table_rows(text: str) -> dict[str, list[str]]:
-    """Rows of the rich table: accelerator name -> cell texts (folded cells joined)."""
-    rows: dict[str, list[str]] = {}
-    current: list[list[str]] = []
-    for line in text.splitlines():
-        if not line.startswith("│"):
-            continue
-        cells = [c.strip() for c in line.strip("│").split("│")]
-        if cells[0] and cells[1]:  # a new row starts where the devices column is filled
-            current = [[c] for c in cells]
-            rows[f"row{len(rows)}"] = []
-        else:
-            for acc, c in zip(current, cells, strict=False):
-                acc.append(c)
-        name = "".join(current[0])
-        rows[f"row{len(rows) - 1}"] = [name] + [" ".join(x for x in col if x) for col in current[1:]]
-    return {v[0]: v for v in rows.values()}
-
-
-def test_cli_table_shows_the_expert_parallel_degree() -> None:
-    from typer.testing import CliRunner
-
-    from trainyard.cli.main import app
-
-    runner = CliRunner()
-    path = str(EXAMPLES / "moe-finetune.yaml")
-    r = runner.invoke(app, ["predict", path, "--accelerator", "h100", "--devices", "16", "--json"])
-    assert r.exit_code == 0, r.output
-    expert = json.loads(r.stdout)["plan"]["expert"]
-    assert expert > 1
-    table = runner.invoke(app, ["predict", path, "--devices", "16"])
-    assert table.exit_code == 0, table.output
-    rows = _table_rows(table.stdout)
-    assert re.search(rf"\bep{expert}\b", rows["h100"][7]), rows["h100"]
-    dense = runner.invoke(app, ["predict", str(EXAMPLES / "lora-7b.yaml"), "--devices", "16"])
-    assert dense.exit_code == 0, dense.output
-    assert _table_rows(dense.stdout) and not re.search(r"\bep\d+\b", dense.stdout)

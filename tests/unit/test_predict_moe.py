@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,41 @@ def test_cli_predict_on_the_moe_example(tmp_path: Any) -> None:
     assert r.exit_code == 0, r.output
     one = json.loads(r.stdout)
     assert one["fits"] is False and "GiB" in one["reason"]  # all 30.5B parameters' states do not fit
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """Rows of `trainyard predict SPEC`'s table: accelerator -> cell texts (folded cells joined)."""
+    rows: list[list[list[str]]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0] and cells[1]:  # a row starts where the devices column is filled
+            rows.append([[c] for c in cells])
+        elif rows:
+            for col, c in zip(rows[-1], cells, strict=False):
+                col.append(c)
+    return {"".join(r[0]): [" ".join(x for x in col if x) for col in r] for r in rows}
+
+
+def test_cli_table_shows_the_expert_parallel_degree() -> None:
+    from typer.testing import CliRunner
+
+    from trainyard.cli.main import app
+
+    runner = CliRunner()
+    path = str(EXAMPLES / "moe-finetune.yaml")
+    r = runner.invoke(app, ["predict", path, "--accelerator", "h100", "--devices", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    expert = json.loads(r.stdout)["plan"]["expert"]
+    assert expert > 1
+    table = runner.invoke(app, ["predict", path, "--devices", "16"])
+    assert table.exit_code == 0, table.output
+    rows = _table_rows(table.stdout)
+    assert re.search(rf"\bep{expert}\b", rows["h100"][7]), rows["h100"]
+    dense = runner.invoke(app, ["predict", str(EXAMPLES / "lora-7b.yaml"), "--devices", "16"])
+    assert dense.exit_code == 0, dense.output
+    assert "h100" in _table_rows(dense.stdout) and not re.search(r"\bep\d+\b", dense.stdout)
 
 
 # ---- calibration --------------------------------------------------------------------------------------
