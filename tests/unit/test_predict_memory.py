@@ -15,7 +15,7 @@ from trainyard.predict import predict
 from trainyard.predict.calib_data import CalibrationRow, packaged_rows
 from trainyard.predict.engine import GIB, LOSS_CHUNK_TOKENS, MEMORY_TERMS
 from trainyard.predict.params import HEADROOM_FRACTION, WORKSPACE_GIB
-from trainyard.predict.workload import activation_bytes_per_token_per_layer, shape_of
+from trainyard.predict.workload import activation_bytes_per_token_per_layer, shape_of, workload_of
 from trainyard.spec.models import JobSpec
 
 ROWS, _SKIPPED = packaged_rows()
@@ -56,24 +56,8 @@ def _row_id(row: CalibrationRow) -> str:
 
 # ---- every published configuration ran, so it must fit ------------------------------------------------
 
-# Rows the memory model still places over the usable memory, with the reason. Strict: once such a row
-# fits, the test fails until it is taken off this list.
-KNOWN_OVER_CAPACITY = {
-    ("MaxText-64B", "tpu-v5p", 64): (
-        "MaxText v5p 64b.sh (per_device_batch_size 3, remat_policy=minimal, ici_tensor 4): the saved matmul "
-        "outputs of 64 layers take 78 GiB and the states 14.6 GiB, 93.9 GiB in all, inside the 95 GiB chip "
-        "but over the 89.75 GiB left after the 5 % headroom and workspace the fit check keeps"
-    ),
-}
 
-
-def _row_param(row: CalibrationRow) -> Any:
-    reason = KNOWN_OVER_CAPACITY.get((row.model_name, row.accelerator, row.devices))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(row, id=_row_id(row), marks=marks)
-
-
-@pytest.mark.parametrize("row", [_row_param(r) for r in ROWS])
+@pytest.mark.parametrize("row", ROWS, ids=[_row_id(r) for r in ROWS])
 def test_every_calibration_row_fits_its_published_configuration(row: CalibrationRow) -> None:
     """Each row is a measured run: its configuration (the replayed plan, or the planner's choice where the
     source publishes none) on its hardware must fit, with the fit check's headroom and workspace kept."""
@@ -197,6 +181,32 @@ def test_fp8_recipes_store_linear_inputs_in_fp8() -> None:
     m16, _ = activation_bytes_per_token_per_layer(moe, 4096, 2.0)
     m8, _ = activation_bytes_per_token_per_layer(moe, 4096, 2.0, fp8_linear_inputs=True)
     assert m16 - m8 == pytest.approx(d + q + 2 * (d + ff))  # per active expert: dispatched copy, FC2 input
+
+
+def test_minimal_policy_keeps_the_matmul_outputs_the_backward_reads() -> None:
+    """MaxText remat=minimal (replays): block input, Q/K/V, attention output projection, FC1's outputs;
+    FC2's output only where a router weights it (MoE)."""
+    w = workload_of(_spec())
+    d, q, kv, ff = 4096, 4096, 1024, 14336
+    assert w.act_matmul_outputs_per_token_layer == pytest.approx(2.0 * (d + q + 2 * kv + d + 2 * ff))
+    moe = workload_of(_spec({**LLAMA_8B, "n_experts": 8, "experts_per_token": 2}))
+    assert moe.act_matmul_outputs_per_token_layer == pytest.approx(
+        2.0 * (d + q + 2 * kv + d + 2 * (2 * ff) + 2 * d)
+    )
+    # Between full recomputation (the block input) and keeping every activation.
+    assert d * 2.0 < w.act_matmul_outputs_per_token_layer < w.act_per_token_layer
+    plan = {"tensor": 1, "pipeline": 1, "micro_batch": 2, "fsdp": True, "fsdp_scope": "full"}
+    mem = {
+        ck: predict(
+            _spec(),
+            get_accelerator("h100"),
+            8,
+            plan={**plan, "activation_checkpointing": ck},
+            search_min_devices=False,
+        ).breakdown["memory_activations_gib"]
+        for ck in ("none", "minimal", "full")
+    }
+    assert mem["full"] < mem["minimal"] < mem["none"]
 
 
 def test_fp8_never_needs_more_memory_than_bf16() -> None:

@@ -352,12 +352,16 @@ def activation_bytes_per_token_per_layer(
 
 
 def matmul_output_bytes_per_token_per_layer(shape: Shape, act_bytes: float) -> float:
-    """Bytes stored per token per block when only the weight matmuls' outputs and the block input are
-    saved (MaxText ``remat_policy=minimal``): Q/K/V, the attention output projection, FC1 (two outputs
-    when gated) and FC2 per active expert, and the block input."""
+    """Bytes stored per token per block when only weight-matmul outputs and the block input are saved
+    (MaxText ``remat_policy=minimal``, JAX ``checkpoint_dots_with_no_batch_dims``): of the matmul outputs,
+    JAX keeps those the backward pass reads — Q/K/V (the attention backward), the attention output
+    projection (to recompute the residual stream the second norm reads) and FC1's outputs (two when
+    gated; the activation's backward), plus the block input (the scan carry). FC2's output is read only
+    when a router weights it (MoE: the gradient of the routing weights), so a dense block does not keep it.
+    """
     d, k = shape.d_model, shape.experts_active
     attn = shape.q_dim + 2 * shape.kv_dim + d
-    ffn = k * ((shape.ffn_mats - 1) * shape.d_ff + d)
+    ffn = k * (shape.ffn_mats - 1) * shape.d_ff + (k * d if shape.is_moe else 0)
     return act_bytes * (d + attn + ffn)
 
 
