@@ -279,13 +279,12 @@ class JobService:
         changed = JobRepo(s).update_many_if_state(
             job_ids, source, state=target, updated_at_s=now, reason=reason, **fields
         )
-        state_data = {"from": source.value, "to": target.value, "reason": reason}
-        events: builtins.list[tuple[str, str, dict[str, Any], float]] = []
-        for job_id in changed:
-            if before is not None:
-                events.append((job_id, before[0], before[1], now))
-            events.append((job_id, "state", state_data, now))
-        EventRepo(s).append_many(events)
+        events = EventRepo(s)
+        if before is not None:  # one statement per event kind: each job's ``before`` precedes its state
+            events.append_to_each(changed, before[0], before[1], now)
+        events.append_to_each(
+            changed, "state", {"from": source.value, "to": target.value, "reason": reason}, now
+        )
         return changed
 
     # ---- admission: pending → queued (quoted) or failed (nothing can run it) -------------------

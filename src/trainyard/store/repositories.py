@@ -34,6 +34,17 @@ _PENDING_DIGESTS = (
 )
 _SPEC_OF = select(_JOBS.c.spec).where(_JOBS.c.id == bindparam("id"))
 _EVENTS = cast(Table, JobEventRow.__table__)
+_INSERT_SAME_EVENT = insert(_EVENTS).from_select(
+    ["job_id", "kind", "data", "time_s"],
+    select(
+        _JOBS.c.id,
+        bindparam("kind", type_=_EVENTS.c.kind.type),
+        bindparam("data", type_=_EVENTS.c.data.type),
+        bindparam("time_s", type_=_EVENTS.c.time_s.type),
+    )
+    .where(_JOBS.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_JOBS.c.seq),
+)
 _NEW_JOB = (
     insert(_JOBS)
     .values({c.name: bindparam(c.name, type_=c.type) for c in _JOBS.c if c.name != "seq"})
@@ -329,11 +340,11 @@ class EventRepo:
             _INSERT_EVENT, {"job_id": job_id, "kind": kind, "data": data, "time_s": time_s}
         )
 
-    def append_many(self, events: Sequence[tuple[str, str, dict[str, Any], float]]) -> None:
-        """Append (job_id, kind, data, time_s) events in the order given (one executemany)."""
-        if events:
+    def append_to_each(self, job_ids: Sequence[str], kind: str, data: dict[str, Any], time_s: float) -> None:
+        """Append the same event to every job of ``job_ids`` (one INSERT … SELECT, the data encoded once)."""
+        if job_ids:
             self.s.connection().execute(
-                _INSERT_EVENT, [{"job_id": j, "kind": k, "data": d, "time_s": t} for j, k, d, t in events]
+                _INSERT_SAME_EVENT, {"ids": list(job_ids), "kind": kind, "data": data, "time_s": time_s}
             )
 
     def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
