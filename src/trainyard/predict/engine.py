@@ -34,7 +34,6 @@ GIB = 1024.0**3
 # matmuls and the layer input are saved, norms, activation functions and the attention core recomputed.
 CK_NAMES = ("none", "selective", "full", "minimal")
 CK_ENUM = (ActivationCheckpointing.NONE, ActivationCheckpointing.SELECTIVE, ActivationCheckpointing.FULL)
-CK_MINIMAL = 3
 FSDP_NONE, FSDP_GLOBAL, FSDP_HYBRID = 0, 1, 2
 FSDP_NAMES = ("none", "full", "hybrid")
 
@@ -566,7 +565,6 @@ def min_memory_plan(
 
 
 __all__ = [
-    "CK_MINIMAL",
     "CK_NAMES",
     "FSDP_NAMES",
     "Evaluation",
