@@ -250,14 +250,9 @@ def test_more_devices_never_increase_memory_per_device(spec: JobSpec, acc: Any, 
     """With the memory-relevant choices pinned (FSDP on, micro-batch 1, full recomputation), doubling the
     devices never raises memory per device. (An unpinned plan may spend freed memory on a larger
     micro-batch, and one device has no FSDP gather buffers, hence the pins and k >= 1.)"""
-    pinned = spec.model_copy(
-        update={
-            "workload": spec.workload.model_copy(
-                update={"micro_batch": 1, "activation_checkpointing": "full", "parallelism": {"fsdp": True}}
-            )
-        }
-    )
-    pinned = JobSpec.model_validate(pinned.to_document())
+    doc = spec.to_document()
+    doc["workload"].update(micro_batch=1, activation_checkpointing="full", parallelism={"fsdp": True})
+    pinned = JobSpec.model_validate(doc)
     a = predict(pinned, acc, 2**k, search_min_devices=False)
     b = predict(pinned, acc, 2 ** (k + 1), search_min_devices=False)
     if math.isfinite(a.memory_per_device_gib) and math.isfinite(b.memory_per_device_gib):
