@@ -34,7 +34,10 @@ def test_kill9_of_the_server_mid_training_the_job_succeeds_exactly_once(tmp_path
     home = tmp_path / "home"
     srv = ServerProcess(home, executor="local").start()
     try:
-        spec = tiny_spec("crash-me", steps=STEPS, seq_len=64, global_batch=4, seed=3)
+        spec = tiny_spec("crash-me", steps=STEPS, seq_len=128, global_batch=8, seed=3)
+        # big enough that a step takes tens of milliseconds even on a fast, idle machine: progress is
+        # reported by heartbeats (one a second), and the kill must land while the job is mid-run
+        spec["model"] = {**spec["model"], "n_layers": 4, "d_model": 128, "vocab_size": 1024}
         spec["checkpoint"] = {"interval": "1s", "keep_last": 2}
         r = httpx.post(
             f"{srv.url}/v1/jobs",
@@ -48,7 +51,9 @@ def test_kill9_of_the_server_mid_training_the_job_succeeds_exactly_once(tmp_path
         while True:
             doc = _get(srv, f"/v1/jobs/{job_id}")
             if doc["state"] == "running" and (doc.get("progress") or {}).get("step", 0) >= 12:
-                break
+                events = _get(srv, f"/v1/jobs/{job_id}/events", limit=5000)["events"]
+                if any(e["kind"] == "checkpoint" for e in events):
+                    break
             assert doc["state"] not in ("failed", "cancelled", "succeeded"), doc
             assert time.monotonic() < deadline, doc
             time.sleep(0.1)

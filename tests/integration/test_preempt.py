@@ -30,7 +30,10 @@ STEPS = 40
 
 
 def spec(name: str) -> dict[str, Any]:
-    doc = tiny_spec(name, steps=STEPS, seq_len=64, global_batch=4, seed=11)
+    doc = tiny_spec(name, steps=STEPS, seq_len=128, global_batch=8, seed=11)
+    # big enough that a step takes tens of milliseconds even on a fast, idle machine: progress is
+    # reported by heartbeats (one a second), and the drill must land while the job is mid-run
+    doc["model"] = {**doc["model"], "n_layers": 4, "d_model": 128, "vocab_size": 1024}
     doc["checkpoint"] = {"interval": "1s", "keep_last": 2}
     return doc
 
