@@ -35,8 +35,10 @@ SPEC: dict[str, Any] = {
     "apiVersion": "trainyard/v1",
     "kind": "TrainingJob",
     "name": "ray-tiny",
-    "model": {"architecture": "decoder", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256},
-    "workload": {"seq_len": 64, "global_batch": 4, "steps": STEPS, "precision": "fp32", "seed": 7},
+    # steps of tens of milliseconds even on a fast idle machine, so a node kill, a preemption notice or an
+    # adoption lands while the gang is mid-run rather than after it finished
+    "model": {"architecture": "decoder", "n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 1024},
+    "workload": {"seq_len": 128, "global_batch": 8, "steps": STEPS, "precision": "fp32", "seed": 7},
     "requirements": {"allow": ["cpu"]},
 }
 TERMINAL = ("succeeded", "failed", "lost", "preempted")
