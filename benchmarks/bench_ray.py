@@ -1,11 +1,12 @@
 """Ray executor: overhead against the local executor, and time from node loss to training resumed.
 
-1. Overhead. The same small 2-rank job (2-layer decoder, fp32, gloo) runs under the local executor and
-   under the Ray executor (both ranks on one node of a loopback Ray cluster, STRICT_PACK), alternating,
-   ``--repeats`` times each, in one run. Reported per executor: launch → every rank started (process
-   start, imports, model build), training (first ``started`` → ``succeeded``: steps, checkpoints,
-   export), the mean step time from heartbeats, and the end-to-end wall time; the Ray/local ratio of
-   each. The final weights' sha256 must be equal under both executors (same worker code).
+1. Overhead. The same small 2-rank job (4-layer decoder, d_model 128, fp32, gloo) runs under the local
+   executor and under the Ray executor (both ranks on one node of a loopback Ray cluster, STRICT_PACK),
+   alternating, ``--repeats`` times each, in one run. Reported per executor: launch → every rank
+   started (process start, imports, model build), training (first ``started`` → ``succeeded``: steps,
+   checkpoints, export), the mean step time from heartbeats, and the end-to-end wall time; the
+   Ray/local ratio of each. The final weights' sha256 must be equal under both executors (same worker
+   code).
 2. Node loss. A 2-rank job spread over two nodes (one device each); after its first checkpoint the
    second node's raylet is SIGKILLed. Measured from the kill: the ``lost`` event (detection and
    teardown), the new attempt placed on the remaining node (the service's re-launch), every rank
@@ -39,8 +40,8 @@ SPEC: dict[str, Any] = {
     "apiVersion": "trainyard/v1",
     "kind": "TrainingJob",
     "name": "bench-ray",
-    "model": {"architecture": "decoder", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256},
-    "workload": {"seq_len": 64, "global_batch": 4, "steps": 60, "precision": "fp32", "seed": 3},
+    "model": {"architecture": "decoder", "n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 1024},
+    "workload": {"seq_len": 128, "global_batch": 8, "steps": 60, "precision": "fp32", "seed": 3},
     "requirements": {"allow": ["cpu"]},
 }
 TERMINAL = ("succeeded", "failed", "lost", "preempted")
