@@ -376,33 +376,16 @@ def work_reason(
     return ""
 
 
-def option_for(
+def screen_option(
     spec: JobSpec,
     pool: Pool,
     devices: int,
-    *,
-    prediction: Prediction | None = None,
-    elapsed_fraction: float = 0.0,
+    acc: Accelerator,
     params: cm.CostParams = cm.DEFAULT_PARAMS,
-    now: datetime | None = None,
-    deadline_s: float | None = None,
-    predict_fn: PredictFn | None = None,
-    accelerator: Accelerator | None = None,
-    facts: SpecFacts | None = None,
-) -> QuoteOption:
-    """Price ``spec`` on ``devices`` devices of ``pool``; infeasible options carry their reason.
-
-    ``elapsed_fraction`` is the share of the job already done (re-planning a running job): only the rest
-    is priced. ``deadline_s`` overrides the spec's deadline (seconds from now), e.g. for a job that has
-    already waited; an absolute deadline needs ``now``. ``predict_fn(spec, accelerator, devices)`` lets
-    callers share a cache (without one, the pool's topology from :func:`predict_kwargs` is passed on);
-    ``accelerator`` and ``facts`` (from :meth:`SpecFacts.of`) save repeated look-ups in a loop.
-    """
-    if not 0.0 <= elapsed_fraction < 1.0:
-        raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
-    acc = pool_accelerator(pool, accelerator)
-    if facts is None:
-        facts = SpecFacts.of(spec, now, deadline_s)
+) -> QuoteOption | float:
+    """The checks of :func:`option_for` that need no prediction, in its order: the pool's eligibility, the
+    spec's device range, the pool's shape and its price. Returns the rejected option, or the price per
+    device-hour when the allocation passes (``acc`` is :func:`pool_accelerator`'s)."""
     why = eligibility_reason(spec, pool, acc)
     if why:
         return _infeasible(spec, pool, devices, why)
@@ -422,10 +405,49 @@ def option_for(
             f"{pool.nodes} x {pool.devices_per_node} ({shape})",
         )  # fmt: skip
     try:
-        price_dev_h = price_usd_per_device_hour_for(pool, reserved_discount=params.reserved_discount)
+        return price_usd_per_device_hour_for(pool, reserved_discount=params.reserved_discount)
     except PoolsFileError as exc:  # no price anywhere: this pool cannot be quoted (callers may pre-check)
         return _infeasible(spec, pool, devices, f"no price: {exc.message}")
-    price_h = price_dev_h * devices
+
+
+@dataclass(frozen=True)
+class AllocationTimes:
+    """The part of one option that depends on neither the pool's price nor the job's length: step times,
+    checkpointing, restart and interruptions of ``devices`` x ``accelerator``.
+
+    It reads the pool only through the accelerator (with the pool's device memory), the devices per node
+    and the inter-node network (the predictor's topology) and the pool's interruption rate, so pools that
+    differ only in price, region or size share it (the scheduler does). ``prediction`` None: the predictor
+    cannot model the combination (``reason`` says why); ``reason`` with a prediction: it does not fit.
+    """
+
+    accelerator: Accelerator
+    devices: int
+    nodes: int
+    prediction: Prediction | None
+    reason: str = ""
+    step_s: float = 0.0
+    step_p90_s: float = 0.0
+    source: str = ""
+    stall_s: float = 0.0
+    compile_s: float = 0.0
+    restart_s: float = 0.0
+    rate_h: float = 0.0  # interruptions of the whole allocation per hour
+    interval_s: float = 0.0
+
+
+def allocation_times(
+    spec: JobSpec,
+    pool: Pool,
+    devices: int,
+    acc: Accelerator,
+    facts: SpecFacts,
+    *,
+    prediction: Prediction | None = None,
+    predict_fn: PredictFn | None = None,
+    params: cm.CostParams = cm.DEFAULT_PARAMS,
+) -> AllocationTimes:
+    """:class:`AllocationTimes` of ``devices`` on ``pool`` (``acc`` is :func:`pool_accelerator`'s)."""
     nodes = math.ceil(devices / pool.devices_per_node)
 
     # Step time: measured where the spec names this accelerator, else the predictor's.
@@ -440,7 +462,7 @@ def option_for(
     try:
         pred = prediction if prediction is not None else pf(spec, acc, devices)
     except ValueError as exc:  # the predictor cannot model this combination: say so, do not crash a quote
-        return _infeasible(spec, pool, devices, f"predictor: {exc}")
+        return AllocationTimes(acc, devices, nodes, None, f"predictor: {exc}")
     step_s, step_p90_s, fits, fit_reason = pred.step_time_s, pred.step_time_p90_s, pred.fits, pred.reason
     source = pred.source
     measured = spec.measured.step_time_s.get(acc.name)
@@ -472,13 +494,11 @@ def option_for(
             source = "measured-scaled"
     if not fits or not _finite_positive(step_s):
         reason = fit_reason or f"does not fit in memory on {devices} x {acc.name}"
-        return _infeasible(
-            spec, pool, devices, reason, price_usd_per_hour=price_h, prediction=pred,
-            step_time_s=step_s if _finite_positive(step_s) else 0.0, step_time_source=source,
-        )  # fmt: skip
+        return AllocationTimes(
+            acc, devices, nodes, pred, reason, step_s=step_s, step_p90_s=step_p90_s, source=source
+        )
     if not _finite_positive(step_p90_s) or step_p90_s < step_s:
         step_p90_s = step_s
-    total_steps = facts.total_steps
 
     # Checkpoint and preemption.
     ckpt_bytes = facts.checkpoint_bytes
@@ -498,9 +518,36 @@ def option_for(
     interval_s = cm.choose_interval_s(
         spec.checkpoint.interval_s, stall_s, rate_h / cm.SECONDS_PER_HOUR, params
     )
+    return AllocationTimes(
+        acc, devices, nodes, pred, step_s=step_s, step_p90_s=step_p90_s, source=source, stall_s=stall_s,
+        compile_s=compile_s, restart_s=rst_s, rate_h=rate_h, interval_s=interval_s,
+    )  # fmt: skip
+
+
+def priced_option(
+    t: AllocationTimes,
+    spec: JobSpec,
+    pool: Pool,
+    facts: SpecFacts,
+    price_dev_h: float,
+    elapsed_fraction: float,
+    params: cm.CostParams = cm.DEFAULT_PARAMS,
+) -> QuoteOption:
+    """The option of ``t`` on ``pool`` at ``price_dev_h`` per device-hour for the work ``facts`` and
+    ``elapsed_fraction`` leave: the last step of :func:`option_for`."""
+    devices, nodes, acc, pred = t.devices, t.nodes, t.accelerator, t.prediction
+    if pred is None:
+        return _infeasible(spec, pool, devices, t.reason)
+    price_h = price_dev_h * devices
+    if t.reason:
+        return _infeasible(
+            spec, pool, devices, t.reason, price_usd_per_hour=price_h, prediction=pred,
+            step_time_s=t.step_s if _finite_positive(t.step_s) else 0.0, step_time_source=t.source,
+        )  # fmt: skip
+    rate_h, rst_s, interval_s = t.rate_h, t.restart_s, t.interval_s
     w = price_work(
-        spec, facts, acc, nodes, elapsed_fraction, step_s=step_s, step_p90_s=step_p90_s, price_h=price_h,
-        interval_s=interval_s, stall_s=stall_s, rate_h=rate_h, restart_s=rst_s, compile_s=compile_s,
+        spec, facts, acc, nodes, elapsed_fraction, step_s=t.step_s, step_p90_s=t.step_p90_s, price_h=price_h,
+        interval_s=interval_s, stall_s=t.stall_s, rate_h=rate_h, restart_s=rst_s, compile_s=t.compile_s,
         params=params,
     )  # fmt: skip
     opt: dict[str, Any] = dict(
@@ -510,21 +557,21 @@ def option_for(
         region=pool.region,
         instance_type=pool.instance_type,
         market=pool.market.value,
-        step_time_s=step_s,
+        step_time_s=t.step_s,
         price_usd_per_hour=price_h,
-        usd_per_step=cm.usd_per_effective_step(price_h, step_s, w.checkpoint_frac + w.preemption_frac),
+        usd_per_step=cm.usd_per_effective_step(price_h, t.step_s, w.checkpoint_frac + w.preemption_frac),
         checkpoint_interval_s=interval_s,
         pool=pool.name,
         nodes=nodes,
         restart_s=rst_s,
-        compile_s=compile_s,
+        compile_s=t.compile_s,
         prediction=pred,
-        checkpoint_s=stall_s,
+        checkpoint_s=t.stall_s,
         interruption_rate_per_hour=rate_h,
         notice_s=pool_notice_s(pool) if rate_h > 0 else 0.0,
-        step_time_p90_s=step_p90_s,
-        step_time_source=source,
-        **w.option_fields(total_steps),
+        step_time_p90_s=t.step_p90_s,
+        step_time_source=t.source,
+        **w.option_fields(facts.total_steps),
     )
     reason = ""
     if spec.resources.min_interconnect_gbps is not None:
@@ -539,6 +586,45 @@ def option_for(
     )
     opt.update(feasible=not reason, reason=reason)
     return QuoteOption(**opt)
+
+
+def option_for(
+    spec: JobSpec,
+    pool: Pool,
+    devices: int,
+    *,
+    prediction: Prediction | None = None,
+    elapsed_fraction: float = 0.0,
+    params: cm.CostParams = cm.DEFAULT_PARAMS,
+    now: datetime | None = None,
+    deadline_s: float | None = None,
+    predict_fn: PredictFn | None = None,
+    accelerator: Accelerator | None = None,
+    facts: SpecFacts | None = None,
+) -> QuoteOption:
+    """Price ``spec`` on ``devices`` devices of ``pool``; infeasible options carry their reason.
+
+    ``elapsed_fraction`` is the share of the job already done (re-planning a running job): only the rest
+    is priced. ``deadline_s`` overrides the spec's deadline (seconds from now), e.g. for a job that has
+    already waited; an absolute deadline needs ``now``. ``predict_fn(spec, accelerator, devices)`` lets
+    callers share a cache (without one, the pool's topology from :func:`predict_kwargs` is passed on);
+    ``accelerator`` and ``facts`` (from :meth:`SpecFacts.of`) save repeated look-ups in a loop.
+
+    Three steps: :func:`screen_option` (eligibility, device range, shape, price), :func:`allocation_times`
+    (prediction, checkpointing, interruptions) and :func:`priced_option` (price and work).
+    """
+    if not 0.0 <= elapsed_fraction < 1.0:
+        raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
+    acc = pool_accelerator(pool, accelerator)
+    if facts is None:
+        facts = SpecFacts.of(spec, now, deadline_s)
+    price_dev_h = screen_option(spec, pool, devices, acc, params)
+    if isinstance(price_dev_h, QuoteOption):
+        return price_dev_h
+    t = allocation_times(
+        spec, pool, devices, acc, facts, prediction=prediction, predict_fn=predict_fn, params=params
+    )
+    return priced_option(t, spec, pool, facts, price_dev_h, elapsed_fraction, params)
 
 
 # ---- the whole quote ----------------------------------------------------------------------------------

@@ -5,13 +5,23 @@ hatches, compile needs, regions, budget, markets) come from ``trainyard.cost.quo
 of those the scheduler adds what only it knows: the clock (deadline against *now*, not submission), the
 pool's shape (whole nodes for multi-node gangs, the inter-node network) and the allowed markets.
 
-Pricing is cached per (distinct spec, pool, device count, progress) and predictions per (workload shape,
-accelerator, device count, pool topology): the predictor reads the model, the workload's shape (precision,
-batch, sequence length, method, parallelism pins) and measured step times, never the job's length, name,
-deadline or budget, so every job of one shape shares its predictions. The predictor gets the pool's
-topology exactly as ``trainyard.cost.quote`` passes it (``predict_kwargs``), so step times agree with a
-quote for the same pool. The cost model's own deadline check is left to the scheduler, which knows the
-clock (see ``to_candidate`` and ``schedule_round``).
+Pricing is cached at three levels, each keyed by exactly what it reads:
+
+* options per (distinct spec, pool prices, device count, progress);
+* ``cost.quote.AllocationTimes`` (step times, checkpointing, restart, interruptions) per (spec without its
+  length, deadline, budget and device-hour limit: :func:`base_key`; pool class: :func:`pool_class_key`;
+  device count): pools that differ only in price, region, market or size share them, and only the cheap
+  last step of a quote (``cost.quote.priced_option``) runs per pool;
+* predictions per (workload shape, accelerator and its memory, device count, pool topology): the
+  predictor reads the model, the workload's shape (precision, batch, sequence length, method, parallelism
+  pins) and measured step times, never the job's length, name, deadline or budget, so every job of one
+  shape shares its predictions. :func:`candidates_for` computes all device counts of one accelerator and
+  topology in one vectorised ``predict_many`` call (:func:`prefetch_predictions`).
+
+The predictor gets the pool's topology exactly as ``trainyard.cost.quote`` passes it (``predict_kwargs``),
+so step times agree with a quote for the same pool, and every option equals ``option_for``'s (property
+tests compare them). The cost model's own deadline check is left to the scheduler, which knows the clock
+(see ``to_candidate`` and ``schedule_round``).
 """
 
 from __future__ import annotations
@@ -19,17 +29,26 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from trainyard.catalog.accelerators import load_accelerators
+from trainyard.catalog.accelerators import Accelerator, get_accelerator, load_accelerators
+from trainyard.catalog.offers import pool_interruption_rate_per_hour
 from trainyard.catalog.pools import Pool
+from trainyard.cost.quote import (
+    AllocationTimes,
+    QuoteOption,
+    SpecFacts,
+    allocation_times,
+    candidate_device_counts,
+    eligibility_reason,
+    pool_accelerator,
+    predict_kwargs,
+    priced_option,
+    screen_option,
+)
+from trainyard.predict import Prediction, predict, predict_many
 from trainyard.schedule.types import Candidate, SchedulerConfig
 from trainyard.spec.models import JobSpec
-
-if TYPE_CHECKING:
-    from trainyard.catalog.accelerators import Accelerator
-    from trainyard.cost.quote import QuoteOption
-    from trainyard.predict import Prediction
 
 
 def spec_key(spec: JobSpec) -> str:
@@ -58,8 +77,8 @@ _NOT_BASE: dict[str, Any] = {
 
 def base_key(spec: JobSpec) -> str:
     """Identity of everything a quote reads from a spec except the job's length, deadline, budget and
-    device-hour limit: two specs with equal base keys differ only in work, so one's quote on a pool
-    rescales exactly to the other's (:func:`rescale_option`)."""
+    device-hour limit: two specs with equal base keys differ only in work, so they share everything a
+    quote computes before the work (``cost.quote.AllocationTimes``, :func:`price_option`)."""
     return spec.model_dump_json(exclude=_NOT_BASE)
 
 
@@ -85,8 +104,6 @@ def _per_object(table: dict[int, tuple[_O, _T]], obj: _O, make: Callable[[_O], _
 
 
 def _spec_facts(spec: JobSpec) -> Any:
-    from trainyard.cost.quote import SpecFacts
-
     return SpecFacts.of(spec, None, math.inf)
 
 
@@ -94,7 +111,7 @@ def _spec_facts(spec: JobSpec) -> Any:
 #: ``accelerator`` with (``accelerator`` carries the pool's device memory, ``topology`` is the predictor's
 #: keyword arguments for the pool as ``cost.quote.predict_kwargs`` gives them), or None to use the packaged
 #: predictor (``trainyard.predict.predict``). It runs inside pricing, so it must be pure (no I/O).
-CalibrationHook = Callable[[JobSpec, "Accelerator", int, Mapping[str, Any]], "Prediction | None"]
+CalibrationHook = Callable[[JobSpec, Accelerator, int, Mapping[str, Any]], "Prediction | None"]
 
 
 @dataclass
@@ -122,8 +139,10 @@ class CandidateCache:
     _facts: dict[int, tuple[JobSpec, Any]] = field(default_factory=dict)
     _bases: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
-    # one full quote per (base key, pool prices, device count): other lengths and progress rescale it
-    base_options: dict[tuple[Any, ...], QuoteOption] = field(default_factory=dict)
+    _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
+    # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
+    # price of pools of that class is priced from it (``cost.quote.priced_option``)
+    times: dict[tuple[Any, ...], AllocationTimes] = field(default_factory=dict)
     _accelerators: dict[str, Any] = field(default_factory=dict)
     max_entries: int = 500_000
     calibrated: CalibrationHook | None = None
@@ -141,8 +160,6 @@ class CandidateCache:
         """The catalog accelerator of the pool (``option_for`` applies the pool's memory to it)."""
         hit = self._accelerators.get(pool.accelerator)
         if hit is None:
-            from trainyard.catalog.accelerators import get_accelerator
-
             hit = get_accelerator(pool.accelerator)
             self._accelerators[pool.accelerator] = hit
         return hit
@@ -152,6 +169,17 @@ class CandidateCache:
         if len(self._pool_keys) > 4096 and id(pool) not in self._pool_keys:
             self._pool_keys.clear()
         return _per_object(self._pool_keys, pool, pool_price_key)
+
+    def pool_class(self, pool: Pool) -> tuple[Any, tuple[Any, ...]]:
+        """The pool's accelerator with the pool's device memory (``cost.quote.pool_accelerator``) and
+        :func:`pool_class_key`, memoised per pool object."""
+        if len(self._pool_classes) > 4096 and id(pool) not in self._pool_classes:
+            self._pool_classes.clear()
+        return _per_object(self._pool_classes, pool, self._pool_class)
+
+    def _pool_class(self, pool: Pool) -> tuple[Any, tuple[Any, ...]]:
+        acc = pool_accelerator(pool, self.accelerator(pool))
+        return acc, pool_class_key(pool, acc)
 
     def base(self, spec: JobSpec) -> str:
         """:func:`base_key` of ``spec``, memoised per spec object."""
@@ -163,7 +191,7 @@ class CandidateCache:
 
     def trim(self) -> None:
         """Drop everything once the memo grows past ``max_entries`` (each round starts with this)."""
-        if len(self.options) + len(self.views) + len(self._keys) + len(self.base_options) > self.max_entries:
+        if len(self.options) + len(self.views) + len(self._keys) + len(self.times) > self.max_entries:
             self.options.clear()
             self.predictions.clear()
             self.device_counts.clear()
@@ -173,7 +201,7 @@ class CandidateCache:
             self._shapes.clear()
             self._facts.clear()
             self._bases.clear()
-            self.base_options.clear()
+            self.times.clear()
 
 
 Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]
@@ -187,18 +215,85 @@ def pool_price_key(pool: Pool) -> tuple[Any, ...]:
     return tuple(getattr(pool, f) for f in _PRICE_FIELDS)
 
 
+def pool_class_key(pool: Pool, accelerator: Any) -> tuple[Any, ...]:
+    """Everything about a pool that ``cost.quote.allocation_times`` reads: the accelerator and its
+    device memory (``accelerator`` is ``cost.quote.pool_accelerator``'s), the devices per node and the
+    inter-node network (the predictor's topology) and the interruption rate. Pools equal in it differ only
+    in price, region, cloud, market, size or free capacity, which enter a quote after those times."""
+    return (
+        accelerator.name,
+        accelerator.memory_gib,
+        pool.devices_per_node,
+        pool.inter_node_gbps,
+        pool_interruption_rate_per_hour(pool),
+    )
+
+
+def _prediction_key(
+    shape: str, accelerator: Any, devices: int, topology: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    """Key of one memoised prediction: workload shape, accelerator and its memory, device count, topology."""
+    return (shape, accelerator.name, accelerator.memory_gib, devices, *sorted(topology.items()))
+
+
+def prefetch_predictions(
+    spec: JobSpec, pools_counts: Sequence[tuple[Pool, Sequence[int]]], cache: CandidateCache
+) -> None:
+    """Fill the prediction memo for ``spec`` on every (pool, device count) about to be priced, with one
+    vectorised predictor call (``trainyard.predict.predict_many``) per accelerator, device memory and
+    topology instead of one ``predict`` per device count. ``predict_many`` equals ``predict`` called one by
+    one, so pricing reads the same predictions it would have computed itself.
+
+    The calibration hook answers first, per device count, as in :func:`_predict_fn`; the packaged predictor
+    takes the counts it declines. Where the spec has a measured step time on the accelerator, its reference
+    device count is predicted too (``option_for`` scales from it). A batch the predictor rejects
+    (``ValueError``) is left to the one-by-one path, which turns the error into the option's reason.
+    """
+    shape = cache.shape(spec)
+    groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]] = {}
+    for pool, counts in pools_counts:
+        acc = pool_accelerator(pool, cache.accelerator(pool))
+        topology = predict_kwargs(pool, acc)
+        gk = (acc.name, acc.memory_gib, *sorted(topology.items()))
+        group = groups.get(gk)
+        if group is None:
+            group = groups[gk] = (acc, topology, {})
+        wanted = list(counts)
+        if acc.name in spec.measured.step_time_s:
+            wanted.append(spec.resources.min_devices or 1)
+        missing = group[2]
+        for d in wanted:
+            if d not in missing:
+                pk = _prediction_key(shape, acc, d, topology)
+                if pk not in cache.predictions:
+                    missing[d] = pk
+    for acc, topology, missing in groups.values():
+        if cache.calibrated is not None:
+            for d, pk in list(missing.items()):
+                hit = cache.calibrated(spec, acc, d, topology)
+                if hit is not None:
+                    cache.predictions[pk] = hit
+                    del missing[d]
+        if not missing:
+            continue
+        counts = sorted(missing)
+        try:
+            preds = predict_many(spec, [acc], counts, **topology)
+        except ValueError:
+            continue
+        for d, p in zip(counts, preds, strict=True):
+            cache.predictions[missing[d]] = p
+
+
 def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:
     """The cost model's predictor with ``pool``'s topology (as ``cost.quote`` passes it), memoised per
     (workload shape, accelerator and its memory, device count, topology); the cache's calibration hook
     answers first when it has one."""
-    from trainyard.cost.quote import predict_kwargs
-    from trainyard.predict import predict
-
     shape = cache.shape(spec)
 
     def cached(s: JobSpec, accelerator: Any, devices: int) -> Any:
         topology = predict_kwargs(pool, accelerator)
-        pk = (shape, accelerator.name, accelerator.memory_gib, devices, *sorted(topology.items()))
+        pk = _prediction_key(shape, accelerator, devices, topology)
         hit = cache.predictions.get(pk)
         if hit is None:
             if cache.calibrated is not None:
@@ -214,100 +309,50 @@ def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[J
 def price_option(
     spec: JobSpec, pool: Pool, devices: int, elapsed_fraction: float, cache: CandidateCache
 ) -> QuoteOption:
-    """One quote from the cost model (``trainyard.cost.quote.option_for``), memoised."""
-    from trainyard.cost.quote import option_for
+    """``cost.quote.option_for(spec, pool, devices, elapsed_fraction=..., deadline_s=inf)``, memoised.
 
+    The quote is ``option_for``'s own three steps: ``screen_option`` on this pool, ``allocation_times``
+    (the prediction, checkpointing, restart and interruptions) and ``priced_option`` (price and work). The
+    middle step, the expensive one, is shared by every spec with the same :func:`base_key` (other lengths,
+    budgets, progress) on every pool with the same :func:`pool_class_key` (other prices, regions, markets
+    of equal interruption rate, sizes), so the options equal ``option_for``'s field for field (a property
+    test compares them).
+
+    ``deadline_s=inf``: the scheduler checks deadlines itself, against its clock (``to_candidate``,
+    ``schedule_round``), and places a job that can no longer meet its deadline rather than stranding it.
+    """
     key = cache.key(spec)
     pkey = cache.pool_key(pool)
     ok = (key, pkey, devices, round(elapsed_fraction, 6))
     hit = cache.options.get(ok)
     if hit is not None:
         return hit
-    bk = (cache.base(spec), pkey, devices)
-    base = cache.base_options.get(bk)
-    if base is not None:
-        opt = rescale_option(base, spec, pool, elapsed_fraction, cache)
-        cache.options[ok] = opt
-        return opt
-    # deadline_s=inf: the scheduler checks deadlines itself, against its clock (to_candidate,
-    # schedule_round), and places a job that can no longer meet its deadline rather than stranding it
-    opt = option_for(
-        spec,
-        pool,
-        devices,
-        elapsed_fraction=elapsed_fraction,
-        deadline_s=math.inf,
-        predict_fn=_predict_fn(cache, spec, pool),
-        accelerator=cache.accelerator(pool),
-        facts=cache.facts(spec),
-    )
-    cache.options[ok] = opt
-    cache.base_options[bk] = opt
-    return opt
-
-
-def rescale_option(
-    base: QuoteOption, spec: JobSpec, pool: Pool, elapsed_fraction: float, cache: CandidateCache
-) -> QuoteOption:
-    """``option_for(spec, pool, base.devices, elapsed_fraction=..., deadline_s=inf)`` from ``base``, the
-    same pool's quote for a spec with the same :func:`base_key` (another length, budget or progress).
-
-    Everything before the work enters a quote (step times, price, checkpoint interval and stall,
-    restart, interruption rate, the step-independent reasons) is taken from ``base``; the rest is the
-    cost model's own arithmetic (``trainyard.cost.model``) in ``option_for``'s order, so the numbers are
-    identical (a property test compares the two on random specs, pools and progress).
-    """
-    from trainyard.cost import model as cm
-    from trainyard.cost.quote import interconnect_gbps, pool_accelerator, price_work, work_reason
-
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
-    if base.total_steps == 0:
-        return base  # rejected before any work was priced (eligibility, shape, price, memory): no length
-    params = cm.DEFAULT_PARAMS
-    facts = cache.facts(spec)
-    dl = facts.deadline_s
-    if dl is not None and math.isfinite(dl):
-        raise ValueError("rescale_option prices without a deadline (the scheduler checks deadlines)")
-    acc = cache.accelerator(pool)
-    devices, nodes = base.devices, base.nodes
-    w = price_work(
-        spec, facts, acc, nodes, elapsed_fraction, step_s=base.step_time_s, step_p90_s=base.step_time_p90_s,
-        price_h=base.price_usd_per_hour, interval_s=base.checkpoint_interval_s, stall_s=base.checkpoint_s,
-        rate_h=base.interruption_rate_per_hour, restart_s=base.restart_s, compile_s=base.compile_s,
-        params=params,
-    )  # fmt: skip
-    reason = ""
-    need = spec.resources.min_interconnect_gbps
-    if need is not None:
-        link = interconnect_gbps(pool, pool_accelerator(pool, acc), devices)
-        if link < need:
-            reason = (
-                f"resources.min_interconnect_gbps: {devices} x {base.accelerator} on {nodes} node(s) has "
-                f"{link:g} Gbit/s per device < {need:g}"
+    acc, pclass = cache.pool_class(pool)
+    screened = screen_option(spec, pool, devices, acc)
+    if isinstance(screened, QuoteOption):
+        opt = screened
+    else:
+        facts = cache.facts(spec)
+        tk = (cache.base(spec), pclass, devices)
+        times = cache.times.get(tk)
+        if times is None:
+            times = allocation_times(
+                spec, pool, devices, acc, facts, predict_fn=_predict_fn(cache, spec, pool)
             )
-    reason = reason or work_reason(
-        spec,
-        facts,
-        devices,
-        w,
-        rate_h=base.interruption_rate_per_hour,
-        restart_s=base.restart_s,
-        interval_s=base.checkpoint_interval_s,
-        params=params,
-    )
-    # dataclasses.replace without re-running __init__ (a copy of the frozen option with these fields)
-    out = object.__new__(type(base))
-    out.__dict__.update(base.__dict__)
-    out.__dict__.update(**w.option_fields(facts.total_steps), feasible=not reason, reason=reason)
-    return out
+            cache.times[tk] = times
+        opt = priced_option(times, spec, pool, facts, screened, elapsed_fraction)
+    cache.options[ok] = opt
+    return opt
 
 
 def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:
     """Why the pool can never serve the spec ('' when it can), memoised."""
-    from trainyard.cost.quote import eligibility_reason
-
-    k = (cache.key(spec), pool.name, pool.accelerator, pool.market, pool.region, pool.cloud)
+    k = (
+        cache.key(spec), pool.name, pool.accelerator, pool.market, pool.region, pool.cloud,
+        pool.memory_per_device_gib,
+    )  # fmt: skip
     hit = cache.eligible.get(k)
     if hit is None:
         hit = eligibility_reason(spec, pool)
@@ -316,8 +361,6 @@ def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:
 
 
 def device_counts(spec: JobSpec, pool: Pool, cache: CandidateCache) -> list[int]:
-    from trainyard.cost.quote import candidate_device_counts
-
     # availability and price do not change which sizes make sense, only whether they fit now
     k = (cache.key(spec), pool.devices_per_node, pool.nodes, pool.whole_nodes_only)
     hit = cache.device_counts.get(k)
@@ -419,9 +462,11 @@ def candidates_for(
 ) -> list[Candidate]:
     """Every (pool, device count) option of one job, feasible or not, in pool order."""
     out: list[Candidate] = []
-    for pool in pools:
-        counts = device_counts(spec, pool, cache)
-        why = eligibility(spec, pool, cache)
+    screened = [(pool, device_counts(spec, pool, cache), eligibility(spec, pool, cache)) for pool in pools]
+    prefetch_predictions(
+        spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache
+    )
+    for pool, counts, why in screened:
         if why or not counts:
             out.append(
                 _never(
