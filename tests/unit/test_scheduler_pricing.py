@@ -265,3 +265,25 @@ def test_batched_predictions_ask_the_calibration_hook_first() -> None:
         assert nvidia and all(fast[i].step_time_s == 2 * plain[i].step_time_s for i in nvidia)
     # asked once per prediction, never again for a memoised one
     assert asked and len(asked) == len({repr(a) for a in asked})
+
+
+def test_a_calibration_hook_that_rejects_a_count_gives_the_option_for_reason() -> None:
+    specs, pools = _bench_queue(30, 4)
+
+    def picky(s: Any, accelerator: Any, devices: int, topology: Any) -> Any:
+        if accelerator.family == "google-tpu" and devices > 4:
+            raise ValueError(f"no calibration for {devices} x {accelerator.name}")
+        return None
+
+    cache = CandidateCache(calibrated=picky)
+    rejected = 0
+    for s in specs:
+        fast = candidates_for(
+            job_id="j", tenant="t", spec=s, pools=pools, now_s=0.0, deadline_abs_s=None,
+            config=SchedulerConfig(), cache=cache,
+        )  # fmt: skip
+        assert fast == _option_for_candidates(s, pools, 0.0, hook=picky)
+        rejected += sum(
+            c.reasons[:1] == (f"predictor: no calibration for {c.devices} x {c.accelerator}",) for c in fast
+        )
+    assert rejected > 0

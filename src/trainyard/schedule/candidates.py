@@ -246,8 +246,9 @@ def prefetch_predictions(
 
     The calibration hook answers first, per device count, as in :func:`_predict_fn`; the packaged predictor
     takes the counts it declines. Where the spec has a measured step time on the accelerator, its reference
-    device count is predicted too (``option_for`` scales from it). A batch the predictor rejects
-    (``ValueError``) is left to the one-by-one path, which turns the error into the option's reason.
+    device count is predicted too (``option_for`` scales from it). A count the hook rejects and a batch the
+    predictor rejects (``ValueError``) are left to the one-by-one path, which turns the error into the
+    option's reason, as ``option_for`` does.
     """
     shape = cache.shape(spec)
     groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]] = {}
@@ -270,7 +271,11 @@ def prefetch_predictions(
     for acc, topology, missing in groups.values():
         if cache.calibrated is not None:
             for d, pk in list(missing.items()):
-                hit = cache.calibrated(spec, acc, d, topology)
+                try:
+                    hit = cache.calibrated(spec, acc, d, topology)
+                except ValueError:
+                    del missing[d]  # the one-by-one path asks again and turns the error into the reason
+                    continue
                 if hit is not None:
                     cache.predictions[pk] = hit
                     del missing[d]
