@@ -49,8 +49,10 @@ def test_make_run_trains_preempts_resumes_and_reports(tmp_path: Path) -> None:
         proc = _run_demo(home, port)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
-    # the worked example quote, as before
+    # the worked example quote of DESIGN §4, to the digits shown there
     assert "Where the numbers come from" in out and "Cheapest:" in out
+    for shown in ("$0.00056", "$0.00037", "$0.00042", "$0.00016", "15 min", "Young/Daly"):
+        assert shown in out, shown
     assert f"Port {port} is taken" in out
     # the worked example waits for GPUs, with a reason
     m = re.search(r"Submitted the worked example as (job-[0-9a-f]+)", out)
