@@ -83,3 +83,13 @@ class FakeExecutor:
 
     def shutdown(self) -> None:
         self.shut_down = True
+
+
+class ManualClock:
+    """A wall clock (epoch seconds) that only moves when a test sets or advances ``now``."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

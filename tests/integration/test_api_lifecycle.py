@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controlplane_support import database_url, tiny_spec
-from fakes import FakeExecutor
+from fakes import FakeExecutor, ManualClock
 from trainyard.api.app import create_app
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduler_adapter import OptimizerRound
@@ -20,16 +20,10 @@ from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Env:
-    def __init__(self, platform: Platform, client: TestClient, executor: FakeExecutor, clock: Clock) -> None:
+    def __init__(
+        self, platform: Platform, client: TestClient, executor: FakeExecutor, clock: ManualClock
+    ) -> None:
         self.p = platform
         self.c = client
         self.ex = executor
@@ -65,9 +59,9 @@ def make_env(
     home: Path,
     schedule_round: Any = None,
     executor: FakeExecutor | None = None,
-    clock: Clock | None = None,
+    clock: ManualClock | None = None,
 ) -> tuple[Env, Any]:
-    clock = clock or Clock()
+    clock = clock or ManualClock()
     ex = executor or FakeExecutor()
     platform = Platform.open(
         Settings(home=home, database_url=url),
@@ -249,7 +243,7 @@ def test_capacity_is_respected_and_released(env: Env) -> None:
 
 def test_reconcile_adopts_live_workers_and_requeues_dead_ones(db_url: tuple[str, Path]) -> None:
     url, home = db_url
-    clock = Clock()
+    clock = ManualClock()
     e1, c1 = make_env(url, home, clock=clock)
     with c1:
         e1.p.pools.update("local-cpu", {"available_devices": None, "nodes": 1})

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controlplane_support import tiny_spec
-from fakes import FakeExecutor
+from fakes import FakeExecutor, ManualClock
 from trainyard.api.app import create_app
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
@@ -23,17 +23,9 @@ from trainyard.web.session import COOKIE_NAME
 PRICE_USD_PER_DEVICE_HOUR = 3.6  # $0.001 per device-second
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Env:
     def __init__(self, home: Path) -> None:
-        self.clock = Clock()
+        self.clock = ManualClock()
         self.ex = FakeExecutor()
         self.p = Platform.open(
             Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),

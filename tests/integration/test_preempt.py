@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from controlplane_support import tiny_spec
-from fakes import FakeExecutor
+from fakes import FakeExecutor, ManualClock
 from trainyard.api.app import create_app
 from trainyard.executors.local import LocalExecutor
 from trainyard.services.platform import Platform, PlatformOptions
@@ -117,15 +117,7 @@ def test_preempt_mid_run_resumes_and_matches_an_uninterrupted_run(live: Any) -> 
 # ---- scripted executor, fake clock ------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def scripted(tmp_path: Path, clock: Clock) -> tuple[Platform, FakeExecutor]:
+def scripted(tmp_path: Path, clock: ManualClock) -> tuple[Platform, FakeExecutor]:
     ex = FakeExecutor()
     platform = Platform.open(
         Settings(home=tmp_path),
@@ -137,7 +129,7 @@ def scripted(tmp_path: Path, clock: Clock) -> tuple[Platform, FakeExecutor]:
 
 
 def test_spot_pool_preempts_at_its_rate(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     platform, ex = scripted(tmp_path, clock)
     try:
         # one preemption per hour on average; 8 jobs for 2 simulated hours -> about 16 notices
@@ -175,7 +167,7 @@ def _principal(platform: Platform) -> Any:
 
 
 def test_preemptions_do_not_use_up_the_restart_budget(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     platform, ex = scripted(tmp_path, clock)
     try:
         (job, _) = platform.jobs.submit(
@@ -216,7 +208,7 @@ class StorageRefusingExecutor(FakeExecutor):
 
 
 def test_storage_error_at_launch_fails_at_once(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     ex = StorageRefusingExecutor()
     platform = Platform.open(
         Settings(home=tmp_path),
@@ -241,7 +233,7 @@ def test_storage_error_at_launch_fails_at_once(tmp_path: Path) -> None:
 
 
 def test_infra_restarts_wait_their_backoff_and_user_errors_fail(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     platform, ex = scripted(tmp_path, clock)
     assert platform.supervisor is not None
     platform.supervisor.restart_backoff = True  # as `trainyard up` runs it

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fakes import FakeExecutor
+from fakes import FakeExecutor, ManualClock
 from trainyard.catalog.pools import Pool
 from trainyard.schedule import Replanner
 from trainyard.services.domain import Principal
@@ -21,14 +21,6 @@ from trainyard.settings import Settings
 from trainyard.spec.loader import spec_from_dict
 
 STEPS = 200_000  # about 12 h on one A100
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def spec(name: str, **objective: Any) -> dict[str, Any]:
@@ -67,7 +59,7 @@ def a100(name: str, market: str, price: float) -> Pool:
 
 class Env:
     def __init__(self, home: Path) -> None:
-        self.clock = Clock()
+        self.clock = ManualClock()
         self.ex = FakeExecutor()
         self.p = Platform.open(
             Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),
