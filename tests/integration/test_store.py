@@ -234,3 +234,36 @@ def test_a_submission_leaves_pooled_connections_transactional(db: Database) -> N
         assert EventRepo(s).list(doomed.id) == []
         assert [e.kind for e in EventRepo(s).list(first.id)] == ["state"]
         assert JobRepo(s).count(tenant_id=tenant.id) == 1
+
+
+def test_devices_in_use_sums_placed_active_jobs_per_pool_and_tenant(db: Database) -> None:
+    """What the scheduler's capacity and tenant device quota, the pools API and the dashboard read: only
+    starting/running jobs hold devices; a queued job's old placement or a finished job's does not."""
+    from trainyard.services.domain import Placement
+
+    db.upgrade()
+    tenants = TenantService(db)
+    a, _ = tenants.create("ta")
+    b, _ = tenants.create("tb")
+    who = {t.id: Principal(tenant_id=t.id, tenant_name=t.name, key_id="k", admin=False) for t in (a, b)}
+    jobs = JobService(db)
+    layout = [  # (tenant, state, pool, devices)
+        (a, JobState.RUNNING, "p1", 2),
+        (a, JobState.STARTING, "p2", 4),
+        (b, JobState.RUNNING, "p1", 8),
+        (b, JobState.QUEUED, "p1", 16),  # requeued after a preemption: holds nothing
+        (b, JobState.SUCCEEDED, "p2", 32),
+    ]
+    ids = [
+        jobs.submit(who[t.id], spec_from_dict(tiny_spec(f"j{i}")))[0].id for i, (t, *_) in enumerate(layout)
+    ]
+    with db.session() as s:
+        repo = JobRepo(s)
+        assert repo.devices_in_use(by="pool") == {}
+        for job_id, (_, state, pool, n) in zip(ids, layout, strict=True):
+            placement = Placement(pool=pool, devices=n, market="on_demand", accelerator="cpu",
+                                  price_usd_per_device_hour=1.0)  # fmt: skip
+            repo.update(job_id, state=state, placement=placement)
+    with db.session() as s:
+        assert JobRepo(s).devices_in_use(by="pool") == {"p1": 10, "p2": 4}
+        assert JobRepo(s).devices_in_use(by="tenant") == {a.id: 6, b.id: 8}

@@ -110,11 +110,7 @@ class Supervisor:
     def free_pools(self) -> list[Pool]:
         pools = self.pools.pools()
         with self.db.session() as s:
-            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
-        used: dict[str, int] = {}
-        for j in active:
-            if j.placement is not None:
-                used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
+            used = JobRepo(s).devices_in_use(by="pool")
         out = []
         for p in pools:
             free = max(0, p.free_devices - used.get(p.name, 0))
@@ -126,12 +122,8 @@ class Supervisor:
             queued = JobRepo(s).list(states=[JobState.QUEUED.value], limit=limit, newest_first=False)
             if not queued:
                 return None
-            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
+            in_use = JobRepo(s).devices_in_use(by="tenant")
             tenants = {t.id: t for t in TenantRepo(s).list()}
-        in_use: dict[str, int] = {}
-        for j in active:
-            if j.placement is not None:
-                in_use[j.tenant_id] = in_use.get(j.tenant_id, 0) + j.placement.devices
         views = [
             QueuedJobView(
                 job_id=j.id,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import builtins
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from trainyard.services.domain import ApiKeyRecord, Job, JobEvent, Placement, PoolRecord, Tenant
-from trainyard.services.lifecycle import JobState
+from trainyard.services.lifecycle import ACTIVE_STATES, JobState
 from trainyard.store.models import (
     ApiKeyRow,
     JobEventRow,
@@ -283,6 +283,16 @@ class JobRepo:
         if states:
             q = q.where(JobRow.state.in_(list(states)))
         return int(self.s.scalar(q) or 0)
+
+    def devices_in_use(self, *, by: Literal["pool", "tenant"]) -> dict[str, int]:
+        """Devices held by placed active jobs (starting, running), summed per pool name or tenant id."""
+        states = [st.value for st in ACTIVE_STATES]
+        used: dict[str, int] = {}
+        for j in self.list(states=states, limit=100_000):
+            if j.placement is not None:
+                k = j.placement.pool if by == "pool" else j.tenant_id
+                used[k] = used.get(k, 0) + j.placement.devices
+        return used
 
     def counts_by_state(self) -> dict[str, int]:
         rows = self.s.execute(select(JobRow.state, func.count()).group_by(JobRow.state))

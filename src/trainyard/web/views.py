@@ -306,11 +306,7 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
 # ---- pools ---------------------------------------------------------------------------------------
 def pools_view(platform: Any) -> list[dict[str, Any]]:
     with platform.db.session() as s:
-        active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
-    used: dict[str, int] = {}
-    for j in active:
-        if j.placement is not None:
-            used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
+        used = JobRepo(s).devices_in_use(by="pool")
     rows = []
     for rec in platform.pools.list():
         d = rec.doc

@@ -12,7 +12,6 @@ from trainyard.api.schemas import ErrorEnvelope, PoolDoc, PoolList, PoolPatch
 from trainyard.catalog.pools import Pool
 from trainyard.errors import InvalidInputError
 from trainyard.services.domain import PoolRecord, iso
-from trainyard.services.lifecycle import ACTIVE_STATES
 from trainyard.store.repositories import JobRepo
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
@@ -27,12 +26,7 @@ PoolName = Annotated[str, Path(min_length=1, max_length=200)]
 
 def _in_use(platform: Any) -> dict[str, int]:
     with platform.db.session() as s:
-        active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
-    used: dict[str, int] = {}
-    for j in active:
-        if j.placement is not None:
-            used[j.placement.pool] = used.get(j.placement.pool, 0) + j.placement.devices
-    return used
+        return JobRepo(s).devices_in_use(by="pool")
 
 
 def _doc(rec: PoolRecord, used: dict[str, int]) -> dict[str, Any]:
