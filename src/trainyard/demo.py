@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -31,6 +30,7 @@ from trainyard.errors import ServiceUnavailableError, TrainyardError
 from trainyard.executors.local import pid_alive
 from trainyard.settings import Settings, load_settings
 from trainyard.spec import load_spec
+from trainyard.spec.loader import safe_yaml_load
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -377,7 +377,7 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
             out.print(f"Up: {url}  (api key in {home / 'api_key'}{log_note})")
 
             # the worked example: quoted against the live pools, placed only where its GPUs exist
-            example = yaml.safe_load((EXAMPLES / "seed-example.yaml").read_text())
+            example = safe_yaml_load((EXAMPLES / "seed-example.yaml").read_text())
             example.setdefault("requirements", {})["deny"] = ["cpu"]
             ex_doc = c.submit(example)
             deadline = time.monotonic() + 10

@@ -242,6 +242,19 @@ def test_quote_page_ranks_options_and_explains_bad_specs(env: Env) -> None:
     assert r.status_code == 422
 
 
+def test_quote_form_refuses_a_yaml_alias_bomb(env: Env) -> None:
+    bomb = (
+        "a: &a ["
+        + ",".join(["lol"] * 9)
+        + "]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
+        )
+    )
+    r = env.browser().post("/quote", data={"spec": bomb})
+    assert r.status_code == 422 and "anchors and aliases" in r.text
+
+
 def test_metrics_expose_jobs_scheduler_pools_and_alerts(env: Env) -> None:
     budget = tiny_spec("burns")
     budget["objective"] = {"budget_usd": 0.5}

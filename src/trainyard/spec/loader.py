@@ -63,12 +63,46 @@ def spec_from_dict(data: Any, source: str = "spec") -> JobSpec:
         raise SpecError(f"{first['field']}: {first['message']}{more}", details={"errors": errors}) from None
 
 
+# A job spec or pools file is a few kilobytes; anything past this is refused before parsing.
+MAX_DOCUMENT_BYTES = 1_000_000
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases, so a small document cannot expand into a huge one
+    (the "billion laughs" alias bomb). Job specs and pools files never need them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML anchors and aliases (&name, *name) are not accepted",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def safe_yaml_load(text: str) -> Any:
+    """The one YAML loader for untrusted input: safe types only, no anchors/aliases, bounded size."""
+    return yaml.load(text, Loader=_NoAliasLoader)
+
+
 def parse_document(text: str, source: str) -> Any:
-    """Parse YAML (a superset of JSON) with a one-line error on malformed input."""
+    """Parse YAML (a superset of JSON) with a one-line error on malformed input.
+
+    Refuses documents over ``MAX_DOCUMENT_BYTES`` and YAML anchors/aliases, whoever sent them."""
+    size = len(text) if len(text) > MAX_DOCUMENT_BYTES else len(text.encode("utf-8", errors="replace"))
+    if size > MAX_DOCUMENT_BYTES:
+        raise SpecError(
+            f"{source}: document too large ({size} bytes; the limit is {MAX_DOCUMENT_BYTES})",
+            hint="A job spec or pools file is a few kilobytes; check that the right file was given.",
+            details={"errors": [{"field": "(document)", "message": "document too large"}]},
+        )
     try:
         if source.endswith(".json"):
             return json.loads(text)
-        return yaml.safe_load(text)
+        return safe_yaml_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
