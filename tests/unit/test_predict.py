@@ -469,3 +469,57 @@ def test_cpu_calibration_from_profiles_recovers_known_parameters() -> None:
         predict(unseen, cpu, 1, calibration=truth).step_time_s, rel=1e-3
     )
     assert predict(unseen, cpu, 1, calibration=cal).source == "calibrated"
+
+
+# ---- custom models without seq_len (CNNs, recommenders): FLOPs and memory per sample --------------------
+
+
+def _custom(params_b: float, batch: int, **workload: Any) -> JobSpec:
+    from trainyard.spec import spec_from_dict
+
+    return spec_from_dict(
+        {
+            "name": "cnn",
+            "model": {"architecture": "custom", "params_b": params_b},
+            "workload": {"global_batch": batch, "steps": 10, **workload},
+        }
+    )
+
+
+def test_custom_without_seq_len_predicts_per_sample() -> None:
+    acc = get_accelerator("a100-80gb")
+    spec = _custom(0.5, 128)
+    p = predict(spec, acc, 1)
+    assert p.fits and p.step_time_s > 0
+    # the maths treats one sample as one token: equal to the same model with seq_len 1
+    same = predict(_custom(0.5, 128, seq_len=1), acc, 1)
+    assert p.step_time_s == same.step_time_s and p.memory_per_device_gib == same.memory_per_device_gib
+    # training FLOPs per sample are at least 6·N (forward 2·N, backward 4·N)
+    assert p.model_flops_per_step >= 6 * spec.params * 128 * 0.999
+    # memory: at least weights, gradients and AdamW states (16 bytes/parameter mixed precision)
+    assert p.memory_per_device_gib * 2**30 >= 16 * spec.params * 0.999
+    # more parameters or a larger batch never predict a faster step
+    assert predict(_custom(2.0, 128), acc, 1).step_time_s > p.step_time_s
+    assert predict(_custom(0.5, 512), acc, 1).step_time_s > p.step_time_s
+
+
+def test_custom_without_seq_len_prices_from_measured_step_time() -> None:
+    from trainyard.catalog.pools import Pool
+    from trainyard.cost.quote import option_for
+    from trainyard.spec import spec_from_dict
+
+    spec = spec_from_dict(
+        {
+            "name": "recsys",
+            "model": {"architecture": "custom", "params_b": 0.2},
+            "workload": {"global_batch": 4096, "steps": 1000},
+            "measured": {"step_time_s": {"a100-40gb": 0.25}},
+        }
+    )
+    pool = Pool(
+        name="a", accelerator="a100-40gb", devices_per_node=8, nodes=1, market="on_demand",
+        price_usd_per_device_hour=2.0, region="us-east-1",
+    )  # fmt: skip
+    opt = option_for(spec, pool, 1)
+    assert opt.feasible, opt.reason
+    assert opt.step_time_s == pytest.approx(0.25)

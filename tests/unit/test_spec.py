@@ -150,3 +150,39 @@ def test_field_mutations_give_spec_errors(section, key, value):
     except SpecError:
         return
     assert spec.params > 0 and spec.total_steps >= 1
+
+
+# ---- seq_len: required for transformers, optional for architecture: custom ---------------------------
+
+CUSTOM = {
+    "name": "resnet",
+    "model": {"architecture": "custom", "params_b": 0.025},
+    "workload": {"global_batch": 256, "steps": 100},
+}
+
+
+def test_custom_model_needs_no_seq_len() -> None:
+    spec = spec_from_dict(CUSTOM)
+    assert spec.workload.seq_len is None
+    assert spec.workload.seq_len_eff == 1
+    assert spec.tokens_per_step == 256  # one sample is the unit of work
+    doc = spec.to_document()
+    assert "seq_len" not in doc["workload"]
+    assert spec_from_dict(doc) == spec
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_transformer_without_seq_len_names_the_field(arch: str) -> None:
+    doc = with_("model.architecture", arch)
+    del doc["workload"]["seq_len"]
+    with pytest.raises(SpecError) as exc:
+        spec_from_dict(doc)
+    errors = exc.value.details["errors"]
+    assert [e["field"] for e in errors] == ["workload.seq_len"]
+    assert "required" in errors[0]["message"] and arch in errors[0]["message"]
+    assert str(exc.value).startswith("workload.seq_len: required")
+
+
+def test_custom_tokens_count_samples_without_seq_len() -> None:
+    doc = {**CUSTOM, "workload": {"global_batch": 100, "tokens": 1_000}}
+    assert spec_from_dict(doc).total_steps == 10

@@ -420,15 +420,15 @@ def _workload(spec: JobSpec) -> Workload:
     total_params = params + (trainable if wl.method == Method.LORA else 0)
     act_b = 4.0 if wl.precision == Precision.FP32 else 2.0
     act, scores = activation_bytes_per_token_per_layer(
-        shape, wl.seq_len, act_b, fp8_linear_inputs=wl.precision == Precision.FP8_MIXED
+        shape, wl.seq_len_eff, act_b, fp8_linear_inputs=wl.precision == Precision.FP8_MIXED
     )
     embed = float(params - shape.n_blocks * shape.block_params) if not shape.derived else 0.0
     return Workload(
         shape=shape,
         params=total_params,
         trainable=trainable,
-        fwd=forward_flops_per_token(shape, wl.seq_len, lora_rank),
-        seq_len=wl.seq_len,
+        fwd=forward_flops_per_token(shape, wl.seq_len_eff, lora_rank),
+        seq_len=wl.seq_len_eff,
         global_batch=wl.global_batch,
         method=wl.method,
         precision=wl.precision,

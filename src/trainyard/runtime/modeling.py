@@ -97,7 +97,7 @@ def local_base_path(base: str) -> Path | None:
 
 def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
     m = spec.model
-    seq_len = spec.workload.seq_len
+    seq_len = spec.workload.seq_len_eff
     assert m.n_layers and m.d_model and m.n_heads and m.vocab_size
     if m.architecture == Architecture.DECODER:
         common: dict[str, Any] = dict(

@@ -225,7 +225,7 @@ class ProfileSession:
         self.vocab = spec.model.vocab_size or 2
         gen = torch.Generator(device="cpu").manual_seed(seed)
         self.data = torch.randint(
-            0, self.vocab, (self.accum, self.micro_batch, wl.seq_len + 1), generator=gen
+            0, self.vocab, (self.accum, self.micro_batch, wl.seq_len_eff + 1), generator=gen
         ).to(dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

@@ -162,7 +162,7 @@ class Trainer:
         self.dataset = build_dataset(
             self.spec.workload.dataset,
             vocab_size=self.built.vocab_size,
-            seq_len=self.spec.workload.seq_len,
+            seq_len=self.spec.workload.seq_len_eff,
             seed=seed,
             tokenizer_path=self.built.tokenizer_path,
         )
@@ -170,7 +170,7 @@ class Trainer:
         local = len(self.sampler.indices(0))
         self.micro_batch = min(local, self.spec.workload.micro_batch or local)
         self.warmup_steps = max(1, min(100, self.total_steps // 10))
-        self.tokens_per_rank_step = local * self.spec.workload.seq_len
+        self.tokens_per_rank_step = local * self.spec.workload.seq_len_eff
 
     def _state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict

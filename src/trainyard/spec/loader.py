@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from pydantic import ValidationError
 
 from trainyard.errors import SpecError
 from trainyard.spec.models import JobSpec
+
+_NAMED = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.+)$", re.DOTALL)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -35,6 +38,10 @@ def describe_validation_error(exc: ValidationError, prefix: str = "") -> list[di
             field = f"{prefix}.{field}" if field != "(spec)" else prefix
         msg = err["msg"].removeprefix("Value error, ")
         kind = err["type"]
+        named = _NAMED.match(msg) if kind == "value_error" else None
+        if named and field.startswith("(spec)"):
+            # a check across sections names its field in the message ("workload.seq_len: ...")
+            field, msg = named.group(1), named.group(2)
         given = err.get("input")
         if kind == "enum":
             allowed = err.get("ctx", {}).get("expected", "")

@@ -241,7 +241,9 @@ class WorkloadSpec(_Strict):
     lora_rank: Annotated[int, Field(ge=1, le=65536)] = 16
     precision: Precision = Precision.BF16_MIXED
     optimizer: Optimizer = Optimizer.ADAMW
-    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)]
+    # required for transformer architectures; optional for ``architecture: custom`` (not every model is
+    # a sequence model: CNNs, recommenders, RL), whose "token" is then one sample (see ``seq_len_eff``)
+    seq_len: Annotated[int, Field(ge=1, le=MAX_SEQ_LEN)] | None = None
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
@@ -274,8 +276,15 @@ class WorkloadSpec(_Strict):
         return self
 
     @property
+    def seq_len_eff(self) -> int:
+        """The sequence length the workload maths uses: ``seq_len``, or 1 when it is left out (a custom
+        non-sequence model, where one sample is the unit of work: FLOPs per sample ≈ 6·N, activations
+        per sample, ``tokens`` counts samples)."""
+        return self.seq_len if self.seq_len is not None else 1
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.seq_len * self.global_batch
+        return self.seq_len_eff * self.global_batch
 
     def total_steps(self, dataset_tokens: int | None = None) -> int:
         """Optimizer steps for the whole run; ``epochs`` needs the dataset size in tokens."""
@@ -511,6 +520,15 @@ class JobSpec(_Strict):
         if isinstance(v, list):
             return {str(t): "" for t in v}
         return v
+
+    @model_validator(mode="after")
+    def _check_seq_len(self) -> JobSpec:
+        if self.workload.seq_len is None and not self.model.is_custom:
+            raise ValueError(
+                f"workload.seq_len: required for {self.model.architecture.value} models "
+                "(only architecture: custom may leave it out)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_expert_pin(self) -> JobSpec:
