@@ -335,9 +335,14 @@ def test_keys_are_stored_hashed(api: Api) -> None:
 def test_queue_quota(api: Api) -> None:
     r = api.c.post("/v1/tenants", json={"name": "tiny-quota", "max_queued_jobs": 2}, headers=api.admin)
     h = {"Authorization": f"Bearer {r.json()['api_key']}"}
-    assert api.submit(tiny_spec("q1"), headers=h).status_code == 201
+    first = api.submit(tiny_spec("q1"), headers=h, key="quota-k1")
+    assert first.status_code == 201
     assert api.submit(tiny_spec("q2"), headers=h).status_code == 201
     assert_envelope(api.submit(tiny_spec("q3"), headers=h), 429, "quota_exceeded")
+    # at quota, a resend of an accepted submission is answered with the original job, not a 429
+    again = api.submit(tiny_spec("q1"), headers=h, key="quota-k1")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert_envelope(api.submit(tiny_spec("q1-changed"), headers=h, key="quota-k1"), 409)
 
 
 # ---- catalog, health, metrics, openapi ----------------------------------------------------------------

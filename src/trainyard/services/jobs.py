@@ -27,7 +27,7 @@ from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transi
 from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
-from trainyard.store.repositories import EventRepo, JobRepo, insert_job
+from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
 from trainyard.tenancy.quotas import check_queue_quota
 
 log = structlog.get_logger("trainyard.jobs")
@@ -158,9 +158,21 @@ class JobService:
                     stored = insert_job(conn, job, first_event)
             else:
                 with self.db.session() as s:
-                    open_jobs = JobRepo(s).count(tenant_id=principal.tenant_id, states=OPEN_STATES)
+                    # One serialising point per tenant: the tenant's row, locked for the transaction
+                    # (SELECT … FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
+                    # writers). Concurrent submissions of one tenant count and insert one at a time, so
+                    # the quota holds exactly; other tenants are not blocked.
+                    TenantRepo(s).lock(principal.tenant_id)
+                    repo = JobRepo(s)
+                    if idempotency_key is not None:
+                        # a resend of an accepted submission is answered with the original job, even
+                        # when the tenant is now at its quota
+                        existing = repo.by_idempotency_key(principal.tenant_id, idempotency_key)
+                        if existing is not None:
+                            return self._replay(existing, digest), False
+                    open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
                     check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
-                    stored = JobRepo(s).add(job, first_event=first_event)
+                    stored = repo.add(job, first_event=first_event)
             return stored, True
         except IntegrityError:
             if idempotency_key is None:
@@ -173,7 +185,12 @@ class JobService:
     def _by_key(self, principal: Principal, key: str, digest: str) -> Job | None:
         with self.db.session() as s:
             existing = JobRepo(s).by_idempotency_key(principal.tenant_id, key)
-        if existing is not None and existing.spec_sha256 != digest:
+        return None if existing is None else self._replay(existing, digest)
+
+    @staticmethod
+    def _replay(existing: Job, digest: str) -> Job:
+        """The job a repeated Idempotency-Key stands for; a conflict when the spec differs."""
+        if existing.spec_sha256 != digest:
             raise ConflictError(
                 "this Idempotency-Key was already used with a different job spec",
                 hint="Use a new Idempotency-Key for a different job, or resend the original spec.",

@@ -132,6 +132,12 @@ class TenantRepo:
     def list(self) -> builtins.list[Tenant]:
         return [_tenant(r) for r in self.s.scalars(select(TenantRow).order_by(TenantRow.name))]
 
+    def lock(self, tenant_id: str) -> None:
+        """Lock the tenant's row until the transaction ends (``SELECT … FOR UPDATE``): the one point that
+        serialises a tenant's quota-checked submissions. SQLite has no row locks (the statement runs
+        without ``FOR UPDATE``); there ``BEGIN IMMEDIATE`` already makes every write transaction exclusive."""
+        self.s.execute(select(TenantRow.id).where(TenantRow.id == tenant_id).with_for_update())
+
 
 class ApiKeyRepo:
     def __init__(self, s: Session) -> None:
