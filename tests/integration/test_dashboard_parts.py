@@ -129,3 +129,41 @@ def test_job_detail_reads_all_events_of_a_long_job(tmp_path: Path) -> None:
             job_detail(p, admin, "x" * 65, now_s=1e6)
     finally:
         p.close()
+
+
+def test_job_page_compares_with_the_prediction_for_the_pool_the_job_is_on(tmp_path: Path) -> None:
+    """A placement outside the stored quote's best options is priced again on its own pool, never
+    compared with another pool's prediction; the measured side is the latest attempt's steps."""
+    from dataclasses import replace
+
+    from controlplane_support import tiny_spec
+    from trainyard.cost.quote import option_for
+    from trainyard.services.domain import Placement
+    from trainyard.services.platform import Platform, PlatformOptions
+    from trainyard.settings import Settings
+    from trainyard.spec.loader import spec_from_dict
+    from trainyard.web.views import _predicted
+
+    p = Platform.open(Settings(home=tmp_path), PlatformOptions(with_catalog=False, cpu_count=1))
+    try:
+        admin = p.tenants.authenticate(p.settings.api_key_path.read_text().strip())
+        spec = spec_from_dict(tiny_spec("placed"))
+        job, _ = p.jobs.submit(admin, spec)
+        pool = next(q for q in p.pools.pools() if q.name == "local-cpu")
+        other = {"pool": "elsewhere", "devices": 1, "feasible": True, "step_time_s": 123.0}
+        placed = replace(
+            job,
+            quote=[other],
+            placement=Placement(pool=pool.name, devices=1, market="on_demand", accelerator="cpu",
+                                price_usd_per_device_hour=0.0),
+        )  # fmt: skip
+        st_s, source, doc = _predicted(placed, p)
+        want = option_for(spec, pool.model_copy(update={"available_devices": None}), 1).step_time_s
+        assert st_s == pytest.approx(want) and st_s != 123.0
+        assert "local-cpu × 1" in source and doc is not None and doc["pool"] == "local-cpu"
+        gone = replace(placed, placement=replace(placed.placement, pool="no-such-pool"))
+        assert _predicted(gone, p)[0] is None  # no prediction rather than another pool's
+        queued = replace(placed, placement=None)
+        assert _predicted(queued, p)[0] == 123.0  # before placement: the best quoted option
+    finally:
+        p.close()

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainyard.catalog.pools import Pool, load_pools
 from trainyard.cost.quote import CONTRACT_KEYS, QuoteOption, candidate_device_counts, option_for, quote
@@ -228,3 +230,60 @@ def test_nothing_fits_gives_finite_numbers_and_the_predictors_reason() -> None:
     assert not two.feasible  # the predictor says it does not fit at 2 devices
     one = option_for(spec, _pool(), 1, predict_fn=lambda s, a, d: nothing)
     assert one.feasible and one.step_time_s == 0.8  # measured: it ran
+
+
+# ---- the infeasible options kept with a job name the binding constraint, from the whole quote -----------
+
+
+def test_stored_quote_names_the_budget_not_the_first_pools_escape_hatches() -> None:
+    from trainyard.cost.quote import quote, telling_infeasible
+    from trainyard.services.quoting import MAX_STORED_INFEASIBLE, stored_quote
+    from trainyard.spec import spec_from_dict
+
+    spec = spec_from_dict(
+        {
+            "name": "tight",
+            "model": {"n_layers": 24, "d_model": 2048, "n_heads": 16, "vocab_size": 32000},
+            "workload": {"seq_len": 2048, "global_batch": 32, "steps": 20000},
+            "requirements": {"allow": ["a10g"]},
+            "objective": {"budget_usd": 1.0},
+        }
+    )
+    options = quote(spec)
+    assert options and not any(o.feasible for o in options)
+    by_order = [o.reason for o in options if not o.feasible][:MAX_STORED_INFEASIBLE]
+    assert not any("budget" in r for r in by_order)  # what the old cut kept
+    told = telling_infeasible(options)
+    assert told[0].reason.startswith("objective.budget_usd:")
+    assert len({o.reason for o in told}) == len(told)  # one per distinct reason
+    assert {o.reason for o in told} == {o.reason for o in options if not o.feasible}
+    kept = stored_quote(options)
+    assert kept[0]["reason"].startswith("objective.budget_usd:")
+    assert len(kept) <= MAX_STORED_INFEASIBLE
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    reasons=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.booleans(), st.floats(0.0, 100.0)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_telling_infeasible_puts_priced_refusals_first(reasons: list[tuple[str, bool, float]]) -> None:
+    from trainyard.cost.quote import QuoteOption, telling_infeasible
+
+    def opt(reason: str, priced: bool, cost: float) -> QuoteOption:
+        return QuoteOption(
+            accelerator="a100-40gb", devices=1, cloud=None, region="r", instance_type=None,
+            market="on_demand", step_time_s=1.0 if priced else 0.0, price_usd_per_hour=1.0,
+            usd_per_step=0.0, expected_hours=0.0, expected_cost_usd=cost if priced else 0.0,
+            preemption_overhead_usd=0.0, checkpoint_interval_s=0.0, feasible=False,
+            reason=("priced " if priced else "screened ") + reason,
+        )  # fmt: skip
+
+    options = [opt(*r) for r in reasons]
+    told = telling_infeasible(options)
+    assert sorted(o.reason for o in told) == sorted({o.reason for o in options})
+    flags = [o.step_time_s > 0 for o in told]
+    assert flags == sorted(flags, reverse=True)  # every priced refusal before every screened one

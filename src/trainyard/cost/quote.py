@@ -718,3 +718,31 @@ def quote(
 
 def best_option(options: Sequence[QuoteOption]) -> QuoteOption | None:
     return next((o for o in options if o.feasible), None)
+
+
+def telling_infeasible(options: Sequence[QuoteOption]) -> list[QuoteOption]:
+    """The infeasible options of a whole quote, one per distinct reason, most telling first.
+
+    An option the cost model priced before refusing it (a step time was predicted: the deadline, budget,
+    device-hour limit or preemptions ruled it out) names the constraint that binds once the escape
+    hatches, markets, regions and memory are met, so those come first, the cheapest near miss first;
+    options refused before pricing follow, the reason shared by most options first. Computed on the
+    whole quote, so a cut that keeps only a few options cannot blame the wrong constraint.
+    """
+    counts: dict[str, int] = {}
+    first: dict[str, QuoteOption] = {}
+    for o in options:
+        if o.feasible:
+            continue
+        counts[o.reason] = counts.get(o.reason, 0) + 1
+        best = first.get(o.reason)
+        if best is None or (
+            o.step_time_s > 0 and (best.step_time_s <= 0 or o.expected_cost_usd < best.expected_cost_usd)
+        ):
+            first[o.reason] = o
+
+    def key(o: QuoteOption) -> tuple[Any, ...]:
+        priced = o.step_time_s > 0
+        return (not priced, o.expected_cost_usd if priced else -counts[o.reason], o.reason)
+
+    return sorted(first.values(), key=key)

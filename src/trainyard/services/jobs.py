@@ -364,7 +364,8 @@ class JobService:
                         s, ids, JobState.PENDING, JobState.QUEUED, "admitted", before=quote_event, quote=q
                     )
                 else:
-                    reasons = sorted({str(o.get("reason")) for o in q if o.get("reason")})[:5]
+                    # the stored quote keeps the most telling distinct reasons first (``stored_quote``)
+                    reasons = list(dict.fromkeys(str(o.get("reason")) for o in q if o.get("reason")))[:5]
                     self.transition_many(
                         s,
                         ids,

@@ -39,9 +39,14 @@ def option_document(opt: Any) -> dict[str, Any]:
 
 
 def stored_quote(options: Sequence[Any]) -> list[dict[str, Any]]:
-    """What we keep with the job: the best feasible options and a few infeasible ones with reasons."""
+    """What we keep with the job: the best feasible options and, chosen from the whole quote before the
+    cut, the infeasible options that name the most telling distinct reasons
+    (``trainyard.cost.quote.telling_infeasible``: constraints met only after pricing first), so a job
+    nothing can run is told the constraint that binds, not the first pools' escape hatches."""
+    from trainyard.cost.quote import telling_infeasible
+
     feasible = [option_document(o) for o in options if o.feasible][:MAX_STORED_FEASIBLE]
-    infeasible = [option_document(o) for o in options if not o.feasible][:MAX_STORED_INFEASIBLE]
+    infeasible = [option_document(o) for o in telling_infeasible(options)[:MAX_STORED_INFEASIBLE]]
     return feasible + infeasible
 
 

@@ -177,18 +177,48 @@ class JobDetail:
     quote_best: dict[str, Any] | None = None
 
 
-def _predicted(job: Job) -> tuple[float | None, str, dict[str, Any] | None]:
-    """The step time we predicted at submission for the placement the job got (else the best option)."""
+def _predicted(job: Job, platform: Any = None) -> tuple[float | None, str, dict[str, Any] | None]:
+    """The step time predicted for the allocation the job is on (else, before any placement, the best
+    quoted option). The stored quote keeps only the best options; when the job's pool × devices is not
+    among them, that allocation is priced again (``trainyard.cost.quote.option_for`` on the live pool or
+    catalog offer), so a measured step time is never compared with another accelerator's prediction."""
     quote = [o for o in (job.quote or []) if o.get("feasible")]
+    pl = job.placement
+    if pl is not None:
+        for o in quote:
+            if o.get("pool") == pl.pool and int(o.get("devices") or 0) == pl.devices:
+                return float(o["step_time_s"]), f"quote for {pl.pool} × {pl.devices}", o
+        repriced = _reprice_placement(job, platform) if platform is not None else None
+        if repriced is not None:
+            return float(repriced["step_time_s"]), f"predicted for {pl.pool} × {pl.devices}", repriced
+        return None, f"no prediction for {pl.pool} × {pl.devices}", None
     if not quote:
         return None, "", None
-    if job.placement is not None:
-        for o in quote:
-            if o.get("pool") == job.placement.pool and int(o.get("devices") or 0) == job.placement.devices:
-                return float(o["step_time_s"]), f"quote for {job.placement.pool} × {job.placement.devices}", o
     best = quote[0]
     st = best.get("step_time_s")
     return (float(st) if st is not None else None), f"best quoted option ({best.get('pool')})", best
+
+
+def _reprice_placement(job: Job, platform: Any) -> dict[str, Any] | None:
+    """The quote option of the job's own pool × devices, priced now (None when the pool is gone)."""
+    from trainyard.cost.quote import option_for
+    from trainyard.errors import TrainyardError
+    from trainyard.services.quoting import option_document, quote_pools
+    from trainyard.spec.loader import spec_from_dict
+
+    pl = job.placement
+    assert pl is not None
+    try:
+        pools = quote_pools(platform.pools.pools(), with_catalog=platform.options.with_catalog)
+        pool = next((p for p in pools if p.name == pl.pool), None)
+        if pool is None:
+            return None
+        opt = option_for(spec_from_dict(job.spec), pool, pl.devices)
+    except (TrainyardError, ValueError):
+        return None
+    if opt.step_time_s <= 0:
+        return None
+    return option_document(opt)
 
 
 def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[AttemptCost]:
@@ -282,7 +312,7 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
     job = platform.jobs.get(principal, job_id)  # raises NotFoundError for another tenant's job
     events = read_events(platform.db, job.id)
     detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
-    measured: list[float] = []
+    measured: dict[int, list[float]] = {}  # per attempt: each attempt ran on its own placement
     for e in events:
         if e.kind != "heartbeat":
             continue
@@ -292,13 +322,14 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
             detail.loss_by_attempt.setdefault(a, []).append((float(step), float(loss)))
         if isinstance(step, int | float) and isinstance(st, int | float) and st > 0:
             detail.step_times.append((float(step), float(st)))
-            measured.append(float(st))
+            measured.setdefault(a, []).append(float(st))
     for a, pts in detail.loss_by_attempt.items():
         dedup = dict(pts)  # a step reported twice (several ranks) keeps its last value
         detail.loss_by_attempt[a] = sorted(dedup.items())
     detail.step_times.sort()
-    detail.measured_step_time_s = statistics.median(measured) if measured else None
-    detail.predicted_step_time_s, detail.predicted_source, detail.quote_best = _predicted(job)
+    # the latest attempt's steps, the ones run on the placement the prediction below is for
+    detail.measured_step_time_s = statistics.median(measured[max(measured)]) if measured else None
+    detail.predicted_step_time_s, detail.predicted_source, detail.quote_best = _predicted(job, platform)
     detail.attempts = _attempt_costs(job, events, now_s)
     return detail
 
