@@ -80,7 +80,8 @@ class ServerProcess:
         self.home = home
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "TRAINYARD_HOME": str(home)}
+        # the first-start CPU measurement has a test of its own (tests/integration/test_calibration.py)
+        self.env = {**os.environ, "TRAINYARD_HOME": str(home), "TRAINYARD_PROFILE_AT_START": "0"}
         self.env.pop("TRAINYARD_API_KEY", None)
         if database_url:
             self.env["TRAINYARD_DATABASE_URL"] = database_url

@@ -23,10 +23,16 @@ class FakeExecutor:
     fail_launch: bool = False
     shut_down: bool = False
     clock: float = 1_000.0
+    unserved: set[str] = field(default_factory=set)
     _pending: list[ExecutorEvent] = field(default_factory=list)
     _live: dict[str, list[WorkerInfo]] = field(default_factory=dict)
     _pids: itertools.count = field(default_factory=lambda: itertools.count(40_000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def serves(self, pool: object) -> bool:
+        """The scripted executor plays any backend, except for pools named in ``unserved`` and pools
+        marked planning-only (``backend: none``)."""
+        return getattr(pool, "name", None) not in self.unserved
 
     def launch(self, req: LaunchRequest) -> list[WorkerInfo]:
         if self.fail_launch:

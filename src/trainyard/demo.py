@@ -404,7 +404,9 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
                     highlight=False,
                 )
             out.print(
-                "Register a pool with such devices (`trainyard pools set ...`) and the scheduler places it."
+                "Those are planning-only here (no executor of this server serves them); register a pool "
+                "of such devices that this machine or a Ray cluster has (`trainyard pools set ...`, backend "
+                "local or ray) and the scheduler places it."
             )
 
             # a nominal price so that the CPU job's cost is not $0 (put back afterwards)

@@ -122,6 +122,28 @@ def _graceful_server_class() -> Any:
     return GracefulServer
 
 
+def _measure_cpu_at_first_start(settings: Settings, executor: Any, log: Any) -> None:
+    """At the first start of a server that runs CPU jobs (no CPU profile stored yet), time a few real
+    steps of two small decoders on this CPU in the background; the quoter picks the profiles up as soon
+    as they are stored, so the first CPU quote uses this machine's measured speed
+    (``TRAINYARD_PROFILE_AT_START=0`` turns it off)."""
+    import os
+    import threading
+
+    from trainyard.services.profiles import has_cpu_profile, measure_local_cpu
+
+    if os.environ.get("TRAINYARD_PROFILE_AT_START", "1") in ("0", "false", "no"):
+        return
+    if getattr(executor, "name", None) != "local" or has_cpu_profile(settings.home):
+        return
+
+    def run() -> None:
+        paths = measure_local_cpu(settings.home)
+        log.info("cpu_profiled_at_first_start", profiles=[str(p) for p in paths])
+
+    threading.Thread(target=run, name="first-start-profile", daemon=True).start()
+
+
 def serve(
     settings: Settings, *, host: str, port: int, executor: str | None = None, loop_interval_s: float = 0.5
 ) -> None:
@@ -164,6 +186,7 @@ def serve(
         gc.collect()
         gc.freeze()
         platform.start_loop()
+        _measure_cpu_at_first_start(settings, options.executor, log)
         log.info(
             "listening",
             url=f"http://{host}:{port}",

@@ -72,7 +72,7 @@ def test_finished_cpu_attempt_teaches_the_quoter_its_step_time(db: tuple[str, Pa
         assert placed.state == JobState.STARTING and placed.placement.pool == "local-cpu"
         assert placed.placement.devices == 1, placed.placement
         rng = random.Random(7)
-        ex.emit(job.id, "started", {"rank": 0, "pid": 1, "host": "h"})
+        ex.emit(job.id, "started", {"rank": 0, "pid": 1, "host": "h", "device": {"accelerator": "cpu"}})
         for step in range(1, 221):
             if step <= 3:
                 t = MEASURED_S * 20  # warm-up: first steps compile and allocate

@@ -52,7 +52,10 @@ def _run(tmp: Path, job: str, doc: dict[str, Any], every: int | None = None) -> 
             {"architecture": "decoder", "n_kv_heads": 2},
             {"method": "lora", "lora_rank": 4, "optimizer": "sgd"},
         ),
-        ({"architecture": "decoder", "n_experts": 2, "experts_per_token": 1}, {"precision": "bf16-mixed"}),
+        (
+            {"architecture": "decoder", "n_experts": 2, "experts_per_token": 1, "ffn": "gated"},
+            {"precision": "bf16-mixed"},
+        ),
         ({"architecture": "encoder"}, {}),
         ({"architecture": "encoder-decoder", "ffn": "gated"}, {}),
     ],

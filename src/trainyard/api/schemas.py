@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -175,6 +175,8 @@ class PoolDoc(BaseModel):
     source: str
     devices_in_use: int
     updated_at: str | None
+    backend: str = Field(description="local | ray | none (planning only: quoted, never started)")
+    executable: bool = Field(description="True when an executor of this server can start work here")
 
 
 class PoolList(BaseModel):
@@ -193,6 +195,7 @@ class PoolPatch(BaseModel):
     price_usd_per_device_hour: Annotated[float, Field(ge=0, le=1e6)] | None = None
     interruption_rate_per_hour: Annotated[float, Field(ge=0, le=1000)] | None = None
     notice_s: Annotated[float, Field(ge=0, le=86400)] | None = None
+    backend: Literal["local", "ray", "none"] | None = None
 
 
 class TenantCreate(BaseModel):

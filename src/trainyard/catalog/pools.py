@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -35,6 +35,10 @@ class Pool(BaseModel):
     whole_nodes_only: bool = False
     # Device memory when the pool's SKU differs from the accelerator table (a 16 GB V100 vs the 32 GB row).
     memory_per_device_gib: Annotated[float, Field(gt=0, le=1e5)] | None = None
+    # Which executor can start work here (service only): ``local`` (this machine), ``ray`` (nodes carrying
+    # the pool's label) or ``none`` (planning only: quoted and explained, never started). Left out, the
+    # service decides: local pools are ``local``, pools a Ray cluster labels are ``ray``, the rest ``none``.
+    backend: Literal["local", "ray", "none"] | None = None
 
     @field_validator("accelerator")
     @classmethod

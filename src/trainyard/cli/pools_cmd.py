@@ -34,6 +34,7 @@ def list_pools(as_json: bool = typer.Option(False, "--json", help="Print {pools}
         "$/DEVICE-H",
         "INTERRUPTS/H",
         "REGION",
+        "BACKEND",
     )
     for p in doc["pools"]:
         total = p["nodes"] * p["devices_per_node"]
@@ -48,6 +49,7 @@ def list_pools(as_json: bool = typer.Option(False, "--json", help="Print {pools}
             "-" if price is None else f"{price:.4f}",
             str(p.get("interruption_rate_per_hour", "-")),
             p["region"],
+            f"{p.get('backend', '-')}{'' if p.get('executable', True) else ' (planning only)'}",
         )
     console.print(table)
 

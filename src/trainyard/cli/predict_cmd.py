@@ -17,26 +17,11 @@ from trainyard.predict import Calibration, Prediction, default_calibration, pred
 from trainyard.settings import load_settings
 from trainyard.spec.loader import load_spec, spec_from_dict
 
-PROFILES_DIR = "profiles"
-
-
-def load_profiles(home: Path) -> list[dict[str, Any]]:
-    """Stored profiles of this machine ($TRAINYARD_HOME/profiles/*.json), oldest first."""
-    d = home / PROFILES_DIR
-    if not d.is_dir():
-        return []
-    out = []
-    for p in sorted(d.glob("*.json")):
-        try:
-            out.append(json.loads(p.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return out
-
 
 def resolve_calibration(calibration_file: Path | None, use_profiles: bool) -> Calibration:
-    """The packaged calibration, or a file's, plus this machine's CPU profiles when there are any."""
-    from trainyard.predict.fit import calibrate_from_profiles
+    """The packaged calibration, or a file's, plus this machine's CPU profiles when there are any — the
+    same calibration ``trainyard quote`` and the server start from."""
+    from trainyard.services.profiles import profile_calibration
 
     if calibration_file is not None:
         try:
@@ -48,11 +33,7 @@ def resolve_calibration(calibration_file: Path | None, use_profiles: bool) -> Ca
             ) from None
     else:
         cal = default_calibration()
-    if use_profiles:
-        profiles = [p for p in load_profiles(load_settings().home) if p.get("accelerator") == "cpu"]
-        if profiles:
-            cal = calibrate_from_profiles(profiles, base=cal)
-    return cal
+    return profile_calibration(load_settings().home if use_profiles else None, base=cal)
 
 
 def _fmt_s(x: float) -> str:

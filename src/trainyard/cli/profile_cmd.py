@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import re
-import time
 from pathlib import Path
 
 import typer
 
 from trainyard.cli.common import console, handle_errors, print_json
-from trainyard.cli.predict_cmd import PROFILES_DIR, load_profiles
 from trainyard.errors import InvalidInputError
 from trainyard.settings import load_settings
 from trainyard.spec.loader import load_spec
@@ -32,14 +28,9 @@ def profile_command(
         raise InvalidInputError(f"--device {device!r} is not cpu or cuda")
     spec = load_spec(spec_path)
     doc = profile_spec(spec, steps=steps, warmup=warmup, device=device, threads=threads)
-    home = load_settings().home
-    out_dir = home / PROFILES_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9._-]", "-", spec.name)
-    path = out_dir / f"{stem}-{time.strftime('%Y%m%dT%H%M%S')}-{len(load_profiles(home))}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    from trainyard.services.profiles import store_profile
+
+    path = store_profile(load_settings().home, doc)
     if as_json:
         print_json({**doc, "path": str(path)})
         return

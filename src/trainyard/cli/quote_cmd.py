@@ -16,7 +16,8 @@ from trainyard.catalog.pools import load_pools
 from trainyard.cli.common import console, handle_errors, print_json
 from trainyard.cost.model import CostParams
 from trainyard.cost.money import format_duration_s, format_usd
-from trainyard.cost.quote import QuoteOption, quote
+from trainyard.cost.quote import QuoteOption
+from trainyard.predict.model import mark_executability
 from trainyard.settings import load_settings
 from trainyard.spec import JobSpec, load_spec
 
@@ -121,7 +122,18 @@ def _run(spec_path: Path, pools_path: Path | None, as_json: bool, limit: int | N
         pools = [
             with_catalog_price(p, reserved_discount=params.reserved_discount) for p in load_pools(pools_path)
         ]
-    options = quote(spec, pools, params=params, now=datetime.now(UTC))
+    from trainyard.cli.predict_cmd import resolve_calibration
+    from trainyard.services.feedback import calibrated_quote
+
+    if pools is None:  # the packaged catalog, as `quote` would take it
+        from trainyard.catalog.offers import offers_as_pools
+
+        pools = offers_as_pools(reserved_discount=params.reserved_discount)
+    # the calibration `trainyard predict` and the server use (this machine's profiles included)
+    cal = resolve_calibration(None, use_profiles=True)
+    options = mark_executability(
+        spec, calibrated_quote(spec, pools, cal, params=params, now=datetime.now(UTC))
+    )
     if as_json:
         print_json({"options": [o.to_contract() for o in options]})
         return

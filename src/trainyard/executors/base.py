@@ -7,7 +7,7 @@ that kept running. Rank logs go to ``run_dir/rank-<r>.log``.
 
 Event kinds and their ``data``:
 
-- ``started``: ``{rank, pid, host, resumed_from_step}``
+- ``started``: ``{rank, pid, host, resumed_from_step, device: {type, name, count, memory_gib, accelerator}}``
 - ``heartbeat``: ``{rank, step, loss, step_time_s, tokens_per_s, memory_gib}``
 - ``checkpoint``: ``{step, path}`` (also ``save_s``, ``bytes``, ``emergency`` when known)
 - ``preempted``: ``{step, checkpoint_step}`` (the step of the emergency checkpoint, or the last one)
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +58,13 @@ class LaunchRequest:
     run_dir: str  # local dir for this job's logs + worker event files
     notice_s: float = 30.0
     env: dict[str, str] = field(default_factory=dict)
+    # The catalog accelerator the placement chose (``cpu``, ``h100``, ...): the worker trains on it and
+    # fails (infra) when the device it really got is not that one. None in launch files written before
+    # the field existed: treated as ``cpu``.
+    accelerator: str | None = None
+    # The parallelism plan the quote priced (``micro_batch``, ``activation_checkpointing``, ``fsdp``,
+    # ``tensor``, ``pipeline``, ...): the built-in trainer executes it. None: the spec's pins only.
+    plan: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,12 +140,50 @@ def notice_file_name(attempt: int) -> str:
     return f"notice-a{attempt}.json"
 
 
+# ---- devices: what a placement asks for and what a worker really got --------------------------------
+
+# CUDA device names (lower case, as torch/nvidia-smi print them) -> catalog accelerators; the first
+# pattern that occurs in the name wins. A100s are told apart by memory.
+_CUDA_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("gh200", "h200"),
+    ("a100", "a100"),
+    ("a10g", "a10g"),
+    ("l4", "l4"),
+    ("t4", "t4"),
+    ("v100", "v100"),
+    ("p100", "p100"),
+    ("k80", "k80"),
+)
+
+
+def accelerator_for_cuda_device(name: str, memory_gib: float | None = None) -> str | None:
+    """The catalog accelerator of a CUDA device (``"NVIDIA H200"`` -> ``h200``), or None when the
+    catalog has no such model (the device is then never offered as a pool)."""
+    low = name.lower()
+    for pattern, acc in _CUDA_NAME_PATTERNS:
+        if re.search(rf"(^|[^a-z0-9]){pattern}([^0-9]|$)", low):
+            if acc == "a100":
+                return "a100-80gb" if (memory_gib or 0) > 45 or "80g" in low else "a100-40gb"
+            return acc
+    return None
+
+
+def is_gpu_accelerator(accelerator: str | None) -> bool:
+    """True for accelerators the runtime drives through CUDA (NVIDIA); ``cpu`` and None are not."""
+    from trainyard.catalog.names import ACCELERATOR_FAMILY
+
+    return accelerator is not None and ACCELERATOR_FAMILY.get(accelerator) == "nvidia"
+
+
 def launch_request_to_dict(req: LaunchRequest) -> dict[str, Any]:
     return asdict(req)
 
 
 def launch_request_from_dict(doc: dict[str, Any]) -> LaunchRequest:
-    return LaunchRequest(**doc)
+    known = set(LaunchRequest.__dataclass_fields__)
+    return LaunchRequest(**{k: v for k, v in doc.items() if k in known})
 
 
 def rank_log_name(rank: int) -> str:

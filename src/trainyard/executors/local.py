@@ -56,6 +56,52 @@ from trainyard.runtime.worker import exit_file_name
 EXIT_FILE_WAIT_S = 1.0
 
 
+def detect_local_gpus(timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """This machine's CUDA GPUs: ``[{index, name, memory_gib, accelerator}]`` (empty without any).
+
+    Asks ``nvidia-smi`` (no CUDA context in the control plane, and no torch import where there is no
+    GPU); ``accelerator`` is the catalog name (``h100``, ``a100-80gb``, ...) or None for a model the
+    catalog does not price. ``TRAINYARD_LOCAL_GPUS=none`` turns detection off.
+    """
+    import shutil
+
+    from trainyard.executors.base import accelerator_for_cuda_device
+
+    if os.environ.get("TRAINYARD_LOCAL_GPUS", "").lower() == "none":
+        return []
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        try:
+            index, name, mem_gib = int(parts[0]), parts[1], float(parts[2]) / 1024.0
+        except ValueError:
+            continue
+        gpus.append(
+            {
+                "index": index,
+                "name": name,
+                "memory_gib": round(mem_gib, 2),
+                "accelerator": accelerator_for_cuda_device(name, mem_gib),
+            }
+        )
+    return gpus
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -129,9 +175,12 @@ class _Gang:
     cancelled: bool = False
     killed: bool = False
     failures: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)  # CUDA device indices this gang holds
 
 
 class LocalExecutor:
+    """Serves pools with backend ``local``: the CPU (``accelerator: cpu``) and the CUDA GPUs it finds."""
+
     name = "local"
 
     def __init__(
@@ -144,6 +193,7 @@ class LocalExecutor:
         preempt_grace_s: float = 2.0,
         extra_env: dict[str, str] | None = None,
         warm_start: bool = True,
+        gpus: list[dict[str, Any]] | None = None,
     ):
         self.python = python or sys.executable
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -156,8 +206,35 @@ class LocalExecutor:
         self._lock = threading.RLock()
         self._server: subprocess.Popen[bytes] | None = None
         self._server_is_ready = False
+        self.gpus: list[dict[str, Any]] = detect_local_gpus() if gpus is None else list(gpus)
         if warm_start:
             self._start_fork_server()
+
+    # ---- what this executor serves -----------------------------------------------------------------
+    def serves(self, pool: Any) -> bool:
+        """A local pool (``backend: local``, or ``cloud: local`` left to default) of this machine's CPU or
+        of a GPU model it has; never a cloud pool."""
+        backend = pool.backend if pool.backend is not None else ("local" if pool.cloud == "local" else None)
+        if backend != "local":
+            return False
+        if pool.accelerator == "cpu":
+            return True
+        return any(g.get("accelerator") == pool.accelerator for g in self.gpus)
+
+    def _assign_gpus(self, req: LaunchRequest) -> list[int]:
+        """Free GPUs of the placed accelerator for a GPU gang (lowest indices first)."""
+        from trainyard.executors.base import is_gpu_accelerator
+
+        if not is_gpu_accelerator(req.accelerator):
+            return []
+        held = {i for g in self._gangs.values() for i in g.gpus}
+        kind = [g["index"] for g in self.gpus if g.get("accelerator") == req.accelerator]
+        free = [i for i in kind if i not in held]
+        if len(free) < req.world_size:
+            raise RuntimeError(
+                f"{req.world_size} x {req.accelerator} requested but only {len(free)} are free here"
+            )
+        return sorted(free)[: req.world_size]
 
     # ---- warm start: a fork server with torch and transformers already imported ---------------------
     def _base_env(self) -> dict[str, str]:
@@ -241,6 +318,9 @@ class LocalExecutor:
             run_dir = Path(req.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             env_extra = dict(req.env)
+            gpus = self._assign_gpus(req)
+            if gpus:  # each rank trains on cuda:<rank> of these
+                env_extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
             if req.world_size > 1:
                 env_extra.setdefault("MASTER_ADDR", "127.0.0.1")
                 env_extra["MASTER_PORT"] = str(free_port())
@@ -297,6 +377,7 @@ class LocalExecutor:
                 ranks=ranks,
                 started_s=time.time(),
                 entrypoint=bool((req.spec.get("entrypoint") or {}).get("command")),
+                gpus=gpus,
             )
             self._gangs[req.job_id] = gang
             infos = [WorkerInfo(rk.rank, rk.pid, self.host) for rk in ranks]
@@ -382,6 +463,11 @@ class LocalExecutor:
                 started_s=time.time(),
                 entrypoint=bool(((launch.get("spec") or {}).get("entrypoint") or {}).get("command")),
                 adopted_at_s=time.time(),
+                gpus=[
+                    int(i)
+                    for i in str((launch.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "").split(",")
+                    if i.strip().isdigit()
+                ],
             )
             now = time.time()
             for rk in ranks:

@@ -345,6 +345,20 @@ class RayExecutor:
             self._actor_cls = ray.remote(RankHost)
         return self._actor_cls
 
+    def serves(self, pool: Any) -> bool:
+        """A pool with backend ``ray`` (or none given) whose label ``trainyard/pool:<name>`` some alive node
+        carries (the node list is cached for a few seconds; the scheduler asks every round)."""
+        if pool.backend not in (None, "ray"):
+            return False
+        now = time.monotonic()
+        cached = getattr(self, "_labels_cache", None)
+        if cached is None or now - cached[0] > 5.0:
+            nodes = self.cluster_nodes()
+            labels = {k for n in nodes for k in n["resources"] if k.startswith(POOL_RESOURCE_PREFIX)}
+            cached = (now, labels)
+            self._labels_cache = cached
+        return pool_resource(pool.name) in cached[1]
+
     def cluster_nodes(self) -> list[dict[str, Any]]:
         """Alive nodes: ``{node_id, ip, resources}``."""
         import ray

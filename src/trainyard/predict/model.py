@@ -13,6 +13,7 @@ Pure: no I/O besides the packaged calibration data.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -282,6 +283,35 @@ def _infeasible_reason(ctx: _Context, devices: int) -> str:
     )
 
 
+PLAN_NOT_EXECUTABLE = "plan not executable by the built-in trainer; user code required"
+
+
+def builtin_trainer_gap(spec: JobSpec, plan: dict[str, Any]) -> str:
+    """Why the built-in trainer cannot run ``plan`` (it executes data parallel, FSDP, micro-batching
+    and activation checkpointing; tensor and pipeline parallel are prediction only), or "" when it can
+    or when the job brings its own code (``entrypoint``)."""
+    if spec.entrypoint is not None:
+        return ""
+    tp, pp = int(plan.get("tensor") or 1), int(plan.get("pipeline") or 1)
+    if tp <= 1 and pp <= 1:
+        return ""
+    return f"{PLAN_NOT_EXECUTABLE} (tensor {tp}, pipeline {pp})"
+
+
+def mark_executability(spec: JobSpec, options: Sequence[Any]) -> list[Any]:
+    """Feasible options whose plan the built-in trainer cannot run (tensor/pipeline parallel, no
+    entrypoint) say so in their reason: "plan not executable by the built-in trainer; user code
+    required"; they stay feasible (a job with its own entrypoint runs them)."""
+    import dataclasses
+
+    out = []
+    for opt in options:
+        pred = getattr(opt, "prediction", None)
+        gap = builtin_trainer_gap(spec, pred.plan) if opt.feasible and pred is not None else ""
+        out.append(dataclasses.replace(opt, reason=gap) if gap and not opt.reason else opt)
+    return out
+
+
 def predict(
     spec: JobSpec,
     accelerator: Accelerator,
@@ -441,6 +471,10 @@ def _finalize(
             f"needs {mem_gib:.1f} GiB per device with the leanest plan on {devices} x {accelerator.name} "
             f"({capacity_gib:.1f} GiB usable of {accelerator.memory_gib:.0f} GiB); {where}"
         )
+    gap = builtin_trainer_gap(spec, plan_doc) if fits else ""
+    if gap:
+        notes.append(gap)
+        reason = gap
     return Prediction(
         accelerator=accelerator.name,
         devices=devices,

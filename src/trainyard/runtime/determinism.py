@@ -26,7 +26,13 @@ def seed_everything(seed: int, rank: int = 0) -> None:
 
 
 def configure_determinism(num_threads: int) -> None:
-    """Fixed thread counts and deterministic kernels: bit-identical CPU results run to run."""
+    """Fixed thread counts and deterministic kernels: bit-identical results run to run on CPU, and on
+    CUDA (deterministic cuBLAS workspace, cuDNN without autotuning) — set before CUDA initialises."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     torch.set_num_threads(max(1, num_threads))
     with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(1)
@@ -46,7 +52,14 @@ def capture_rng_state() -> dict[str, Any]:
             "cached_gaussian": float(np_state[4]),
         },
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        **_cuda_rng_state(),
     }
+
+
+def _cuda_rng_state() -> dict[str, Any]:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"cuda": [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]}
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -57,3 +70,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
     raw = np.frombuffer(base64.b64decode(state["torch"]), dtype=np.uint8).copy()
     torch.set_rng_state(torch.from_numpy(raw))
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(
+            [torch.from_numpy(np.frombuffer(base64.b64decode(c), dtype=np.uint8).copy()) for c in cuda]
+        )

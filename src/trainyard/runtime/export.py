@@ -28,7 +28,7 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if ptr in seen and t.numel() > 0:
             continue
         seen.add(ptr)
-        out[name] = t.detach().contiguous().clone()
+        out[name] = t.detach().to("cpu").contiguous().clone()
     return out
 
 

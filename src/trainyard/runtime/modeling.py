@@ -1,6 +1,8 @@
 """Builds the model a JobSpec describes with Hugging Face ``transformers`` classes (no downloads).
 
-- ``decoder`` → ``LlamaForCausalLM`` (``MixtralForCausalLM`` when ``n_experts`` is set)
+- ``decoder`` → ``LlamaForCausalLM`` for ``ffn: gated`` (``MixtralForCausalLM`` when ``n_experts`` is
+  set), ``ArceeForCausalLM`` (the same decoder with a plain up/GELU/down MLP) for ``ffn: mlp``; either way
+  the parameter count equals the spec's (``trainyard spec validate``)
 - ``encoder`` → ``BertForMaskedLM``
 - ``encoder-decoder`` → ``T5ForConditionalGeneration`` (first half of each window in, second half out)
 - ``model.base: file:///dir`` → the user's HF-format directory, loaded unchanged (its tokenizer too)
@@ -49,10 +51,15 @@ class PrecisionPolicy:
     def torch_compute_dtype(self) -> torch.dtype:
         return getattr(torch, self.compute_dtype)
 
-    def autocast(self) -> Any:
+    def autocast(self, device_type: str = "cpu") -> Any:
+        """Autocast on the device the model is on (``cpu`` or ``cuda``)."""
         if self.compute_dtype == self.param_dtype:
-            return torch.autocast("cpu", enabled=False)
-        return torch.autocast("cpu", dtype=self.torch_compute_dtype)
+            return torch.autocast(device_type, enabled=False)
+        return torch.autocast(device_type, dtype=self.torch_compute_dtype)
+
+    def needs_grad_scaler(self, device_type: str) -> bool:
+        """fp16 autocast on CUDA needs a loss scaler (fp16 gradients underflow); bf16 and CPU do not."""
+        return device_type == "cuda" and self.compute_dtype == "float16" and self.param_dtype == "float32"
 
 
 POLICIES = {
@@ -68,7 +75,8 @@ def policy_for(precision: str | Precision) -> PrecisionPolicy:
     name = precision.value if isinstance(precision, Precision) else str(precision)
     if name not in POLICIES:
         raise ModelBuildError(
-            f"workload.precision {name} is not supported on CPU; use fp32, bf16-mixed or fp16-mixed"
+            f"workload.precision {name} is not supported by the built-in trainer (fp8 needs Transformer "
+            "Engine kernels); use fp32, bf16-mixed or fp16-mixed"
         )
     return POLICIES[name]
 
@@ -116,11 +124,20 @@ def _config_from_spec(spec: JobSpec) -> tuple[Any, str]:
             eos_token_id=2,
         )
         if m.n_experts:
+            if m.ffn != FFNKind.GATED:
+                raise ModelBuildError(
+                    "model.ffn: mlp with n_experts is not built by the runtime (its MoE experts are gated "
+                    "FFNs); set model.ffn: gated"
+                )
             from transformers import MixtralConfig
 
             return MixtralConfig(
                 num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token or 1, **common
             ), ("causal-lm")
+        if m.ffn != FFNKind.GATED:
+            from transformers import ArceeConfig
+
+            return ArceeConfig(hidden_act="gelu", mlp_bias=False, **common), "causal-lm"
         from transformers import LlamaConfig
 
         return LlamaConfig(**common), "causal-lm"

@@ -89,6 +89,96 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def device_memory_gib(device: torch.device) -> float:
+    """Peak memory of this rank: allocated CUDA memory on a GPU, the resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return rss_gib()
+
+
+class PlanNotExecutable(ValueError):
+    """The placement's plan needs tensor or pipeline parallelism, which the built-in trainer does not run."""
+
+
+def resolve_plan(spec: JobSpec, plan: dict[str, Any] | None, world_size: int) -> dict[str, Any]:
+    """What this trainer executes: the spec's pins first, then the placement's plan, then defaults.
+
+    Returns ``{micro_batch, activation_checkpointing, fsdp}``; raises :class:`PlanNotExecutable` for a
+    plan with tensor or pipeline parallelism (prediction only; such jobs need their own entrypoint).
+    """
+    from trainyard.spec.models import ActivationCheckpointing
+
+    wl = spec.workload
+    plan = dict(plan or {})
+    pins = wl.parallelism if not isinstance(wl.parallelism, str) else None
+    tensor = int((pins.tensor if pins is not None else None) or plan.get("tensor") or 1)
+    pipeline = int((pins.pipeline if pins is not None else None) or plan.get("pipeline") or 1)
+    if tensor > 1 or pipeline > 1:
+        raise PlanNotExecutable(
+            f"plan not executable by the built-in trainer (tensor {tensor}, pipeline {pipeline}); "
+            "user code required: give the job an entrypoint that runs it"
+        )
+    ck = wl.activation_checkpointing.value
+    if wl.activation_checkpointing == ActivationCheckpointing.AUTO:
+        ck = str(plan.get("activation_checkpointing") or "none")
+    fsdp = bool(pins.fsdp) if pins is not None else bool(plan.get("fsdp"))
+    return {
+        "micro_batch": wl.micro_batch or plan.get("micro_batch"),
+        "activation_checkpointing": ck if ck in ("none", "selective", "full") else "none",
+        "fsdp": fsdp and world_size > 1,
+    }
+
+
+def _outermost(model: torch.nn.Module, match: Callable[[torch.nn.Module], bool]) -> list[torch.nn.Module]:
+    """Modules that match and are not inside another matching module (parents come first)."""
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, mod in model.named_modules():
+        if mod is model or not match(mod):
+            continue
+        if any(name.startswith(prefix + ".") for prefix, _ in found):
+            continue
+        found.append((name, mod))
+    return [m for _, m in found]
+
+
+def is_transformer_block(mod: torch.nn.Module) -> bool:
+    cls = type(mod).__name__
+    return cls.endswith(("DecoderLayer", "Layer", "Block")) and "Attention" not in cls
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> int:
+    """Recompute activations in backward: ``full`` checkpoints every transformer block, ``selective``
+    only the attention modules. Returns how many modules are checkpointed."""
+    if mode not in ("full", "selective"):
+        return 0
+    from torch.utils.checkpoint import checkpoint
+
+    def is_attention(mod: torch.nn.Module) -> bool:
+        return type(mod).__name__.endswith("Attention")
+
+    mods = _outermost(model, is_transformer_block if mode == "full" else is_attention)
+    for mod in mods:
+        inner = mod.forward
+
+        def fwd(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return _inner(*args, **kwargs)
+
+        mod.forward = fwd
+    return len(mods)
+
+
+def build_optimizer(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer the spec names: AdamW (weight decay 0.01), SGD (momentum 0.9), Adafactor."""
+    lr = spec.workload.learning_rate
+    if spec.workload.optimizer == Optimizer.SGD:
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if spec.workload.optimizer == Optimizer.ADAFACTOR:
+        return torch.optim.Adafactor(params, lr=lr, foreach=False)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, foreach=False)
+
+
 def rss_gib() -> float:
     try:
         with open("/proc/self/statm") as fh:
@@ -111,8 +201,12 @@ class Trainer:
         heartbeat_s: float | None = None,
         checkpoint_every_steps: int | None = None,
         fallback_url: str | None = None,
+        device: torch.device | None = None,
+        device_info: dict[str, Any] | None = None,
     ):
         self.req = req
+        self.device = device if device is not None else torch.device("cpu")
+        self.device_info = device_info
         self.rank = rank
         self.world_size = req.world_size
         self.emit = emit
@@ -150,15 +244,21 @@ class Trainer:
     def setup(self) -> None:
         seed = self.spec.workload.seed
         seed_everything(seed, self.rank)
+        self.executed = resolve_plan(self.spec, self.req.plan, self.world_size)
         self.built: BuiltModel = build_model(self.spec)
-        self.model = self.built.model.to(self.policy.torch_param_dtype)
+        self.model = self.built.model.to(device=self.device, dtype=self.policy.torch_param_dtype)
+        self.checkpointed_modules = apply_activation_checkpointing(
+            self.model, self.executed["activation_checkpointing"]
+        )
+        self.sharded = bool(self.executed["fsdp"])
+        if self.sharded:
+            self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.param_numel = sum(p.numel() for p in self.params)
-        lr = self.spec.workload.learning_rate
-        if self.spec.workload.optimizer == Optimizer.SGD:
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
-        else:  # adamw; adafactor runs as AdamW on CPU
-            self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.01, foreach=False)
+        self.optimizer: torch.optim.Optimizer = build_optimizer(self.spec, self.params)
+        self.scaler: Any = None
+        if self.policy.needs_grad_scaler(self.device.type):
+            self.scaler = torch.amp.GradScaler(self.device.type)
         self.dataset = build_dataset(
             self.spec.workload.dataset,
             vocab_size=self.built.vocab_size,
@@ -168,9 +268,19 @@ class Trainer:
         )
         self.sampler = Sampler(self.dataset, self.spec.workload.global_batch, self.rank, self.world_size)
         local = len(self.sampler.indices(0))
-        self.micro_batch = min(local, self.spec.workload.micro_batch or local)
+        self.micro_batch = max(1, min(local, int(self.executed["micro_batch"] or local)))
         self.warmup_steps = max(1, min(100, self.total_steps // 10))
         self.tokens_per_rank_step = local * self.spec.workload.seq_len_eff
+
+    def _shard(self) -> None:
+        """FSDP2: every transformer block, then the root, sharded over the gang (``fully_shard``)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for mod in _outermost(self.model, is_transformer_block):
+            fully_shard(mod, mesh=mesh, reshard_after_forward=True)
+        fully_shard(self.model, mesh=mesh, reshard_after_forward=True)
 
     def _state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -227,6 +337,12 @@ class Trainer:
             converted.append(f"precision {saved_policy} → {self.policy.name}")
         if not same_optim:
             converted.append("optimizer state reset (different optimizer)")
+        if self.scaler is not None and man.get("grad_scaler"):
+            self.scaler.load_state_dict(man["grad_scaler"])
+        saved_sharding = man.get("layout", {}).get("sharding", "replicated")
+        current_sharding = "fsdp" if self.sharded else "replicated"
+        if saved_sharding != current_sharding:
+            converted.append(f"layout {saved_sharding} → {current_sharding}")
         rngs = man.get("rng") or {}
         if int(man["world_size"]) == self.world_size and str(self.rank) in rngs:
             restore_rng_state(rngs[str(self.rank)])
@@ -257,21 +373,40 @@ class Trainer:
         loss_sum = 0.0
         for start in range(0, len(indices), self.micro_batch):
             sl = slice(start, start + self.micro_batch)
-            tokens = torch.from_numpy(np.ascontiguousarray(tokens_np[sl]))
-            labels = None if labels_np is None else torch.from_numpy(np.ascontiguousarray(labels_np[sl]))
+            tokens = torch.from_numpy(np.ascontiguousarray(tokens_np[sl])).to(self.device)
+            labels = None
+            if labels_np is not None:
+                labels = torch.from_numpy(np.ascontiguousarray(labels_np[sl])).to(self.device)
             n = tokens.shape[0]
-            with self.policy.autocast():
+            with self.policy.autocast(self.device.type):
                 loss = forward_loss(self.built, tokens, labels)
-            (loss.float() * (n / gb)).backward()
+            scaled = loss.float() * (n / gb)
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
             loss_sum += float(loss.detach()) * n
         preempt = self.notice.pending
-        if self.world_size > 1:
+        if self.sharded:
+            # FSDP reduce-scattered the gradients in backward; the side channel rides alone
+            import torch.distributed as dist
+
+            side = torch.tensor(
+                [loss_sum, float(preempt), float(ckpt_flag and self.rank == 0)], device=self.device
+            )
+            dist.all_reduce(side, group=self.pg)
+            loss_sum, preempt_v, ckpt_v = side.tolist()
+            preempt, ckpt_flag = preempt_v > 0, ckpt_v > 0
+        elif self.world_size > 1:
             import torch.distributed as dist
 
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             flat = torch.cat(
                 [g.reshape(-1).float() for g in grads]
-                + [torch.tensor([loss_sum, float(preempt), float(ckpt_flag and self.rank == 0)])]
+                + [
+                    torch.tensor(
+                        [loss_sum, float(preempt), float(ckpt_flag and self.rank == 0)], device=self.device
+                    )
+                ]
             )
             dist.all_reduce(flat, group=self.pg)
             offset = 0
@@ -281,11 +416,17 @@ class Trainer:
                 offset += k
             loss_sum, preempt_v, ckpt_v = flat[offset:].tolist()
             preempt, ckpt_flag = preempt_v > 0, ckpt_v > 0
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.params, GRAD_CLIP_NORM, foreach=False)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(step)
         self.ckpt.wait_staged()  # an async save copies parameters during forward/backward; not past here
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         return loss_sum / gb, preempt, ckpt_flag
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -294,7 +435,10 @@ class Trainer:
             "precision": self.policy.to_dict(),
             "layout": {
                 "format": "torch-dcp",
-                "replicated": True,
+                "replicated": not self.sharded,
+                "sharding": "fsdp" if self.sharded else "replicated",
+                "activation_checkpointing": self.executed["activation_checkpointing"],
+                "micro_batch": self.micro_batch,
                 "keys": ["model", "optim"],
                 "trainable_only": self.spec.workload.method == Method.LORA,
                 "optimizer": self.spec.workload.optimizer.value,
@@ -306,7 +450,15 @@ class Trainer:
             "loss": self.last_loss,
             "total_steps": self.total_steps,
             "attempt": self.req.attempt,
+            "grad_scaler": self._scaler_state(),
+            "device": {"type": self.device.type, "accelerator": (self.device_info or {}).get("accelerator")},
         }
+
+    def _scaler_state(self) -> dict[str, Any] | None:
+        if self.scaler is None:
+            return None
+        st = self.scaler.state_dict()
+        return {k: (float(v) if isinstance(v, float) else v) for k, v in st.items()}
 
     def _gather_rng(self) -> dict[str, Any]:
         mine = capture_rng_state()
@@ -418,7 +570,7 @@ class Trainer:
                     loss=loss,
                     step_time_s=mean,
                     tokens_per_s=self.tokens_per_rank_step * self.world_size / mean if mean > 0 else 0.0,
-                    memory_gib=round(rss_gib(), 4),
+                    memory_gib=round(device_memory_gib(self.device), 4),
                     total_steps=self.total_steps,
                 )
                 last_hb, hb_steps, hb_time = now, 0, 0.0
@@ -445,6 +597,14 @@ class Trainer:
             precision=self.policy.name,
             world_size=self.world_size,
             model=self.built.description,
+            device=self.device_info or {"type": self.device.type},
+            plan={
+                **self.executed,
+                "micro_batch": self.micro_batch,
+                "grad_accum": -(-len(self.sampler.indices(0)) // self.micro_batch),
+                "checkpointed_modules": self.checkpointed_modules,
+                "optimizer": type(self.optimizer).__name__,
+            },
         )
 
     def _preempted(self) -> Outcome:
@@ -477,14 +637,31 @@ class Trainer:
         last: SaveResult | None = self.ckpt.last_save
         return 0.0 if last is None else last.total_s
 
+    def _export_model(self) -> torch.nn.Module | None:
+        """The model to export on rank 0: the trained one, or for a sharded run an unsharded copy
+        holding the gathered full weights (a collective: every rank calls it)."""
+        if not self.sharded:
+            return self.model if self.rank == 0 else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank != 0:
+            return None
+        plain = build_model(self.spec).model.to(self.policy.torch_param_dtype)
+        plain.load_state_dict(full, strict=False)
+        return plain
+
     def _finish(self) -> Outcome:
         self.ckpt.close()
-        if self.rank != 0:
+        export = self._export_model()
+        if self.rank != 0 or export is None:
             return Outcome("succeeded", {"final_step": self.step})
         from trainyard.runtime.export import export_model
 
         model_url, digest = export_model(
-            self.model,
+            export,
             self.ckpt.job_url,
             lora=self.spec.workload.method == Method.LORA,
             scratch_dir=self.req.run_dir,

@@ -60,9 +60,10 @@ def classify(exc: BaseException) -> str:
     from trainyard.errors import InvalidInputError
     from trainyard.runtime.data import DataError
     from trainyard.runtime.modeling import ModelBuildError
-    from trainyard.runtime.trainer import TrainingDiverged
+    from trainyard.runtime.trainer import PlanNotExecutable, TrainingDiverged
 
     user_types: tuple[type[BaseException], ...] = (
+        PlanNotExecutable,
         DataError,
         ModelBuildError,
         InvalidInputError,
@@ -135,7 +136,9 @@ def run_python_in_process(
     return EXIT_OK
 
 
-def init_process_groups(req: LaunchRequest, rank: int) -> tuple[Any, Any]:
+def init_process_groups(req: LaunchRequest, rank: int, backend: str = "gloo") -> tuple[Any, Any]:
+    """The gang's process group (``backend``: NCCL on CUDA, gloo on CPU) and a gloo group of its own
+    for checkpoint collectives (they run on CPU-staged state, from a background thread)."""
     if req.world_size <= 1:
         return None, None
     import torch.distributed as dist
@@ -145,7 +148,7 @@ def init_process_groups(req: LaunchRequest, rank: int) -> tuple[Any, Any]:
     if not port:
         raise RuntimeError("MASTER_PORT is not set for a multi-rank launch")
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://{addr}:{port}",
         rank=rank,
         world_size=req.world_size,
@@ -190,9 +193,17 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
     configure_determinism(int(req.env.get("TRAINYARD_NUM_THREADS", "1")))
     trainer = None
     try:
+        from trainyard.runtime.device import check_report, device_report, plan_device
         from trainyard.runtime.trainer import Outcome, StorageFailure, Trainer
 
-        pg, ckpt_pg = init_process_groups(req, rank)
+        placed = plan_device(req.accelerator, rank)
+        if placed.device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(placed.device)
+        report = device_report(placed.device)
+        check_report(req.accelerator, report)
+        pg, ckpt_pg = init_process_groups(req, rank, placed.backend)
         every = req.env.get("TRAINYARD_CHECKPOINT_EVERY_STEPS")
         trainer = Trainer(
             req,
@@ -204,6 +215,8 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
             heartbeat_s=float(req.env.get("TRAINYARD_HEARTBEAT_S", "1.0")),
             checkpoint_every_steps=int(every) if every else None,
             fallback_url=f"file://{Path(run_dir).resolve()}/checkpoints",
+            device=placed.device,
+            device_info=report,
         )
         try:
             outcome: Outcome = trainer.run()
@@ -234,6 +247,7 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
 def warm_up() -> None:
     """Import everything a worker needs (torch, transformers, DCP): the slow part of starting one."""
     import torch.distributed.checkpoint  # noqa: F401
+    import transformers.models.arcee.modeling_arcee
     import transformers.models.bert.modeling_bert
     import transformers.models.llama.modeling_llama  # noqa: F401
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: F401

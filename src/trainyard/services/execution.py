@@ -35,7 +35,7 @@ from trainyard.executors.base import (
 from trainyard.services.domain import Job, Placement
 from trainyard.services.jobs import JobService
 from trainyard.services.lifecycle import ACTIVE_STATES, JobState
-from trainyard.services.pools import PoolService
+from trainyard.services.pools import PoolService, executor_serves, planning_only_reason
 from trainyard.services.scheduling import GreedyCheapestRound, QueuedJobView, RoundResult, ScheduleRound
 from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
@@ -44,6 +44,22 @@ log = structlog.get_logger("trainyard.supervisor")
 
 HEARTBEAT_EVENT_EVERY_S = 10.0
 DEFAULT_NOTICE_S = 30.0
+
+
+def launch_plan(spec_doc: dict[str, Any], pool: Pool | None, devices: int) -> dict[str, Any] | None:
+    """The parallelism plan the predictor prices for this placement (what the trainer executes)."""
+    if pool is None:
+        return None
+    try:
+        from trainyard.cost.quote import pool_accelerator, predict_kwargs
+        from trainyard.predict import predict
+        from trainyard.spec.loader import spec_from_dict
+
+        acc = pool_accelerator(pool)
+        return dict(predict(spec_from_dict(spec_doc), acc, devices, **predict_kwargs(pool, acc)).plan)
+    except (TrainyardError, ValueError, KeyError, TypeError) as exc:
+        log.warning("launch_plan_failed", pool=pool.name, error=str(exc)[:300])
+        return None
 
 
 def attempt_cost_usd(
@@ -107,8 +123,13 @@ class Supervisor:
                 log.exception("control_loop_phase_failed", phase=phase.__name__)
 
     # ---- scheduling ----------------------------------------------------------------------------
+    def executable(self, pool: Pool) -> bool:
+        """True when this supervisor's executor can start work on ``pool`` (DESIGN §3.4 backends)."""
+        return executor_serves(self.executor, pool)
+
     def free_pools(self) -> list[Pool]:
-        pools = self.pools.pools()
+        """Pools the executor serves, with their free capacity; planning-only pools are never offered."""
+        pools = [p for p in self.pools.pools() if self.executable(p)]
         with self.db.session() as s:
             used = JobRepo(s).devices_in_use(by="pool")
         out = []
@@ -150,6 +171,7 @@ class Supervisor:
         for job_id, placement in result.placements.items():
             self._start(job_id, placement, pools.get(placement.pool))
         by_id = {j.id: j for j in queued}
+        result = self._explain_planning_only(result, by_id, pools)
         changed = {
             jid: why for jid, why in result.unplaced.items() if jid in by_id and by_id[jid].reason != why
         }
@@ -159,7 +181,28 @@ class Supervisor:
                     JobRepo(s).update_if_state(jid, JobState.QUEUED, reason=why[:2000])
         return result
 
+    def _explain_planning_only(
+        self, result: RoundResult, by_id: dict[str, Job], pools: dict[str, Pool]
+    ) -> RoundResult:
+        """An unplaced job whose feasible options are all on capacity no executor serves says so."""
+        served = {name for name, p in pools.items() if self.executable(p)}
+        for jid in list(result.unplaced):
+            job = by_id.get(jid)
+            if job is None:
+                continue
+            feasible = [o for o in (job.quote or []) if o.get("feasible")]
+            if not feasible or any(o.get("pool") in served for o in feasible):
+                continue
+            names = sorted(
+                {str(o.get("pool") or o.get("instance_type") or o.get("accelerator")) for o in feasible}
+            )
+            result.unplaced[jid] = planning_only_reason(names)
+        return result
+
     def _start(self, job_id: str, placement: Placement, pool: Pool | None) -> None:
+        if pool is None or not self.executable(pool):  # never start work no executor serves
+            log.warning("placement_not_executable", job_id=job_id, pool=placement.pool)
+            return
         with self.db.session() as s:
             job = JobRepo(s).get(job_id, for_update=True)
             if job is None or job.state != JobState.QUEUED:
@@ -199,6 +242,8 @@ class Supervisor:
             checkpoint_interval_s=interval,
             run_dir=str(run_dir),
             notice_s=(pool.notice_s if pool is not None and pool.notice_s is not None else DEFAULT_NOTICE_S),
+            accelerator=placement.accelerator,
+            plan=launch_plan(spec, pool, placement.devices),
         )
         try:
             workers = self.executor.launch(req)

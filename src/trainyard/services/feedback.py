@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -63,19 +64,30 @@ def thin(values: Sequence[float], n: int) -> list[float]:
     return [values[(i * len(values)) // n] for i in range(n)]
 
 
-def _corrected_accelerators(cal: Calibration) -> set[str]:
-    # correction keys are family/stack/precision/accelerator
-    return {key.rsplit("/", 1)[-1] for key in cal.corrections}
+def calibrated_accelerators(cal: Calibration) -> set[str]:
+    """Accelerators ``cal`` knows more about than the packaged calibration: feedback corrections (keys
+    family/stack/precision/accelerator) and this machine's profiles (measured peaks, fitted params)."""
+    out = {key.rsplit("/", 1)[-1] for key in cal.corrections}
+    out |= set(cal.peaks_override)
+    out |= {
+        key.split("/")[3]
+        for key, params in cal.params.items()
+        if key.count("/") >= 3 and str(getattr(params, "key", "")).endswith("/profiled")
+    }
+    return out
 
 
-def calibrated_quote(spec: JobSpec, pools: Sequence[Pool], calibration: Calibration) -> list[Any]:
-    """``trainyard.cost.quote.quote`` where options on pools whose accelerator has a feedback correction are
-    priced with step times predicted on ``calibration`` (same pool topology as the cost model passes)."""
+def calibrated_quote(
+    spec: JobSpec, pools: Sequence[Pool], calibration: Calibration, **quote_kwargs: Any
+) -> list[Any]:
+    """``trainyard.cost.quote.quote`` where options on pools whose accelerator the calibration has measured
+    (feedback corrections, local profiles) are priced with step times predicted on ``calibration`` (same
+    pool topology as the cost model passes)."""
     from trainyard.cost.quote import option_for, pool_accelerator, predict_kwargs, quote, sort_key
     from trainyard.predict import predict
 
-    options = list(quote(spec, list(pools)))
-    corrected = _corrected_accelerators(calibration)
+    options = list(quote(spec, list(pools), **quote_kwargs))
+    corrected = calibrated_accelerators(calibration)
     if not corrected:
         return options
     by_name = {p.name: p for p in pools}
@@ -90,7 +102,8 @@ def calibrated_quote(spec: JobSpec, pools: Sequence[Pool], calibration: Calibrat
         def pf(s: JobSpec, a: Any, d: int, _topology: dict[str, Any] = topology) -> Any:
             return predict(s, a, d, calibration=calibration, **_topology)
 
-        out.append(option_for(spec, pool, opt.devices, predict_fn=pf))
+        extra = {k: v for k, v in quote_kwargs.items() if k in ("params", "now", "deadline_s")}
+        out.append(option_for(spec, pool, opt.devices, predict_fn=pf, **extra))
     out.sort(key=sort_key(spec))
     return out
 
@@ -104,14 +117,23 @@ class Feedback:
         live_pools: Callable[[], list[Pool]],
         clock: Callable[[], float] = time.time,
         base: Calibration | None = None,
+        home: Path | None = None,
     ) -> None:
+        from trainyard.services.profiles import profile_calibration, profiles_signature
+
         self.db = db
         self.live_pools = live_pools
         self.clock = clock
-        self.base = base if base is not None else default_calibration()
+        # ``home``: this machine's profiles ($TRAINYARD_HOME/profiles) join the base calibration, and a
+        # profile stored later (``trainyard profile``, the first-start measurement) is picked up
+        self.home = home
+        self._profiles_sig = profiles_signature(home) if home is not None else (0, 0.0)
+        self._explicit_base = base
+        self.base = base if base is not None else profile_calibration(home, default_calibration())
         self._calibration = self.base
         self._last_id = 0
         self._samples: dict[tuple[str, int], list[float]] = {}
+        self._devices: dict[tuple[str, int], str | None] = {}  # the accelerator rank 0 reported
         self._lock = threading.Lock()
         self.version = 0  # bumps whenever the calibration changes
 
@@ -120,6 +142,15 @@ class Feedback:
         return self._calibration
 
     # ---- collecting ------------------------------------------------------------------------------
+    def observe_started(self, job: Job, ev: ExecutorEvent) -> None:
+        """Keep the accelerator rank 0 says it really runs on (``started.data.device.accelerator``)."""
+        if ev.data.get("rank", 0) not in (0, None):
+            return
+        device = ev.data.get("device")
+        acc = device.get("accelerator") if isinstance(device, dict) else None
+        with self._lock:
+            self._devices[(job.id, ev.attempt)] = str(acc) if acc else None
+
     def observe_heartbeat(self, job: Job, ev: ExecutorEvent) -> None:
         """Keep rank 0's step time of this attempt (every rank of a gang steps together)."""
         value = ev.data.get("step_time_s")
@@ -136,11 +167,24 @@ class Feedback:
 
     def attempt_closed(self, s: Any, job: Job, ended_s: float) -> dict[str, Any] | None:
         """Store the ending attempt's steady-state step times in the caller's transaction (or nothing when
-        it has too few, or its pool's accelerator is unknown). Returns the stored document."""
+        it has too few, or the worker did not report running on the placement's accelerator). Returns the
+        stored document."""
         with self._lock:
             samples = self._samples.pop((job.id, job.attempt), [])
+            reported = self._devices.pop((job.id, job.attempt), None)
         placement = job.placement
         if placement is None or not placement.accelerator:
+            return None
+        if reported != placement.accelerator:
+            # a measurement belongs to the accelerator the worker reported it ran on, never to the
+            # placement's label alone: unreported or different devices teach nothing
+            log.warning(
+                "step_times_not_stored",
+                job_id=job.id,
+                attempt=job.attempt,
+                placed=placement.accelerator,
+                reported=reported,
+            )
             return None
         steady = steady_state(samples)
         if len(steady) < MIN_STEADY_SAMPLES:
@@ -187,8 +231,24 @@ class Feedback:
         self._apply(rows)
         self.version += 1
 
+    def _profiles_changed(self) -> bool:
+        """Rebuild on a new base when a profile was stored since; True when it did."""
+        if self.home is None or self._explicit_base is not None:
+            return False
+        from trainyard.services.profiles import profile_calibration, profiles_signature
+
+        sig = profiles_signature(self.home)
+        if sig == self._profiles_sig:
+            return False
+        self._profiles_sig = sig
+        self.base = profile_calibration(self.home, default_calibration())
+        self.rebuild()
+        return True
+
     def refresh(self) -> bool:
         """Fold rows stored since the last call into the calibration; True when it changed."""
+        if self._profiles_changed():
+            return True
         with self.db.session() as s:
             rows = StepTimeRepo(s).list(after_id=self._last_id)
         if not rows:
@@ -235,7 +295,11 @@ class Feedback:
     # ---- using -----------------------------------------------------------------------------------
     def quote(self, spec: JobSpec, pools: Sequence[Pool]) -> list[Any]:
         """The control plane's quoter (``QuoteFn``): the cost model on the current calibration."""
-        return calibrated_quote(spec, pools, self._calibration)
+        from trainyard.predict.model import mark_executability
+
+        with self._lock:
+            self._profiles_changed()
+        return mark_executability(spec, calibrated_quote(spec, pools, self._calibration))
 
     def summary(self) -> list[dict[str, Any]]:
         """Per calibration key: the correction factor on predicted step times and how many measurements."""

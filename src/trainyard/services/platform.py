@@ -1,8 +1,9 @@
 """The composition root: one database, the services over it, and the control loop.
 
 ``Platform.open(settings)`` upgrades the schema, creates the embedded defaults (tenant ``default`` with
-an admin key file, the ``local-cpu`` pool) and, when an executor is given, reconciles jobs left by a
-previous run. ``start_loop()`` runs admission, scheduling and executor polling in a background thread.
+an admin key file, the ``local-cpu`` pool and, when the local executor finds CUDA GPUs, ``local-gpu``)
+and, when an executor is given, reconciles jobs left by a previous run. ``start_loop()`` runs admission,
+scheduling and executor polling in a background thread.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from trainyard.executors.base import Executor
 from trainyard.services.execution import Supervisor
 from trainyard.services.feedback import Feedback
 from trainyard.services.jobs import JobService
-from trainyard.services.pools import PoolService, local_cpu_pool
+from trainyard.services.pools import PoolService, local_cpu_pool, local_gpu_pools
 from trainyard.services.quoting import QuoteFn
 from trainyard.services.scheduler_adapter import ReplanningSupervisor
 from trainyard.services.scheduling import ScheduleRound
@@ -51,7 +52,7 @@ class Platform:
         clock = self.options.clock
         self.tenants = TenantService(self.db, clock)
         self.pools = PoolService(self.db, clock)
-        self.feedback = Feedback(self.db, self.pools.pools, clock)
+        self.feedback = Feedback(self.db, self.pools.pools, clock, home=self.home)
         if self.options.quoter is None:
             self.options.quoter = self.feedback.quote  # quotes use step times measured here
         self.jobs = JobService(
@@ -92,6 +93,10 @@ class Platform:
             log.info("default_tenant_key_written", path=str(self.settings.api_key_path))
         if self.options.register_local_pool:
             self.pools.ensure_local(local_cpu_pool(self.options.cpu_count))
+            # this machine's CUDA GPUs, as the local executor found them (named by catalog accelerator)
+            for gpu_pool in local_gpu_pools(list(getattr(self.options.executor, "gpus", None) or [])):
+                self.pools.ensure_local(gpu_pool)
+                log.info("local_gpu_pool", name=gpu_pool.name, accelerator=gpu_pool.accelerator)
         self.feedback.rebuild()
         if self.supervisor is not None:
             self.supervisor.reconcile()

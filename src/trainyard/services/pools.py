@@ -17,6 +17,46 @@ from trainyard.store.db import Database
 from trainyard.store.repositories import PoolRepo
 
 LOCAL_POOL = "local-cpu"
+LOCAL_GPU_POOL = "local-gpu"
+PLANNING_ONLY = "none"
+
+
+def pool_backend(pool: Pool, executor: Any = None) -> str:
+    """The backend that serves ``pool`` (DESIGN §3.4): ``local``, ``ray`` or ``none`` (planning only).
+
+    An explicit ``backend`` wins. Left out: this machine's own pools (``cloud: local``) are ``local``; a
+    pool the executor serves takes the executor's name (a Ray cluster whose nodes carry the pool's
+    label); everything else — cloud pools from a POOLS file, catalog offers — is planning only.
+    """
+    if pool.backend is not None:
+        return pool.backend
+    if pool.cloud == "local":
+        return "local"
+    if executor is not None and executor_serves(executor, pool):
+        return str(getattr(executor, "name", PLANNING_ONLY))
+    return PLANNING_ONLY
+
+
+def executor_serves(executor: Any, pool: Pool) -> bool:
+    """True when ``executor`` can start work on ``pool`` (an executor without ``serves`` serves none)."""
+    if executor is None or pool.backend == PLANNING_ONLY:
+        return False
+    serves = getattr(executor, "serves", None)
+    if serves is None:
+        return False
+    try:
+        return bool(serves(pool))
+    except Exception:  # an unreachable cluster serves nothing this round
+        return False
+
+
+def planning_only_reason(pool_names: builtins.list[str]) -> str:
+    names = ", ".join(sorted(pool_names)[:6]) + (" …" if len(pool_names) > 6 else "")
+    return (
+        f"the only capacity that fits is planning-only ({names}: no executor of this server serves it, "
+        "backend none); it is quoted and explained but never started — add a pool with backend local "
+        "or ray, or relax the job's requirements"
+    )
 
 
 def local_cpu_pool(cpu_count: int | None = None) -> Pool:
@@ -40,6 +80,34 @@ def local_cpu_pool(cpu_count: int | None = None) -> Pool:
         region="local",
         interruption_rate_per_hour=0.0,
     )
+
+
+def local_gpu_pools(gpus: builtins.list[dict[str, Any]]) -> builtins.list[Pool]:
+    """Pools of this machine's CUDA GPUs, one per catalog accelerator (``local-gpu``, then
+    ``local-gpu-<accelerator>`` for a second kind). ``gpus``: ``[{index, name, accelerator, memory_gib}]``
+    as :func:`trainyard.executors.local.detect_local_gpus` reports them; unknown models are left out."""
+    by_acc: dict[str, builtins.list[dict[str, Any]]] = {}
+    for g in gpus:
+        if g.get("accelerator"):
+            by_acc.setdefault(str(g["accelerator"]), []).append(g)
+    out = []
+    for i, (acc, members) in enumerate(sorted(by_acc.items(), key=lambda kv: -len(kv[1]))):
+        out.append(
+            Pool(
+                name=LOCAL_GPU_POOL if i == 0 else f"{LOCAL_GPU_POOL}-{acc}",
+                accelerator=acc,
+                devices_per_node=len(members),
+                nodes=1,
+                market="on_demand",
+                price_usd_per_device_hour=0.0,
+                cloud="local",
+                region="local",
+                interruption_rate_per_hour=0.0,
+                memory_per_device_gib=min(float(m.get("memory_gib") or 0) for m in members) or None,
+                backend="local",
+            )
+        )
+    return out
 
 
 def with_price(pool: Pool) -> Pool:

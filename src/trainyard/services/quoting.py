@@ -19,8 +19,9 @@ class Quoter(Protocol):
 def cost_quote(spec: JobSpec, pools: Sequence[Pool]) -> list[Any]:
     """Interface A: ``trainyard.cost.quote.quote(spec, pools)``."""
     from trainyard.cost.quote import quote
+    from trainyard.predict.model import mark_executability
 
-    return list(quote(spec, list(pools)))
+    return mark_executability(spec, list(quote(spec, list(pools))))
 
 
 def catalog_pools() -> list[Pool]:

@@ -67,12 +67,14 @@ def calibrated_predictions(calibration: Calibration | None) -> CalibrationHook |
     """The scheduler's calibration hook for a feedback calibration: predictions on ``calibration`` for
     accelerators it has measured (as :func:`~trainyard.services.feedback.calibrated_quote` prices
     quotes), the packaged predictor's for the others; None when nothing has been measured."""
-    if calibration is None or not calibration.corrections:
+    from trainyard.services.feedback import calibrated_accelerators
+
+    measured = calibrated_accelerators(calibration) if calibration is not None else set()
+    if calibration is None or not measured:
         return None
     from trainyard.predict import predict
 
     cal = calibration
-    measured = {key.rsplit("/", 1)[-1] for key in cal.corrections}  # family/stack/precision/accelerator
 
     def calibrated(spec: JobSpec, accelerator: Any, devices: int, topology: Mapping[str, Any]) -> Any:
         if accelerator.name not in measured:
@@ -462,6 +464,11 @@ class ReplanningSupervisor(Supervisor):
             )
 
     # ---- feedback ----------------------------------------------------------------------------------
+    def _on_started(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        super()._on_started(s, job, ev)
+        if self.feedback is not None:
+            self.feedback.observe_started(job, ev)
+
     def _on_heartbeat(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
         super()._on_heartbeat(s, job, ev)
         if self.feedback is not None and job.state in ACTIVE_STATES:

@@ -338,9 +338,13 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
 def pools_view(platform: Any) -> list[dict[str, Any]]:
     with platform.db.session() as s:
         used = JobRepo(s).devices_in_use(by="pool")
+    from trainyard.services.pools import executor_serves, pool_backend, pool_from_record
+
     rows = []
+    ex = platform.options.executor
     for rec in platform.pools.list():
         d = rec.doc
+        pool = pool_from_record(rec)
         total = int(d.get("nodes", 1)) * int(d.get("devices_per_node", 1))
         available = d.get("available_devices")
         free_now = (total if available is None else int(available)) - used.get(rec.name, 0)
@@ -362,6 +366,8 @@ def pools_view(platform: Any) -> list[dict[str, Any]]:
                 "interruption_rate_per_hour": d.get("interruption_rate_per_hour"),
                 "source": rec.source,
                 "updated_at": iso(rec.updated_at_s),
+                "backend": pool_backend(pool, ex),
+                "executable": executor_serves(ex, pool),
             }
         )
     return rows
