@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from test_runtime_guarantees import Harness, final, kill, spec, started
+
 from trainyard.executors.base import LaunchRequest
 from trainyard.executors.local import LocalExecutor
 
@@ -64,6 +64,8 @@ def test_two_rank_fsdp_killed_resumes_bit_identically_then_loads_onto_one_rank(
     rest = harness.ex.wait("fsdp", 120)
     st = started(rest, attempt)
     assert st["resumed_from_step"] == STEPS and st["world_size"] == 1 and st["plan"]["fsdp"] is False
-    note = next(e.data["message"] for e in rest if e.kind == "log" and "converted" in e.data.get("message", ""))
+    note = next(
+        e.data["message"] for e in rest if e.kind == "log" and "converted" in e.data.get("message", "")
+    )
     assert "world size 2 → 1" in note and "layout fsdp → replicated" in note
     assert final(rest).data["model_sha256"] == final(clean).data["model_sha256"]
