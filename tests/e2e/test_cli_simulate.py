@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [
-    "policy", "jobs_total", "jobs_completed", "total_cost_usd", "mean_jct_s", "p99_jct_s", "deadline_misses",
-    "preemptions", "lost_work_device_s", "solver_time_p99_s", "lower_bound_cost_usd",
+    "policy", "jobs_total", "jobs_completed", "total_cost_usd", "committed_cost_usd", "mean_jct_s",
+    "p99_jct_s", "deadline_misses", "preemptions", "lost_work_device_s", "solver_time_p99_s",
+    "lower_bound_cost_usd",
 ]  # fmt: skip
 
 

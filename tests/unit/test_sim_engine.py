@@ -182,7 +182,9 @@ def test_conservation(runs: dict[str, object]) -> None:
         assert len(done) == len(r.jobs)  # type: ignore[attr-defined]
         assert len({j.job_id for j in done}) == len(done)  # each exactly once
         assert r.billed_device_s == pytest.approx(r.held_device_s, rel=1e-9)  # type: ignore[attr-defined]
-        assert sum(j.cost_usd for j in r.jobs) == pytest.approx(r.total_cost_usd, rel=1e-9)  # type: ignore[attr-defined]
+        usage = sum(j.cost_usd for j in r.jobs)  # type: ignore[attr-defined]
+        assert usage == pytest.approx(r.usage_cost_usd, rel=1e-9)  # type: ignore[attr-defined]
+        assert r.total_cost_usd == pytest.approx(usage + r.committed_cost_usd, rel=1e-9)  # type: ignore[attr-defined]
         for ps in r.pools:  # type: ignore[attr-defined]
             assert ps.held_device_s <= ps.capacity_device_s + 1e-6
         # the queue drains and nothing is running at the end
@@ -205,8 +207,9 @@ def test_determinism_per_seed(runs: dict[str, object]) -> None:
 def test_summary_contract(runs: dict[str, object]) -> None:
     s = runs["trainyard"].summary()  # type: ignore[attr-defined]
     assert list(s) == [
-        "policy", "jobs_total", "jobs_completed", "total_cost_usd", "mean_jct_s", "p99_jct_s",
-        "deadline_misses", "preemptions", "lost_work_device_s", "solver_time_p99_s", "lower_bound_cost_usd",
+        "policy", "jobs_total", "jobs_completed", "total_cost_usd", "committed_cost_usd", "mean_jct_s",
+        "p99_jct_s", "deadline_misses", "preemptions", "lost_work_device_s", "solver_time_p99_s",
+        "lower_bound_cost_usd",
     ]  # fmt: skip
     assert s["total_cost_usd"] >= s["lower_bound_cost_usd"] > 0
 
@@ -277,7 +280,7 @@ def test_invariants_hold_under_random_preemptions(
     r = simulate(jobs, pools, policy, SimConfig(seed=seed, step_time_error_sigma=sigma, changes=changes))
     assert all(j.completion_s is not None and j.completion_s >= j.submit_s for j in r.jobs)
     assert r.billed_device_s == pytest.approx(r.held_device_s, rel=1e-9)
-    assert sum(j.cost_usd for j in r.jobs) == pytest.approx(r.total_cost_usd, rel=1e-9)
+    assert sum(j.cost_usd for j in r.jobs) + r.committed_cost_usd == pytest.approx(r.total_cost_usd, rel=1e-9)
     assert all(j.lost_work_device_s >= 0 and j.attempts == j.preemptions + 1 for j in r.jobs)
     for j in r.jobs:  # nobody beats running alone on the cheapest option at true speed
         assert j.cost_usd >= j.lower_bound_cost_usd * (1 - 1e-9)
@@ -393,3 +396,51 @@ def test_a_job_whose_deadline_is_too_short_from_the_start_still_completes(policy
     r = simulate([one_job(deadline="30m")], [pool()], policy, cfg(give_up_after_idle_rounds=5))
     (out,) = r.jobs
     assert out.completion_s is not None and out.missed_deadline
+
+
+# ---- reserved capacity is committed spend; the lower bound respects pool capacity ------------------------
+
+
+@pytest.mark.parametrize("policy", ["cheapest-hourly", "trainyard", "on-demand-only"])
+def test_reserved_pool_is_billed_over_the_span_not_per_use(policy: str) -> None:
+    job = one_job()
+    reserved = pool("reserved", nodes=2)  # 2 devices committed, the job uses one
+    r = simulate([job], [reserved], policy, cfg())
+    wall = PROVISION_S + STEPS * STEP_S + 5 * WRITE_S
+    (out,) = r.jobs
+    assert out.completion_s == pytest.approx(wall)
+    assert out.cost_usd == 0.0 and r.usage_cost_usd == 0.0  # using committed capacity costs nothing more
+    assert r.committed_cost_usd == pytest.approx(2 * wall / 3600.0 * PRICE)  # both devices, whole span
+    assert r.total_cost_usd == pytest.approx(r.committed_cost_usd)
+    s = r.summary()
+    assert s["committed_cost_usd"] == pytest.approx(r.committed_cost_usd)
+    assert s["lower_bound_cost_usd"] == pytest.approx(r.committed_cost_usd)  # nothing cheaper than free
+
+
+def test_unused_reserved_capacity_is_billed_to_every_policy() -> None:
+    doc = one_job().spec.to_document()
+    doc["requirements"] = {"regions": ["us-*"]}
+    job = TraceJob(job_id="hand", submit_s=0.0, tenant="t", spec=spec_from_dict(doc))
+    pools = [pool("on_demand"), pool("reserved", name="res", region="eu-west-1")]  # outside the job's regions
+    for policy in ("fastest", "cheapest-hourly", "trainyard"):
+        r = simulate([job], pools, policy, cfg())
+        (out,) = r.jobs
+        assert out.pools == ("a100-on_demand",)
+        assert r.committed_cost_usd == pytest.approx(r.end_s / 3600.0 * PRICE)
+        assert r.total_cost_usd == pytest.approx(out.cost_usd + r.committed_cost_usd)
+
+
+def test_capacity_aware_bound_sees_a_scarce_cheap_pool() -> None:
+    """Two one-hour jobs, one cheap device and one dear pool: the cheap device cannot do both within the
+    run, so the capacity-aware bound lies above the per-job one and below what the run paid."""
+    jobs = [replace(one_job(), job_id=f"j{i}") for i in range(2)]
+    pools = [
+        pool("on_demand", name="cheap", price_usd_per_device_hour=1.0),
+        pool("on_demand", name="dear", price_usd_per_device_hour=5.0),
+    ]
+    r = simulate(jobs, pools, "cheapest-hourly", cfg())
+    assert all(j.completion_s is not None for j in r.jobs)
+    per_job = sum(j.lower_bound_cost_usd for j in r.jobs)
+    assert per_job == pytest.approx(r.per_job_lower_bound_usd)
+    assert r.lower_bound_status == "optimal"
+    assert per_job * 1.5 < r.lower_bound_cost_usd <= r.total_cost_usd * (1 + 1e-9)

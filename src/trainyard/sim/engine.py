@@ -253,9 +253,14 @@ class SimResult:
     end_s: float
     billed_device_s: float
     held_device_s: float
-    total_cost_usd: float
+    total_cost_usd: float  # usage spend plus committed spend
     starts: int
     rejected_starts: int
+    committed_cost_usd: float = 0.0  # reserved pools' capacity over the simulated span, used or not
+    usage_cost_usd: float = 0.0  # on-demand and spot allocations as held (reserved use is committed)
+    lower_bound_cost_usd: float = 0.0  # committed + the capacity-aware LP bound on usage (sim.bound)
+    per_job_lower_bound_usd: float = 0.0  # committed + each job alone on its cheapest option
+    lower_bound_status: str = ""  # the LP's status ("optimal", or why the per-job bound stands in)
 
     def summary(self) -> dict[str, Any]:
         from trainyard.sim.metrics import summarize
@@ -356,6 +361,7 @@ class Simulator:
         self._rejected = 0
         self._samples: list[Sample] = []
         self._lower_bounds: dict[str, float] = {}
+        self._bound_options: dict[str, list[Any]] = {}  # job -> sim.bound.BoundOption (every feasible one)
         self._trace_iters: dict[str, Any] = {}
         self._truth: dict[tuple[str, str], float] = {}  # true / predicted step time per (job, accelerator)
         self._detached: dict[int, _Attempt] = {}  # old allocations of migrating jobs, until released
@@ -375,21 +381,29 @@ class Simulator:
 
     def _lower_bound(self, job: _Job) -> float:
         """The job alone on its cheapest option at true speed: no preemption, no capacity limit, no
-        checkpoints, one start-up."""
-        best = math.inf
+        checkpoints, one start-up; reserved capacity at marginal cost zero (it is committed spend). Also
+        records every feasible option (deadline relaxed) for the capacity-aware bound (``sim.bound``)."""
+        from trainyard.sim.bound import BoundOption
+
+        best = {True: math.inf, False: math.inf}
         ckpt_bytes = self.book.cache.facts(job.spec).checkpoint_bytes  # cost.model.checkpoint_bytes(spec)
+        options: list[BoundOption] = []
         # options that meet the deadline; for a job none can finish in time, its cheapest late option
         for deadline in (True, False):
             for ps in self.pools.values():
                 for opt in self.book.feasible(job.job_id, job.spec, ps.base.name, deadline=deadline):
                     step = opt.step_time_s * self._truth_factor(job, opt)
-                    price_s = ps.price() * opt.devices / 3600.0
+                    price = 0.0 if ps.market == "reserved" else ps.price()
                     startup = max(0.0, opt.restart_s - _checkpoint_load_s(job.spec, opt.nodes, ckpt_bytes))
-                    cost = (startup + job.total_steps * step) * price_s
-                    best = min(best, cost)
-            if math.isfinite(best):
-                break
-        return best if math.isfinite(best) else 0.0
+                    busy_s = startup + job.total_steps * step
+                    cost = busy_s * price * opt.devices / 3600.0
+                    best[deadline] = min(best[deadline], cost)
+                    if not deadline:
+                        held = capacity_devices(ps.base, opt.devices) * busy_s
+                        options.append(BoundOption(pool=ps.base.name, cost_usd=cost, device_s=held))
+        self._bound_options[job.job_id] = options
+        value = best[True] if math.isfinite(best[True]) else best[False]
+        return value if math.isfinite(value) else 0.0
 
     def _truth_factor(self, job: _Job, opt: QuoteOption) -> float:
         if opt.accelerator in job.spec.measured.step_time_s or opt.step_time_source.startswith("measured"):
@@ -712,7 +726,9 @@ class Simulator:
         if dt <= 0:
             return
         ps = self.pools[att.pool]
-        cost = att.devices * dt * ps.price() / 3600.0
+        # reserved capacity is committed spend, billed over the whole span at the end (_result): using it
+        # costs nothing more
+        cost = 0.0 if ps.market == "reserved" else att.devices * dt * ps.price() / 3600.0
         att.cost_usd += cost
         att.billed_device_s += att.devices * dt
         att.billed_until_s = t
@@ -865,9 +881,14 @@ class Simulator:
                     lower_bound_cost_usd=self._lower_bounds.get(job_id, 0.0),
                 )
             )
+        from trainyard.sim.bound import capacity_lower_bound
+
         stats = []
+        committed = 0.0
         for ps in self.pools.values():
             self._close_capacity_window(ps)
+            if ps.market == "reserved":
+                committed += ps.capacity_device_s * ps.price() / 3600.0
             stats.append(
                 PoolStats(
                     name=ps.base.name,
@@ -878,6 +899,10 @@ class Simulator:
                     preemptions=ps.preemptions,
                 )
             )
+        done = {
+            j.job_id: self._bound_options.get(j.job_id, []) for j in outcomes if j.completion_s is not None
+        }
+        bound = capacity_lower_bound(done, {ps.base.name: ps.capacity_device_s for ps in self.pools.values()})
         return SimResult(
             policy=self.policy.name,
             seed=self.config.seed,
@@ -889,7 +914,12 @@ class Simulator:
             end_s=end,
             billed_device_s=self._billed_device_s,
             held_device_s=self._held_device_s,
-            total_cost_usd=self._total_cost,
+            total_cost_usd=self._total_cost + committed,
             starts=self._starts,
             rejected_starts=self._rejected,
+            committed_cost_usd=committed,
+            usage_cost_usd=self._total_cost,
+            lower_bound_cost_usd=committed + bound.usage_usd,
+            per_job_lower_bound_usd=committed + sum(self._lower_bounds.values()),
+            lower_bound_status=bound.status,
         )

@@ -84,9 +84,9 @@ def write_report(results: Sequence[SimResult], out_dir: str | Path) -> list[Path
 
     p = out / "summary.md"
     lines = [
-        "| policy | completed | cost $ | × lower bound | mean JCT h | p99 JCT h | deadline misses "
-        "| preemptions | lost work device-h | solver p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | completed | cost $ | usage $ | committed $ | × lower bound | mean JCT h | p99 JCT h "
+        "| deadline misses | preemptions | lost work device-h | solver p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lb = s["lower_bound_cost_usd"]
@@ -95,6 +95,8 @@ def write_report(results: Sequence[SimResult], out_dir: str | Path) -> list[Path
             s["policy"],
             f"{s['jobs_completed']}/{s['jobs_total']}",
             f"{s['total_cost_usd']:,.2f}",
+            f"{s['total_cost_usd'] - s['committed_cost_usd']:,.2f}",
+            f"{s['committed_cost_usd']:,.2f}",
             f"{ratio:.3f}",
             f"{s['mean_jct_s'] / 3600:.2f}",
             f"{s['p99_jct_s'] / 3600:.2f}",
