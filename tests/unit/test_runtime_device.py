@@ -69,6 +69,8 @@ def test_device_plan_cpu_gloo_and_gpu_nccl() -> None:
     gpu = plan_device("h100", 1, cuda_available=True, cuda_count=2, env={})
     assert gpu.device == torch.device("cuda", 1) and gpu.backend == "nccl"
     assert dist_backend(gpu.device) == "nccl"
+    own = plan_device("h100", 5, cuda_available=True, cuda_count=1, env={})  # one GPU of its own (Ray)
+    assert own.device == torch.device("cuda", 0)
     assert (
         plan_device("h100", 0, cuda_available=True, cuda_count=8, env={"LOCAL_RANK": "3"}).device.index == 3
     )

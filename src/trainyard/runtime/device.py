@@ -76,6 +76,8 @@ def plan_device(
             "on the CPU instead"
         )
     count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if count == 1:  # a rank given one GPU of its own (a Ray actor's CUDA_VISIBLE_DEVICES) trains on it
+        return DevicePlan(torch.device("cuda", 0), "nccl", acc)
     lr = local_rank(rank, env)
     if lr >= count:
         raise DeviceMismatch(f"placed on {acc}: local rank {lr} needs GPU {lr} but only {count} are visible")
