@@ -57,7 +57,7 @@ def decode_cursor(cursor: str) -> int:
         if not raw.startswith("s:"):
             raise ValueError
         seq = int(raw[2:])
-        if seq < 0:
+        if not 0 <= seq < 2**63:  # sequences are 64-bit signed integers in the database
             raise ValueError
         return seq
     except (ValueError, UnicodeDecodeError):

@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 API_VERSION: Final = "trainyard/v1"
 KIND: Final = "TrainingJob"
@@ -27,6 +27,10 @@ MAX_BATCH = 16_777_216
 MAX_STEPS = 10**10
 MAX_TOKENS = 10**16
 MAX_DEVICES = 1_000_000
+# Positive quantities start here, not at any float above 0: subnormals like 5e-324 overflow the math
+# that divides by them. One millionth of the unit (a dollar, an hour, a GiB, a second) is below any use.
+MIN_POSITIVE = 1e-6
+MIN_DURATION_S = 1e-3
 
 
 class Architecture(StrEnum):
@@ -99,7 +103,7 @@ class ModelSpec(_Strict):
     n_experts: Annotated[int, Field(ge=1, le=4096)] | None = None
     experts_per_token: Annotated[int, Field(ge=1, le=4096)] | None = None
     tie_embeddings: bool = False
-    params_b: Annotated[float, Field(gt=0, le=MAX_PARAMS_B)] | None = None
+    params_b: Annotated[float, Field(ge=MIN_POSITIVE, le=MAX_PARAMS_B)] | None = None
     base: str | None = None
 
     @model_validator(mode="after")
@@ -247,14 +251,14 @@ class WorkloadSpec(_Strict):
     global_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)]
     steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
-    epochs: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    epochs: Annotated[float, Field(ge=MIN_POSITIVE, le=1e6)] | None = None
     dataset: str | None = None
     dataset_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None = None
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     micro_batch: Annotated[int, Field(ge=1, le=MAX_BATCH)] | None = None
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.AUTO
     parallelism: Literal["auto"] | ParallelismPin = "auto"
-    learning_rate: Annotated[float, Field(gt=0, le=10)] = 3e-4
+    learning_rate: Annotated[float, Field(ge=1e-12, le=10)] = 3e-4
 
     @field_validator("tokens", "steps", mode="before")
     @classmethod
@@ -305,11 +309,11 @@ class WorkloadSpec(_Strict):
 
 
 class ResourcesSpec(_Strict):
-    min_memory_per_device_gib: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    min_interconnect_gbps: Annotated[float, Field(gt=0, le=1e7)] | None = None
+    min_memory_per_device_gib: Annotated[float, Field(ge=MIN_POSITIVE, le=1e6)] | None = None
+    min_interconnect_gbps: Annotated[float, Field(ge=MIN_POSITIVE, le=1e7)] | None = None
     min_devices: Annotated[int, Field(ge=1, le=MAX_DEVICES)] | None = None
     max_devices: Annotated[int, Field(ge=1, le=MAX_DEVICES)] | None = None
-    accelerator_hours: Annotated[float, Field(gt=0, le=1e9)] | None = None
+    accelerator_hours: Annotated[float, Field(ge=MIN_POSITIVE, le=1e9)] | None = None
 
     @model_validator(mode="after")
     def _check_range(self) -> ResourcesSpec:
@@ -382,6 +386,8 @@ def parse_duration_s(value: str | float | int) -> float:
         seconds = d * 86400 + h * 3600 + mi * 60 + s
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"duration must be positive, got {value!r}")
+    if seconds < MIN_DURATION_S:
+        raise ValueError(f"duration {value!r} is shorter than a millisecond")
     if seconds > 10 * 365 * 86400:
         raise ValueError(f"duration {value!r} is longer than ten years")
     return seconds
@@ -390,7 +396,7 @@ def parse_duration_s(value: str | float | int) -> float:
 class ObjectiveSpec(_Strict):
     minimize: Minimize = Minimize.COST
     deadline: str | None = None
-    budget_usd: Annotated[float, Field(gt=0, le=1e12)] | None = None
+    budget_usd: Annotated[float, Field(ge=MIN_POSITIVE, le=1e12)] | None = None
     markets: list[Market] = Field(default_factory=lambda: [Market.SPOT, Market.ON_DEMAND, Market.RESERVED])
 
     @field_validator("deadline", mode="before")
@@ -439,7 +445,20 @@ class ObjectiveSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    interval: str = "auto"
+    # "auto", a duration string, or a number of seconds (stored as "<n>s"): the schema says so too
+    interval: Annotated[
+        str,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "number", "minimum": MIN_DURATION_S, "maximum": 315360000},
+                ],
+                "default": "auto",
+                "title": "Interval",
+            }
+        ),
+    ] = "auto"
     storage: str | None = None
     keep_last: Annotated[int, Field(ge=1, le=1000)] = 3
 
@@ -448,6 +467,8 @@ class CheckpointSpec(_Strict):
     def _check_interval(cls, v: Any) -> Any:
         if v == "auto":
             return v
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            raise ValueError("must be auto, a duration like 15m, or a number of seconds")
         parse_duration_s(v)
         return v if isinstance(v, str) else f"{float(v)}s"
 
@@ -467,7 +488,7 @@ class CheckpointSpec(_Strict):
 
 
 class MeasuredSpec(_Strict):
-    step_time_s: dict[str, Annotated[float, Field(gt=0, le=1e7)]] = Field(default_factory=dict)
+    step_time_s: dict[str, Annotated[float, Field(ge=MIN_POSITIVE, le=1e7)]] = Field(default_factory=dict)
 
     @field_validator("step_time_s", mode="after")
     @classmethod

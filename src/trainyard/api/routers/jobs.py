@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path as FsPath
 from typing import Annotated, Any
 
@@ -158,8 +159,12 @@ def _read_log(job: Job, rank: int, offset: int, limit_bytes: int) -> dict[str, A
         path = FsPath(job.run_dir) / rank_log_name(rank)
         if path.is_file():
             with path.open("rb") as f:
-                f.seek(offset)
-                chunk = f.read(limit_bytes)
+                # past the end there is nothing to read; seeking there can fail (EINVAL beyond the file
+                # system's largest file size), so do not
+                chunk = b""
+                if offset < os.fstat(f.fileno()).st_size:
+                    f.seek(offset)
+                    chunk = f.read(limit_bytes)
             next_offset = offset + len(chunk)
             text = chunk.decode("utf-8", errors="replace")
     return {"job_id": job.id, "rank": rank, "offset": offset, "next_offset": next_offset, "text": text}
