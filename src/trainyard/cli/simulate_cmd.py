@@ -120,8 +120,7 @@ def simulate(
         "policy",
         "done",
         "cost $",
-        "usage $",
-        "committed $",
+        "reserved $",
         "× LB",
         "mean JCT h",
         "p99 JCT h",
@@ -136,7 +135,6 @@ def simulate(
             s["policy"],
             f"{s['jobs_completed']}/{s['jobs_total']}",
             f"{s['total_cost_usd']:,.2f}",
-            f"{s['total_cost_usd'] - s['committed_cost_usd']:,.2f}",
             f"{s['committed_cost_usd']:,.2f}",
             f"{s['total_cost_usd'] / lb:.2f}" if lb > 0 else "-",
             f"{s['mean_jct_s'] / 3600:.2f}",
@@ -147,7 +145,8 @@ def simulate(
         )
     console.print(table)
     console.print(
-        "lower bound per policy (committed spend + each pool's capacity over the run, time order relaxed): "
+        "cost = usage + reserved capacity over the run (committed); lower bound per policy (committed + "
+        "usage within each pool's capacity over the run, time order relaxed): "
         + ", ".join(f"{s['policy']} ${s['lower_bound_cost_usd']:,.2f}" for s in summaries)
     )
 
