@@ -102,7 +102,51 @@ class QuotaExceededError(TrainyardError):
     code = "quota_exceeded"
     http_status = 429
     exit_code = 6
-    default_hint = "Wait for running jobs to finish or ask an admin to raise the tenant's quota."
+    default_hint = (
+        "Wait for running jobs to finish, or ask an admin to raise the quota with "
+        "`trainyard tenants update TENANT --max-queued-jobs N`."
+    )
+
+
+class BudgetExceededError(TrainyardError):
+    """A hard dollar budget would be passed; ``details`` carries the numbers (limit, spent, reserved,
+    the quoted cost and which estimate it is)."""
+
+    code = "budget_exceeded"
+    http_status = 402
+    exit_code = 6
+    default_hint = "Ask an admin to raise the budget with `trainyard budgets set TENANT --usd N --hard`."
+
+
+class RateLimitedError(TrainyardError):
+    """Too many requests for a token bucket; ``retry_after_s`` says when one token is back."""
+
+    code = "rate_limited"
+    http_status = 429
+    exit_code = 6
+    default_hint = "Slow down: retry after the number of seconds in the Retry-After header."
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float = 1.0,
+        headers: dict[str, str] | None = None,
+        hint: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint, details=details)
+        self.retry_after_s = retry_after_s
+        self.headers = headers or {}
+
+
+class LedgerMismatchError(TrainyardError):
+    """The usage ledger and the jobs' recorded costs (or the budgets' spent totals) disagree."""
+
+    code = "ledger_mismatch"
+    http_status = 500
+    exit_code = 1
+    default_hint = "The details list every job and budget that disagrees; this is a bug, please report it."
 
 
 class InfeasibleError(TrainyardError):

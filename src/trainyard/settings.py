@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     ray_shared_paths: str | None = None
     reserved_discount_1y: float = 0.35
     reserved_discount_3y: float = 0.55
+    # where rate-limit buckets live: auto (the database on PostgreSQL, so every server process shares
+    # them; in process on SQLite), memory, or database
+    rate_limit_backend: str = "auto"
 
     @property
     def resolved_database_url(self) -> str:

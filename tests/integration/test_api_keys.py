@@ -20,7 +20,7 @@ from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.settings import Settings
 from trainyard.tenancy import keys
 
-KEY_FIELDS = {"id", "prefix", "admin", "created_at", "revoked"}
+KEY_FIELDS = {"id", "prefix", "admin", "role", "created_at", "expires_at", "revoked"}
 
 
 class Api:

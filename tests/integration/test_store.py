@@ -21,6 +21,17 @@ from trainyard.store.models import Base
 from trainyard.store.repositories import EventRepo, JobRepo
 
 TABLES = {"alembic_version", "api_keys", "job_events", "jobs", "pools", "step_time_measurements", "tenants"}
+TABLES |= {  # cost governance
+    "usage_ledger",
+    "budgets",
+    "budget_periods",
+    "budget_reservations",
+    "budget_holds",
+    "governance_events",
+    "tenant_limits",
+    "api_key_policies",
+    "rate_buckets",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from trainyard import __version__
 from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
-from trainyard.api.routers import catalog, health, jobs, pools, quotes, tenants
+from trainyard.api.routers import catalog, governance, health, jobs, pools, quotes, tenants
 from trainyard.services.lifecycle import JobState
 from trainyard.services.platform import Platform
 from trainyard.store.repositories import JobRepo
@@ -38,6 +38,8 @@ def create_app(
             {"name": "pools", "description": "Live capacity the scheduler places jobs on."},
             {"name": "tenants", "description": "Tenants and API keys (admin)."},
             {"name": "catalog", "description": "Accelerators and cloud offers."},
+            {"name": "usage", "description": "The usage ledger: reports by tag, tenant, day; invoices."},
+            {"name": "budgets", "description": "Dollar budgets per tenant and tag, alerts, hard limits."},
             {"name": "health", "description": "Liveness, readiness, metrics."},
         ],
     )
@@ -55,7 +57,15 @@ def create_app(
     app.state.metrics = metrics
     app.state.refresh_gauges = refresh_gauges
     install_error_handlers(app)
-    for r in (health.router, jobs.router, quotes.router, pools.router, tenants.router, catalog.router):
+    for r in (
+        health.router,
+        jobs.router,
+        quotes.router,
+        pools.router,
+        tenants.router,
+        catalog.router,
+        governance.router,
+    ):
         app.include_router(r)
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts
     from trainyard.web import install_dashboard

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from trainyard.errors import AuthenticationError, PermissionDeniedError
+from trainyard.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
 from trainyard.services.domain import Principal
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_...`")
 
@@ -23,12 +25,52 @@ async def current_principal(
         if request.headers.get("authorization"):
             raise AuthenticationError("malformed Authorization header (expected: Bearer <api key>)")
         raise AuthenticationError("missing API key (send Authorization: Bearer <key>)")
-    tenants = request.app.state.platform.tenants
+    platform = request.app.state.platform
+    tenants = platform.tenants
     principal = tenants.cached_principal(creds.credentials)
     if principal is None:
         principal = await run_in_threadpool(tenants.authenticate, creds.credentials)
     request.state.tenant = principal.tenant_name
+    if principal.tenant_rps_or_key_rps:
+        await _rate_limit(request, platform, principal)
+    if principal.effective_role == "viewer" and request.method not in READ_METHODS:
+        raise PermissionDeniedError(
+            "this API key has the viewer role: it can read, not change anything",
+            hint="Use a member or admin key (`trainyard tenants keys create NAME --role member`).",
+        )
     return principal
+
+
+async def _rate_limit(request: Request, platform: Any, principal: Principal) -> None:
+    limiter = platform.rate_limiter
+    args = {
+        "tenant_id": principal.tenant_id,
+        "key_id": principal.key_id,
+        "tenant_rps": principal.rate_limit_rps,
+        "tenant_burst": principal.rate_limit_burst,
+        "key_rps": principal.key_rate_limit_rps,
+        "now": platform.options.clock(),
+    }
+    if limiter.store.shared:
+        decision = await run_in_threadpool(lambda: limiter.check(**args))
+    else:
+        decision = limiter.check(**args)
+    if decision is None:
+        return
+    headers = decision.headers()
+    request.scope.setdefault("trainyard.headers", {}).update(headers)
+    if not decision.allowed:
+        raise RateLimitedError(
+            f"rate limit of {headers['X-RateLimit-Limit']} requests/s for tenant "
+            f"{principal.tenant_name!r} reached",
+            retry_after_s=decision.retry_after_s,
+            headers=headers,
+            details={
+                "limit_rps": decision.limit,
+                "burst": decision.burst,
+                "retry_after_s": round(decision.retry_after_s, 3),
+            },
+        )
 
 
 async def admin_principal(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainyard.errors import TrainyardError
+from trainyard.errors import RateLimitedError, TrainyardError
 
 log = structlog.get_logger("trainyard.api")
 
@@ -84,6 +84,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TrainyardError)
     async def _trainyard(_req: Request, exc: TrainyardError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+        if isinstance(exc, RateLimitedError):
+            headers = dict(exc.headers)
         if exc.http_status >= 500:
             log.error("request_failed", code=exc.code, message=exc.message)
         return envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)

@@ -104,6 +104,20 @@ class ServiceMiddleware:
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
                 status_holder["sent"] = True
+                extra = scope.get("trainyard.headers")
+                if extra:  # X-RateLimit-* of the request's bucket
+                    have = {k.lower() for k, _ in message.get("headers", [])}
+                    message = {
+                        **message,
+                        "headers": [
+                            *message.get("headers", []),
+                            *(
+                                (k.lower().encode(), v.encode())
+                                for k, v in extra.items()
+                                if k.lower().encode() not in have
+                            ),
+                        ],
+                    }
             await send(message)
 
         try:

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "tenants": ("trainyard.cli.tenants_cmd", "app", "Tenants and their API keys (admin)."),
     "pools": ("trainyard.cli.pools_cmd", "app", "Live pools: capacity, prices, interruption rates."),
     "checkpoint": ("trainyard.cli.checkpoint_cmd", "app", "Inspect, verify and convert checkpoints."),
+    "usage": ("trainyard.cli.usage_cmd", "app", "Usage from the ledger: reports, invoices."),
+    "budgets": ("trainyard.cli.budgets_cmd", "app", "Dollar budgets per tenant and tag."),
 }
 
 

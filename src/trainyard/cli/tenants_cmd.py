@@ -1,12 +1,16 @@
-"""`trainyard tenants create|list` (admin key) and `trainyard tenants keys list|revoke`."""
+"""`trainyard tenants create|list|get|update` (admin key) and `trainyard tenants keys
+list|create|rotate|revoke`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from trainyard.cli._remote import client
 from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.errors import InvalidInputError
 
 app = typer.Typer(help="Tenants and their API keys (needs an admin key).", no_args_is_help=True)
 
@@ -55,6 +59,78 @@ def list_tenants(as_json: bool = typer.Option(False, "--json", help="Print {tena
     console.print(table)
 
 
+# option name -> field of PATCH /v1/tenants/{name}; `--unset FIELD` removes a limit
+UPDATE_FIELDS = (
+    "max_queued_jobs",
+    "max_active_devices",
+    "max_concurrent_jobs",
+    "rate_limit_rps",
+    "rate_limit_burst",
+    "key_rate_limit_rps",
+    "tokens_per_minute",
+)
+
+
+@app.command("update")
+@handle_errors
+def update(
+    name: str = typer.Argument(..., help="Tenant name."),
+    max_queued_jobs: int = typer.Option(None, "--max-queued-jobs", min=1, help="Cap on unfinished jobs."),
+    max_active_devices: int = typer.Option(
+        None, "--max-active-devices", min=1, help="Cap on devices held at once (checked at submission)."
+    ),
+    max_concurrent_jobs: int = typer.Option(
+        None, "--max-concurrent-jobs", min=1, help="Cap on jobs starting or running at once."
+    ),
+    max_usd: float = typer.Option(
+        None, "--max-usd", min=0, help="Hard monthly dollar budget (as `budgets set --hard`)."
+    ),
+    rate_limit_rps: float = typer.Option(
+        None, "--rate-limit-rps", min=0.001, help="API requests/s, all keys."
+    ),
+    rate_limit_burst: float = typer.Option(None, "--rate-limit-burst", min=1, help="Bucket size (requests)."),
+    key_rate_limit_rps: float = typer.Option(
+        None, "--key-rate-limit-rps", min=0.001, help="API requests/s for each key."
+    ),
+    tokens_per_minute: int = typer.Option(
+        None, "--tokens-per-minute", min=1, help="Inference tokens per minute."
+    ),
+    unset: list[str] = typer.Option(
+        None, "--unset", help=f"Remove a limit (repeatable): {', '.join(UPDATE_FIELDS)}."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the tenant as JSON."),
+) -> None:
+    """Change a tenant's quotas, rate limits and dollar cap (admin key)."""
+    values = {
+        "max_queued_jobs": max_queued_jobs,
+        "max_active_devices": max_active_devices,
+        "max_concurrent_jobs": max_concurrent_jobs,
+        "rate_limit_rps": rate_limit_rps,
+        "rate_limit_burst": rate_limit_burst,
+        "key_rate_limit_rps": key_rate_limit_rps,
+        "tokens_per_minute": tokens_per_minute,
+        "max_usd_per_month": max_usd,
+    }
+    changes: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
+    for field in unset or []:
+        key = field.replace("-", "_").removeprefix("__")
+        if key not in UPDATE_FIELDS:
+            raise InvalidInputError(
+                f"--unset {field}: no such limit",
+                hint=f"Use one of {', '.join(UPDATE_FIELDS)}.",
+                details={"errors": [{"field": "unset", "message": "unknown limit"}]},
+            )
+        changes[key] = None
+    with client() as c:
+        doc = c.update_tenant(name, changes)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"tenant [bold]{doc['name']}[/] updated:")
+    for k in (*UPDATE_FIELDS,):
+        console.print(f"  {k}: {doc.get(k) if doc.get(k) is not None else '-'}")
+
+
 keys_app = typer.Typer(
     help="A tenant's API keys (an admin key, or a key of that tenant).", no_args_is_help=True
 )
@@ -73,16 +149,60 @@ def list_keys(
     if as_json:
         print_json(doc)
         return
-    table = Table("ID", "KEY", "ADMIN", "CREATED", "REVOKED")
+    expiring = any(k.get("expires_at") for k in doc["keys"])
+    table = Table()
+    table.add_column("ID", no_wrap=True)
+    for col in ("KEY", "ROLE", "CREATED", *(["EXPIRES"] if expiring else []), "REVOKED"):
+        table.add_column(col)
     for k in doc["keys"]:
-        table.add_row(
+        row = [
             k["id"],
             f"ty_{k['prefix']}_…",
-            "yes" if k["admin"] else "no",
+            k.get("role") or ("admin" if k["admin"] else "member"),
             k.get("created_at") or "",
-            "yes" if k["revoked"] else "no",
-        )
+        ]
+        if expiring:
+            row.append(k.get("expires_at") or "-")
+        table.add_row(*row, "yes" if k["revoked"] else "no")
     console.print(table)
+
+
+@keys_app.command("create")
+@handle_errors
+def create_key(
+    name: str = typer.Argument(..., help="Tenant name."),
+    role: str = typer.Option("member", "--role", help="admin, member, or viewer (read-only)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the key document (with api_key) as JSON."),
+) -> None:
+    """Create an API key; it is printed once and never stored in clear."""
+    with client() as c:
+        doc = c.create_api_key(name, role=role)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"{doc['role']} key {doc['id']} of tenant [bold]{name}[/] (shown once, store it now):")
+    console.print(doc["api_key"], highlight=False, soft_wrap=True)
+
+
+@keys_app.command("rotate")
+@handle_errors
+def rotate_key(
+    name: str = typer.Argument(..., help="Tenant name."),
+    key_id: str = typer.Argument(..., help="Key id from `trainyard tenants keys list NAME`."),
+    overlap_s: float = typer.Option(3600.0, "--overlap-s", min=0, help="Seconds the old key keeps working."),
+    as_json: bool = typer.Option(False, "--json", help="Print {new, old} as JSON."),
+) -> None:
+    """Replace a key with a new one of the same role; the old key works for --overlap-s more seconds."""
+    with client() as c:
+        doc = c.rotate_api_key(name, key_id, overlap_s=overlap_s)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(
+        f"new key {doc['new']['id']} (shown once, store it now); "
+        f"{key_id} stops at {doc['old']['expires_at']}:"
+    )
+    console.print(doc["new"]["api_key"], highlight=False, soft_wrap=True)
 
 
 @keys_app.command("revoke")

@@ -36,6 +36,9 @@ for _cls in (
     E.ServiceUnavailableError,
     E.StorageError,
     E.CheckpointError,
+    E.BudgetExceededError,
+    E.RateLimitedError,
+    E.LedgerMismatchError,
 ):
     _BY_CODE[_cls.code] = _cls
 
@@ -266,6 +269,66 @@ class TrainyardClient:
         return self.request(
             "POST", f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}/revoke"
         )
+
+    # ---- tenant administration, usage and budgets -----------------------------------------------
+    def update_tenant(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change quotas/limits (admin); a key with value None removes that limit."""
+        return self.request("PATCH", f"/v1/tenants/{quote(name, safe='')}", json=changes)
+
+    def get_tenant(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/tenants/{quote(name, safe='')}")
+
+    def create_api_key(self, tenant: str, *, role: str = "member") -> dict[str, Any]:
+        """A new key of the tenant with a role; ``api_key`` is shown once."""
+        return self.request("POST", f"/v1/tenants/{quote(tenant, safe='')}/keys", json={"role": role})
+
+    def rotate_api_key(self, tenant: str, key_id: str, *, overlap_s: float = 3600.0) -> dict[str, Any]:
+        """``{new: {…, api_key}, old: {…, expires_at}}``: the old key works ``overlap_s`` more seconds."""
+        return self.request(
+            "POST",
+            f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}/rotate",
+            json={"overlap_s": overlap_s},
+        )
+
+    def usage(
+        self,
+        *,
+        by: str = "tenant",
+        from_: str | None = None,
+        to: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        params = {"by": by, "from": from_, "to": to, "tenant": tenant}
+        return self.request("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
+
+    def invoice(self, *, tenant: str | None = None, month: str | None = None) -> dict[str, Any]:
+        params = {"tenant": tenant, "month": month}
+        return self.request(
+            "GET", "/v1/usage/invoice", params={k: v for k, v in params.items() if v is not None}
+        )
+
+    def reconcile_usage(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/usage/reconcile")
+
+    def set_budget(
+        self, tenant: str, *, usd: float, period: str = "month", hard: bool = False, tag: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"usd": usd, "period": period, "hard": hard}
+        if tag is not None:
+            body["tag"] = tag
+        return self.request("PUT", f"/v1/budgets/{quote(tenant, safe='')}", json=body)
+
+    def list_budgets(self, *, tenant: str | None = None) -> dict[str, Any]:
+        return self.request("GET", "/v1/budgets", params={"tenant": tenant} if tenant else None)
+
+    def get_budget(self, tenant: str, *, tag: str | None = None, period: str = "month") -> dict[str, Any]:
+        params: dict[str, Any] = {"period": period}
+        if tag is not None:
+            params["tag"] = tag
+        return self.request("GET", f"/v1/budgets/{quote(tenant, safe='')}", params=params)
+
+    def budget_events(self, tenant: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/budgets/{quote(tenant, safe='')}/events")
 
     def whoami(self) -> dict[str, Any]:
         return self.request("GET", "/v1/whoami")

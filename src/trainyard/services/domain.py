@@ -26,6 +26,17 @@ class Tenant:
 
 
 @dataclass(frozen=True)
+class TenantLimits:
+    """Administration beyond the tenants table (all optional; None = no limit)."""
+
+    max_concurrent_jobs: int | None = None
+    rate_limit_rps: float | None = None
+    rate_limit_burst: float | None = None
+    key_rate_limit_rps: float | None = None
+    tokens_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
 class Principal:
     """Who is calling: the tenant behind an API key and whether that key is an admin key."""
 
@@ -34,6 +45,20 @@ class Principal:
     key_id: str
     admin: bool
     max_queued_jobs: int | None = None  # the tenant's quota, carried so submissions need no extra query
+    role: str = ""  # admin | member | viewer ("" = derived from ``admin``)
+    max_active_devices: int | None = None
+    governed: bool = False  # the tenant has a budget: submissions reserve their quoted cost
+    rate_limit_rps: float | None = None  # the tenant's bucket (all its keys)
+    rate_limit_burst: float | None = None
+    key_rate_limit_rps: float | None = None  # each key's own bucket
+
+    @property
+    def tenant_rps_or_key_rps(self) -> bool:
+        return bool(self.rate_limit_rps) or bool(self.key_rate_limit_rps)
+
+    @property
+    def effective_role(self) -> str:
+        return self.role or ("admin" if self.admin else "member")
 
 
 @dataclass(frozen=True)
@@ -45,6 +70,8 @@ class ApiKeyRecord:
     admin: bool
     created_at_s: float
     revoked: bool = False
+    role: str = ""
+    expires_at_s: float | None = None
 
 
 @dataclass(frozen=True)

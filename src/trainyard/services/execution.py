@@ -39,6 +39,7 @@ from trainyard.services.pools import PoolService, executor_serves, planning_only
 from trainyard.services.scheduling import GreedyCheapestRound, QueuedJobView, RoundResult, ScheduleRound
 from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
+from trainyard.tenancy import ledger
 
 log = structlog.get_logger("trainyard.supervisor")
 
@@ -105,6 +106,9 @@ class Supervisor:
         # queue (`trainyard up` turns it on); when False it is requeued at once.
         self.restart_backoff = False
         self._restart_not_before: dict[str, float] = {}
+        # set by the platform: budgets (hard-limit stops) and tenant limits (concurrent jobs)
+        self.governance: Any = None
+        self.tenant_limits: Callable[[], dict[str, Any]] | None = None
 
     # ---- one tick of the control loop ----------------------------------------------------------
     def tick(self) -> None:
@@ -116,6 +120,7 @@ class Supervisor:
             self.poll_once,
             self.sweep_cancelled,
             self.spot_interruptions,
+            self.enforce_budgets,
         ):
             try:
                 phase()
@@ -139,12 +144,29 @@ class Supervisor:
         return out
 
     def schedule_once(self, limit: int = 500) -> RoundResult | None:
+        limits = self.tenant_limits() if self.tenant_limits is not None else {}
         with self.db.session() as s:
             queued = JobRepo(s).list(states=[JobState.QUEUED.value], limit=limit, newest_first=False)
             if not queued:
                 return None
             in_use = JobRepo(s).devices_in_use(by="tenant")
             tenants = {t.id: t for t in TenantRepo(s).list()}
+            capped = {tid: lim.max_concurrent_jobs for tid, lim in limits.items() if lim.max_concurrent_jobs}
+            if capped:
+                active: dict[str, int] = {}
+                for j in JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000):
+                    active[j.tenant_id] = active.get(j.tenant_id, 0) + 1
+                room = {tid: cap - active.get(tid, 0) for tid, cap in capped.items()}
+                kept = []
+                for j in queued:  # oldest first: each tenant's oldest jobs take its free slots
+                    if j.tenant_id in room:
+                        if room[j.tenant_id] <= 0:
+                            continue
+                        room[j.tenant_id] -= 1
+                    kept.append(j)
+                queued = kept
+                if not queued:
+                    return None
         views = [
             QueuedJobView(
                 job_id=j.id,
@@ -325,6 +347,21 @@ class Supervisor:
         device_s, usd = attempt_cost_usd(job.placement, job.attempt_started_at_s, ended_s)
         if job.attempt_started_at_s is None:
             return {}
+        if job.placement is not None:
+            # the ledger entry and the job's cost_usd change in this one transaction
+            ledger.charge(
+                s.connection(),
+                ledger.device_charge(
+                    tenant_id=job.tenant_id,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    placement=job.placement,
+                    device_s=device_s,
+                    usd=usd,
+                    time_s=ended_s,
+                    spec=job.spec,
+                ),
+            )
         EventRepo(s).append(
             job.id,
             "cost",
@@ -352,7 +389,34 @@ class Supervisor:
         if job.state not in ACTIVE_STATES:
             return
         EventRepo(s).append(job.id, "preempted", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+        if self.governance is not None and self.governance.is_held(s, job.id):
+            closing = self._close_attempt(s, job, ev.time_s)
+            self.jobs.transition(
+                s,
+                job,
+                JobState.PREEMPTED,
+                "stopped at its hard budget; resumes from its last checkpoint when the budget is raised",
+                data={"attempt": ev.attempt, "budget_hold": True},
+                **closing,
+            )
+            return
         self._requeue(s, job, "preempted", ev.time_s, {"attempt": ev.attempt})
+
+    def enforce_budgets(self) -> int:
+        """Running work that reaches a hard budget gets a preemption notice (it checkpoints and stops) and
+        is held in ``preempted`` until the budget is raised."""
+        if self.governance is None:
+            return 0
+        stopped = 0
+        for job_id, budget_id in self.governance.over_budget_running(DEFAULT_NOTICE_S):
+            if not self.governance.hold(job_id, budget_id):
+                continue
+            try:
+                self.preempt(job_id, by="budget")
+                stopped += 1
+            except TrainyardError as exc:
+                log.warning("budget_stop_failed", job_id=job_id, error=exc.message)
+        return stopped
 
     def _on_succeeded(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
         if job.state not in ACTIVE_STATES:
@@ -633,6 +697,16 @@ class Supervisor:
                     counts["adopted"] += 1
                     continue
                 last_seen = float(current.progress.get("time_s") or current.updated_at_s)
+                held = self.governance is not None and self.governance.is_held(s, current.id)
+                if current.state == JobState.PREEMPTED and held:
+                    continue  # stopped at its budget: stays held until the budget is raised
+                if held:  # its workers are gone: charge the attempt and keep it held
+                    closing = self._close_attempt(s, current, last_seen)
+                    self.jobs.transition(
+                        s, current, JobState.PREEMPTED, "stopped at its hard budget", **closing
+                    )
+                    counts["requeued"] += 1
+                    continue
                 if current.state == JobState.PREEMPTED:
                     self.jobs.transition(
                         s, current, JobState.QUEUED, "requeued after a control-plane restart"

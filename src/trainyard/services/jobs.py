@@ -12,6 +12,7 @@ import builtins
 import hashlib
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,13 +22,20 @@ import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from trainyard.errors import ConflictError, InvalidInputError, NotFoundError, TrainyardError
+from trainyard.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    QuotaExceededError,
+    TrainyardError,
+)
 from trainyard.services.domain import Job, JobEvent, Principal, iso
 from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transition
 from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
+from trainyard.tenancy import ledger
 from trainyard.tenancy.quotas import check_queue_quota
 
 log = structlog.get_logger("trainyard.jobs")
@@ -125,6 +133,7 @@ class JobService:
         # spec digest -> stored quote, valid while the live pools are unchanged (the catalog is static)
         self._quote_cache: dict[str, list[dict[str, Any]] | TrainyardError] = {}
         self._quote_cache_pools = ""
+        self._quote_lock = threading.Lock()
 
     # ---- submission ----------------------------------------------------------------------------
     def submit(
@@ -134,6 +143,7 @@ class JobService:
         spec returns the first job; with a different spec it is a conflict."""
         doc = spec.to_document()
         digest = spec_digest(doc)
+        check_device_quota(principal, spec)
         now = self.clock()
         job = Job(
             id=new_job_id(),
@@ -151,27 +161,42 @@ class JobService:
         # constraint detect a replay, which is then answered with the first job.
         first_event = ("state", {"from": None, "to": "pending", "reason": "submitted"}, now)
         try:
-            if principal.max_queued_jobs is None:
-                # no quota to check: the job and its first event are the only write (on PostgreSQL one
-                # statement, committed on its own — see insert_job and Database.write_connection)
+            if principal.max_queued_jobs is None and not principal.governed:
+                # no quota or budget to check: the job and its first event are the only write (on
+                # PostgreSQL one statement, committed on its own — see insert_job and write_connection)
                 with self.db.write_connection(single_statement=True) as conn:
                     stored = insert_job(conn, job, first_event)
             else:
+                # a budget applies: quote now (cached by spec digest), to reserve the quoted cost in the
+                # same transaction as the job
+                reserve = reservation_amount(self.quote_for(doc, digest)) if principal.governed else None
                 with self.db.session() as s:
                     # One serialising point per tenant: the tenant's row, locked for the transaction
                     # (SELECT … FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
-                    # writers). Concurrent submissions of one tenant count and insert one at a time, so
-                    # the quota holds exactly; other tenants are not blocked.
+                    # writers). Concurrent submissions of one tenant count, reserve and insert one at a
+                    # time, so the quota and the budget hold exactly; other tenants are not blocked.
                     TenantRepo(s).lock(principal.tenant_id)
                     repo = JobRepo(s)
                     if idempotency_key is not None:
                         # a resend of an accepted submission is answered with the original job, even
-                        # when the tenant is now at its quota
+                        # when the tenant is now at its quota or budget (and reserves nothing again)
                         existing = repo.by_idempotency_key(principal.tenant_id, idempotency_key)
                         if existing is not None:
                             return self._replay(existing, digest), False
-                    open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
-                    check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
+                    if principal.max_queued_jobs is not None:
+                        open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
+                        check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
+                    if reserve is not None:
+                        ledger.reserve(
+                            s.connection(),
+                            tenant_id=principal.tenant_id,
+                            tenant_name=principal.tenant_name,
+                            job_id=job.id,
+                            tags=dict(doc.get("tags") or {}),
+                            amount_usd=reserve[0],
+                            basis=reserve[1],
+                            now_s=now,
+                        )
                     stored = repo.add(job, first_event=first_event)
             return stored, True
         except IntegrityError:
@@ -269,6 +294,8 @@ class JobService:
         check_transition(job.state, target, job_id=job.id)
         now = self.clock()
         JobRepo(s).update(job.id, state=target, updated_at_s=now, reason=reason, **fields)
+        if target in TERMINAL_STATES:
+            ledger.release(s.connection(), [job.id])
         EventRepo(s).append(
             job.id,
             "state",
@@ -296,6 +323,8 @@ class JobService:
         changed = JobRepo(s).update_many_if_state(
             job_ids, source, state=target, updated_at_s=now, reason=reason, **fields
         )
+        if target in TERMINAL_STATES:
+            ledger.release(s.connection(), changed)
         events = EventRepo(s)
         if before is not None:  # one statement per event kind: each job's ``before`` precedes its state
             events.append_to_each(changed, before[0], before[1], now)
@@ -303,6 +332,32 @@ class JobService:
             changed, "state", {"from": source.value, "to": target.value, "reason": reason}, now
         )
         return changed
+
+    # ---- quotes -------------------------------------------------------------------------------------
+    def _pools_fingerprint(self) -> builtins.list[Any]:
+        live = self._live_pools() if self._live_pools is not None else []
+        fingerprint = hashlib.sha256("|".join(p.model_dump_json() for p in live).encode()).hexdigest()
+        with self._quote_lock:
+            if fingerprint != self._quote_cache_pools:  # pools changed: old quotes are stale
+                self._quote_cache.clear()
+                self._quote_cache_pools = fingerprint
+        return live
+
+    def _cache_put(self, digest: str, value: builtins.list[dict[str, Any]] | TrainyardError) -> None:
+        with self._quote_lock:
+            while len(self._quote_cache) >= QUOTE_CACHE_SIZE:
+                self._quote_cache.pop(next(iter(self._quote_cache)))
+            self._quote_cache[digest] = value
+
+    def quote_for(self, doc: dict[str, Any], digest: str) -> builtins.list[dict[str, Any]] | TrainyardError:
+        """The stored quote of a spec document (cached by digest while the live pools are unchanged)."""
+        live = self._pools_fingerprint()
+        hit = self._quote_cache.get(digest)
+        if hit is not None:
+            return hit
+        value = self._quote_doc(doc, quote_pools(live, with_catalog=self.with_catalog))
+        self._cache_put(digest, value)
+        return value
 
     # ---- admission: pending → queued (quoted) or failed (nothing can run it) -------------------
     def admit_pending(self, limit: int = 200) -> int:
@@ -315,11 +370,7 @@ class JobService:
             pending = JobRepo(s).ids_in_state(JobState.PENDING, limit)
         if not pending:
             return 0
-        live = self._live_pools() if self._live_pools is not None else []
-        fingerprint = hashlib.sha256("|".join(p.model_dump_json() for p in live).encode()).hexdigest()
-        if fingerprint != self._quote_cache_pools:  # pools changed: old quotes are stale
-            self._quote_cache.clear()
-            self._quote_cache_pools = fingerprint
+        live = self._pools_fingerprint()
         pools: builtins.list[Any] | None = None
         for job_id, digest in pending:
             if digest in self._quote_cache:
@@ -330,9 +381,7 @@ class JobService:
                 continue
             if pools is None:
                 pools = quote_pools(live, with_catalog=self.with_catalog)
-            if len(self._quote_cache) >= QUOTE_CACHE_SIZE:
-                self._quote_cache.pop(next(iter(self._quote_cache)))
-            self._quote_cache[digest] = self._quote_doc(doc, pools)
+            self._cache_put(digest, self._quote_doc(doc, pools))
         quotes = {d: self._quote_cache.get(d) for _, d in pending}
         # Admissions in short transactions of ADMIT_BATCH jobs: few commits, and the write lock is never
         # held long enough to stall submissions.
@@ -409,3 +458,37 @@ class JobService:
                 )
             return doc
         return stored_quote(options)
+
+
+def reservation_amount(quote: builtins.list[dict[str, Any]] | TrainyardError) -> tuple[float, str]:
+    """What a submission reserves against hard budgets: the p90 cost of the best feasible option (the one
+    the cost objective picks), or its expected cost when the quote has no p90; nothing when no option is
+    feasible (admission will fail the job)."""
+    if isinstance(quote, TrainyardError):
+        return 0.0, "none"
+    feasible = [o for o in quote if o.get("feasible")]
+    if not feasible:
+        return 0.0, "none"
+    best = feasible[0]
+    p90 = best.get("expected_cost_p90_usd")
+    if p90 is not None and float(p90) > 0:
+        return float(p90), "p90"
+    return float(best.get("expected_cost_usd") or 0.0), "expected"
+
+
+def check_device_quota(principal: Principal, spec: JobSpec) -> None:
+    """Refuse a job that needs more devices than its tenant may ever hold (it would wait forever)."""
+    cap = principal.max_active_devices
+    if cap is None:
+        return
+    need = spec.resources.min_devices
+    if need is not None and need > cap:
+        raise QuotaExceededError(
+            f"the job needs at least {need} devices but tenant {principal.tenant_name!r} may hold at most "
+            f"{cap} (quota max_active_devices); it could never start",
+            hint=(
+                f"Lower resources.min_devices to {cap} or less, or ask an admin to raise the quota with "
+                f"`trainyard tenants update {principal.tenant_name} --max-active-devices {need}`."
+            ),
+            details={"min_devices": need, "max_active_devices": cap},
+        )

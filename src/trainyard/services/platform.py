@@ -19,6 +19,7 @@ import structlog
 from trainyard.executors.base import Executor
 from trainyard.services.execution import Supervisor
 from trainyard.services.feedback import Feedback
+from trainyard.services.governance import GovernanceService
 from trainyard.services.jobs import JobService
 from trainyard.services.pools import PoolService, local_cpu_pool, local_gpu_pools
 from trainyard.services.quoting import QuoteFn
@@ -27,6 +28,7 @@ from trainyard.services.scheduling import ScheduleRound
 from trainyard.services.tenants import TenantService
 from trainyard.settings import Settings
 from trainyard.store.db import Database
+from trainyard.tenancy.ratelimit import RateLimiter, make_store
 
 log = structlog.get_logger("trainyard.platform")
 
@@ -62,6 +64,10 @@ class Platform:
             clock=clock,
             with_catalog=self.options.with_catalog,
         )
+        self.governance = GovernanceService(self.db, clock)
+        self.governance.jobs = self.jobs
+        self.governance.on_budgets_changed = self.tenants.invalidate_tenant
+        self.rate_limiter = RateLimiter(make_store(self.db, settings.rate_limit_backend))
         self.supervisor: Supervisor | None = None
         if self.options.executor is not None:
             self.supervisor = ReplanningSupervisor(
@@ -75,6 +81,8 @@ class Platform:
                 clock=clock,
                 feedback=self.feedback,
             )
+            self.supervisor.governance = self.governance
+            self.supervisor.tenant_limits = self.tenants.all_limits
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = False
@@ -100,7 +108,19 @@ class Platform:
         self.feedback.rebuild()
         if self.supervisor is not None:
             self.supervisor.reconcile()
+        self._check_ledger()
         self.ready = True
+
+    def _check_ledger(self) -> None:
+        """Log loudly when the usage ledger and the recorded job costs disagree (never silently)."""
+        from trainyard.errors import LedgerMismatchError
+        from trainyard.tenancy import ledger
+
+        try:
+            with self.db.session() as s:
+                ledger.check_reconciled(s.connection())
+        except LedgerMismatchError as exc:
+            log.error("ledger_mismatch", mismatches=exc.details.get("mismatches", [])[:20])
 
     # ---- control loop ----------------------------------------------------------------------------
     def tick(self) -> None:

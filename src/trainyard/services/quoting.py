@@ -36,7 +36,21 @@ def option_document(opt: Any) -> dict[str, Any]:
     doc = dict(opt.to_contract())
     doc["pool"] = getattr(opt, "pool", None)
     doc["nodes"] = getattr(opt, "nodes", None)
+    doc["expected_cost_p90_usd"] = expected_cost_p90_usd(opt)
     return doc
+
+
+def expected_cost_p90_usd(opt: Any) -> float | None:
+    """The option's cost at its p90 wall time: the expected cost scaled by p90 / expected billed hours
+    (None when the option has no p90)."""
+    hours = float(getattr(opt, "expected_hours", 0.0) or 0.0)
+    wait = float(getattr(opt, "capacity_wait_hours", 0.0) or 0.0)
+    p90 = float(getattr(opt, "expected_hours_p90", 0.0) or 0.0)
+    cost = float(getattr(opt, "expected_cost_usd", 0.0) or 0.0)
+    billed, billed_p90 = hours - wait, p90 - wait
+    if p90 <= 0 or billed <= 0 or billed_p90 <= 0 or not getattr(opt, "feasible", False):
+        return None
+    return cost * max(1.0, billed_p90 / billed)
 
 
 def stored_quote(options: Sequence[Any]) -> list[dict[str, Any]]:

@@ -11,19 +11,22 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import structlog
 from sqlalchemy.exc import IntegrityError
 
 from trainyard.errors import AuthenticationError, ConflictError, InvalidInputError, NotFoundError
-from trainyard.services.domain import ApiKeyRecord, Principal, Tenant
+from trainyard.services.domain import ApiKeyRecord, Principal, Tenant, TenantLimits
 from trainyard.store.db import Database
+from trainyard.store.governance_repo import LIMIT_FIELDS, ROLES, TENANT_FIELDS, GovernanceRepo
 from trainyard.store.repositories import ApiKeyRepo, TenantRepo
 from trainyard.tenancy import keys
 
 TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")
 DEFAULT_TENANT = "default"
 AUTH_CACHE_TTL_S = 30.0
+MAX_KEY_OVERLAP_S = 30 * 86400.0
 
 log = structlog.get_logger("trainyard.tenants")
 
@@ -76,18 +79,31 @@ class TenantService:
             raise ConflictError(f"tenant {name!r} already exists", hint="Pick another name.") from None
         return tenant, plaintext
 
-    def create_key(self, tenant_name: str, *, admin: bool = False) -> str:
+    def create_key(self, tenant_name: str, *, admin: bool = False, role: str | None = None) -> str:
+        return self.create_key_record(tenant_name, admin=admin, role=role)[1]
+
+    def create_key_record(
+        self, tenant_name: str, *, admin: bool = False, role: str | None = None
+    ) -> tuple[ApiKeyRecord, str]:
+        """A new key of the tenant (role admin, member or viewer); the plaintext is returned once."""
+        role = _check_role(role) if role is not None else ("admin" if admin else "member")
         with self.db.session() as s:
             tenant = TenantRepo(s).by_name(tenant_name)
             if tenant is None:
                 raise NotFoundError(f"no tenant named {tenant_name!r}")
-            return self._add_key(s, tenant.id, admin=admin, now=self.clock())
+            now = self.clock()
+            plaintext = self._add_key(s, tenant.id, admin=role == "admin", now=now, role=role)
+            rec = next(
+                k for k in ApiKeyRepo(s).for_tenant(tenant.id) if k.prefix == keys.key_prefix(plaintext)
+            )
+        return replace(rec, role=role), plaintext
 
-    def _add_key(self, s: object, tenant_id: str, *, admin: bool, now: float) -> str:
+    def _add_key(self, s: object, tenant_id: str, *, admin: bool, now: float, role: str | None = None) -> str:
         new = keys.generate_key()
+        key_id = _new_id("key")
         ApiKeyRepo(s).add(  # type: ignore[arg-type]
             ApiKeyRecord(
-                id=_new_id("key"),
+                id=key_id,
                 tenant_id=tenant_id,
                 prefix=new.prefix,
                 key_sha256=new.sha256,
@@ -95,7 +111,89 @@ class TenantService:
                 created_at_s=now,
             )
         )
+        if role is not None and role != ("admin" if admin else "member"):
+            GovernanceRepo(s).set_key_policy(key_id, role=role, expires_at_s=None)  # type: ignore[arg-type]
         return new.plaintext
+
+    def rotate_key(
+        self, tenant_name: str, key_id: str, *, overlap_s: float
+    ) -> tuple[ApiKeyRecord, str, ApiKeyRecord]:
+        """Issue a successor of a key (same role) and let the old one keep working for ``overlap_s``
+        seconds; returns (new key record, its plaintext, the old key record with its expiry)."""
+        if not 0 <= overlap_s <= MAX_KEY_OVERLAP_S:
+            raise InvalidInputError(
+                f"overlap_s must be between 0 and {MAX_KEY_OVERLAP_S:g} seconds",
+                details={"errors": [{"field": "overlap_s", "message": "out of range"}]},
+            )
+        now = self.clock()
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(tenant_name)
+            if tenant is None:
+                raise NotFoundError(f"no tenant named {tenant_name!r}")
+            old = ApiKeyRepo(s).get(key_id, tenant_id=tenant.id)
+            if old is None or old.revoked:
+                raise NotFoundError(
+                    f"tenant {tenant_name!r} has no active API key {key_id!r}",
+                    hint=f"List its keys with `trainyard tenants keys list {tenant_name}`.",
+                )
+            gov = GovernanceRepo(s)
+            policy = gov.key_policy(old.id)
+            role = policy[0] if policy else ("admin" if old.admin else "member")
+            if policy and policy[1] is not None and policy[1] <= now:
+                raise NotFoundError(f"tenant {tenant_name!r} has no active API key {key_id!r}")
+            plaintext = self._add_key(s, tenant.id, admin=old.admin, now=now, role=role)
+            new = next(
+                k for k in ApiKeyRepo(s).for_tenant(tenant.id) if k.prefix == keys.key_prefix(plaintext)
+            )
+            gov.set_key_policy(old.id, role=role, expires_at_s=now + overlap_s)
+        self._forget(lambda p: p.key_id == key_id)
+        log.info(
+            "api_key_rotated", tenant=tenant_name, old_key_id=key_id, new_key_id=new.id, overlap_s=overlap_s
+        )
+        return replace(new, role=role), plaintext, replace(old, role=role, expires_at_s=now + overlap_s)
+
+    # ---- administration ------------------------------------------------------------------------
+    def update(self, name: str, changes: dict[str, Any]) -> Tenant:
+        """Change a tenant's quotas and limits (``changes``: field -> value; None removes the limit)."""
+        unknown = sorted(set(changes) - set(TENANT_FIELDS) - set(LIMIT_FIELDS))
+        if unknown:
+            raise InvalidInputError(
+                f"cannot update {', '.join(unknown)}",
+                details={"errors": [{"field": f, "message": "unknown field"} for f in unknown]},
+            )
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(name)
+            if tenant is None:
+                raise NotFoundError(
+                    f"no tenant named {name!r}", hint="List tenants with `trainyard tenants list`."
+                )
+            GovernanceRepo(s).set_limits(tenant.id, changes)
+            updated = TenantRepo(s).by_id(tenant.id)
+        assert updated is not None
+        self.invalidate_tenant(tenant.id)
+        log.info("tenant_updated", tenant=name, fields=sorted(changes))
+        return updated
+
+    def limits(self, name: str) -> TenantLimits:
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_name(name)
+            if tenant is None:
+                raise NotFoundError(f"no tenant named {name!r}")
+            return GovernanceRepo(s).limits(tenant.id)
+
+    def all_limits(self) -> dict[str, TenantLimits]:
+        with self.db.session() as s:
+            return GovernanceRepo(s).all_limits()
+
+    def invalidate_tenant(self, tenant_id: str) -> None:
+        """Forget cached principals of a tenant (its limits, quotas or budgets changed)."""
+        self._forget(lambda p: p.tenant_id == tenant_id)
+
+    def _forget(self, match: Callable[[Principal], bool]) -> None:
+        with self._lock:
+            self._revocations += 1
+            for digest in [d for d, (p, _) in self._auth_cache.items() if match(p)]:
+                del self._auth_cache[digest]
 
     def list(self) -> builtins.list[Tenant]:
         with self.db.session() as s:
@@ -103,12 +201,18 @@ class TenantService:
 
     # ---- API keys ------------------------------------------------------------------------------
     def list_keys(self, tenant_name: str) -> builtins.list[ApiKeyRecord]:
-        """The tenant's API keys (revoked ones included), oldest first."""
+        """The tenant's API keys (revoked ones included), oldest first, with role and expiry."""
         with self.db.session() as s:
             tenant = TenantRepo(s).by_name(tenant_name)
             if tenant is None:
                 raise NotFoundError(f"no tenant named {tenant_name!r}")
-            return ApiKeyRepo(s).for_tenant(tenant.id)
+            found = ApiKeyRepo(s).for_tenant(tenant.id)
+            policies = GovernanceRepo(s).key_policies([k.id for k in found])
+        out = []
+        for k in found:
+            role, expires = policies.get(k.id, ("admin" if k.admin else "member", None))
+            out.append(replace(k, role=role, expires_at_s=expires))
+        return out
 
     def revoke_key(self, tenant_name: str, key_id: str, *, by: str = "") -> ApiKeyRecord:
         """Revoke one of the tenant's keys; it fails authentication from the next request on (the auth
@@ -169,25 +273,44 @@ class TenantService:
         with self._lock:
             revocations = self._revocations
         principal: Principal | None = None
+        valid_until = now + AUTH_CACHE_TTL_S
         with self.db.session() as s:
             for rec in ApiKeyRepo(s).by_prefix(prefix):
                 if keys.verify(presented, rec.key_sha256):
                     tenant = TenantRepo(s).by_id(rec.tenant_id)
-                    if tenant is not None:
-                        principal = Principal(
-                            tenant_id=tenant.id,
-                            tenant_name=tenant.name,
-                            key_id=rec.id,
-                            admin=rec.admin,
-                            max_queued_jobs=tenant.max_queued_jobs,
-                        )
+                    if tenant is None:
+                        continue
+                    gov = GovernanceRepo(s)
+                    policy = gov.key_policy(rec.id)
+                    role = policy[0] if policy else ("admin" if rec.admin else "member")
+                    if policy and policy[1] is not None:
+                        if policy[1] <= now:
+                            raise AuthenticationError(
+                                "this API key was rotated and its overlap period is over",
+                                hint="Use the key that replaced it (`trainyard tenants keys list`).",
+                            )
+                        valid_until = min(valid_until, policy[1])
+                    limits = gov.limits(tenant.id)
+                    principal = Principal(
+                        tenant_id=tenant.id,
+                        tenant_name=tenant.name,
+                        key_id=rec.id,
+                        admin=role == "admin",
+                        max_queued_jobs=tenant.max_queued_jobs,
+                        role=role,
+                        max_active_devices=tenant.max_active_devices,
+                        governed=gov.has_budget(tenant.id),
+                        rate_limit_rps=limits.rate_limit_rps,
+                        rate_limit_burst=limits.rate_limit_burst,
+                        key_rate_limit_rps=limits.key_rate_limit_rps,
+                    )
         if principal is None:
             raise AuthenticationError("invalid API key")
         with self._lock:
             if len(self._auth_cache) > 10_000:
                 self._auth_cache.clear()
             if revocations == self._revocations:  # else the key may have been revoked since it was read
-                self._auth_cache[digest] = (principal, now + AUTH_CACHE_TTL_S)
+                self._auth_cache[digest] = (principal, valid_until)
         return principal
 
     # ---- embedded defaults ---------------------------------------------------------------------
@@ -211,6 +334,16 @@ class TenantService:
             tenant, plaintext = existing, self.create_key(DEFAULT_TENANT, admin=True)
         write_key_file(key_path, plaintext)
         return tenant, True
+
+
+def _check_role(role: str) -> str:
+    if role not in ROLES:
+        raise InvalidInputError(
+            f"role {role!r} does not exist",
+            hint="Use admin, member or viewer.",
+            details={"errors": [{"field": "role", "message": "admin, member or viewer"}]},
+        )
+    return role
 
 
 def write_key_file(path: Path, plaintext: str) -> None:

@@ -116,3 +116,6 @@ class StepTimeMeasurementRow(Base):
     samples: Mapped[int] = mapped_column(Integer)
     step_times_s: Mapped[list[Any]] = mapped_column(JSON)
     measured_at_s: Mapped[float] = mapped_column(Float)
+
+
+from trainyard.store import governance_models as _governance_models  # noqa: E402,F401  (tables on Base)

@@ -10,6 +10,10 @@ def check_queue_quota(tenant_name: str, open_jobs: int, max_queued_jobs: int | N
     if max_queued_jobs is not None and open_jobs >= max_queued_jobs:
         raise QuotaExceededError(
             f"tenant {tenant_name!r} already has {open_jobs} unfinished jobs (quota {max_queued_jobs})",
+            hint=(
+                "Wait for some to finish, or ask an admin to raise the quota with "
+                f"`trainyard tenants update {tenant_name} --max-queued-jobs N`."
+            ),
             details={"open_jobs": open_jobs, "max_queued_jobs": max_queued_jobs},
         )
 

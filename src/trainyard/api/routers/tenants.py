@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard.api.auth import AdminPrincipal, CurrentPrincipal
 from trainyard.api.schemas import (
@@ -18,7 +19,7 @@ from trainyard.api.schemas import (
     TenantList,
     WhoAmI,
 )
-from trainyard.errors import NotFoundError
+from trainyard.errors import NotFoundError, PermissionDeniedError
 from trainyard.services.domain import ApiKeyRecord, Principal, Tenant, iso
 
 router = APIRouter(tags=["tenants"])
@@ -67,7 +68,7 @@ def list_tenants(request: Request, _p: AdminPrincipal) -> JSONResponse:
 def get_tenant(
     name: Annotated[str, Path(min_length=1, max_length=63)], request: Request, _p: AdminPrincipal
 ) -> JSONResponse:
-    return JSONResponse(_doc(request.app.state.platform.tenants.get(name)))
+    return JSONResponse(_tenant_doc(request.app.state.platform, name))
 
 
 TenantName = Annotated[str, Path(min_length=1, max_length=63, description="Tenant name, e.g. research")]
@@ -79,9 +80,64 @@ def _key_doc(k: ApiKeyRecord) -> dict[str, Any]:
         "id": k.id,
         "prefix": k.prefix,
         "admin": k.admin,
+        "role": k.role or ("admin" if k.admin else "member"),
         "created_at": iso(k.created_at_s),
+        "expires_at": iso(k.expires_at_s),
         "revoked": k.revoked,
     }
+
+
+class TenantUpdate(BaseModel):
+    """Fields to change; a field sent as null removes that limit, a field left out is unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_queued_jobs: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_active_devices: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_concurrent_jobs: int | None = Field(default=None, ge=1, le=10_000_000)
+    rate_limit_rps: float | None = Field(default=None, gt=0, le=1e6, description="Requests/s, all keys")
+    rate_limit_burst: float | None = Field(default=None, ge=1, le=1e7, description="Bucket size (requests)")
+    key_rate_limit_rps: float | None = Field(default=None, gt=0, le=1e6, description="Requests/s per key")
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=10**12, description="Inference tokens/min")
+    max_usd_per_month: float | None = Field(
+        default=None, ge=0, le=1e12, description="A hard monthly dollar budget (same as `budgets set --hard`)"
+    )
+
+
+def _tenant_doc(platform: Any, name: str) -> dict[str, Any]:
+    doc = _doc(platform.tenants.get(name))
+    limits = platform.tenants.limits(name)
+    doc.update(
+        max_concurrent_jobs=limits.max_concurrent_jobs,
+        rate_limit_rps=limits.rate_limit_rps,
+        rate_limit_burst=limits.rate_limit_burst,
+        key_rate_limit_rps=limits.key_rate_limit_rps,
+        tokens_per_minute=limits.tokens_per_minute,
+    )
+    return doc
+
+
+@router.patch(
+    "/v1/tenants/{name}",
+    response_model=TenantDoc,
+    responses=ERRORS,
+    summary="Change a tenant's quotas, rate limits and dollar cap (admin)",
+)
+def update_tenant(
+    name: Annotated[str, Path(min_length=1, max_length=63)],
+    body: TenantUpdate,
+    request: Request,
+    _p: AdminPrincipal,
+) -> JSONResponse:
+    platform = request.app.state.platform
+    changes = {k: getattr(body, k) for k in body.model_fields_set}
+    usd = changes.pop("max_usd_per_month", None)
+    if changes:
+        platform.tenants.update(name, changes)
+    else:
+        platform.tenants.get(name)  # 404 for an unknown tenant
+    if "max_usd_per_month" in body.model_fields_set and usd is not None:
+        platform.governance.set_budget(name, usd=usd, period="month", hard=True)
+    return JSONResponse(_tenant_doc(platform, name))
 
 
 def _own_tenant(principal: Principal, name: str) -> None:
@@ -117,6 +173,65 @@ def revoke_key(
     return JSONResponse(_key_doc(key))
 
 
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field(default="member", pattern="^(admin|member|viewer)$")
+
+
+class KeyRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    overlap_s: float = Field(
+        default=3600.0, ge=0, le=30 * 86400, description="How long the old key keeps working"
+    )
+
+
+def _may_grant(principal: Principal, role: str) -> None:
+    if role == "admin" and not principal.admin:
+        raise PermissionDeniedError("only an admin key can create or rotate an admin key")
+
+
+@router.post(
+    "/v1/tenants/{name}/keys",
+    status_code=201,
+    responses=ERRORS,
+    summary="Create an API key with a role (admin, or a member key of that tenant); shown once",
+)
+def create_key(
+    name: TenantName, body: KeyCreate, request: Request, principal: CurrentPrincipal
+) -> JSONResponse:
+    _own_tenant(principal, name)
+    _may_grant(principal, body.role)
+    rec, plaintext = request.app.state.platform.tenants.create_key_record(name, role=body.role)
+    return JSONResponse({**_key_doc(rec), "api_key": plaintext}, status_code=201)
+
+
+@router.post(
+    "/v1/tenants/{name}/keys/{key_id}/rotate",
+    status_code=201,
+    responses=ERRORS,
+    summary="Replace a key: a new key with the same role; the old one works for overlap_s more seconds",
+)
+def rotate_key(
+    name: TenantName,
+    key_id: KeyId,
+    request: Request,
+    principal: CurrentPrincipal,
+    body: KeyRotate | None = None,
+) -> JSONResponse:
+    _own_tenant(principal, name)
+    tenants = request.app.state.platform.tenants
+    current = next((k for k in tenants.list_keys(name) if k.id == key_id), None)
+    if current is not None:
+        _may_grant(principal, current.role or ("admin" if current.admin else "member"))
+    overlap = body.overlap_s if body is not None else KeyRotate().overlap_s
+    new, plaintext, old = tenants.rotate_key(name, key_id, overlap_s=overlap)
+    return JSONResponse(
+        {"new": {**_key_doc(new), "api_key": plaintext}, "old": _key_doc(old)}, status_code=201
+    )
+
+
 @router.get("/v1/whoami", response_model=WhoAmI, responses=ERRORS, summary="The tenant behind this key")
 def whoami(principal: CurrentPrincipal) -> JSONResponse:
-    return JSONResponse({"tenant": principal.tenant_name, "admin": principal.admin})
+    return JSONResponse(
+        {"tenant": principal.tenant_name, "admin": principal.admin, "role": principal.effective_role}
+    )

@@ -1,0 +1,623 @@
+"""The usage ledger: one append-only entry per billable fact, and the budget bookkeeping that follows it.
+
+Every function here runs on the caller's connection, inside the caller's transaction: a charge is
+written in the same transaction as the event it bills (the job row's ``cost_usd`` for device-seconds),
+so a crash neither loses nor doubles it. Each entry names its fact in ``source_key`` (unique), so
+writing a fact twice is refused by the database.
+
+Budgets keep, per period, what was spent (the sum of their ledger charges) and what is reserved
+(admitted work's quoted cost not yet spent). A charge moves money from reserved to spent; a finished
+job releases what it still had reserved. A reservation is one conditional UPDATE of the period row
+(``spent + reserved + amount <= limit``): the row lock (PostgreSQL) or the single writer (SQLite)
+serialises concurrent submissions of one tenant, so they cannot overshoot.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, Connection, Table, and_, bindparam, delete, func, insert, select, update
+
+from trainyard.errors import BudgetExceededError, InvalidInputError, LedgerMismatchError
+from trainyard.store.governance_models import (
+    BudgetPeriodRow,
+    BudgetReservationRow,
+    BudgetRow,
+    GovernanceEventRow,
+    LedgerEntryRow,
+)
+from trainyard.store.models import JobRow
+
+KIND_DEVICE = "device_seconds"
+KIND_STORAGE = "storage_gb_hours"
+KIND_TOKENS = "inference_tokens"
+KIND_REQUESTS = "api_requests"
+KINDS = (KIND_DEVICE, KIND_STORAGE, KIND_TOKENS, KIND_REQUESTS)
+PERIODS = ("month", "day")
+ALERT_THRESHOLDS_PCT = (50, 80, 100)
+RECONCILE_TOLERANCE_USD = 0.005  # "to the cent"
+USAGE_GROUPS = ("tenant", "model", "deployment", "accelerator", "market", "pool", "kind", "job", "day")
+
+_LEDGER = cast(Table, LedgerEntryRow.__table__)
+_PERIODS = cast(Table, BudgetPeriodRow.__table__)
+_BUDGETS = cast(Table, BudgetRow.__table__)
+_RESERVATIONS = cast(Table, BudgetReservationRow.__table__)
+_EVENTS = cast(Table, GovernanceEventRow.__table__)
+
+_TENANT_BUDGETS = select(_BUDGETS).where(_BUDGETS.c.tenant_id == bindparam("tenant_id"))
+_RESERVE = (
+    update(_PERIODS)
+    .where(
+        _PERIODS.c.budget_id == bindparam("b_id"),
+        _PERIODS.c.period_key == bindparam("b_pk"),
+        _PERIODS.c.spent_usd + _PERIODS.c.reserved_usd + bindparam("amount") <= bindparam("limit_usd"),
+    )
+    .values(reserved_usd=_PERIODS.c.reserved_usd + bindparam("amount"))
+)
+_INSERT_RESERVATION = insert(_RESERVATIONS)
+
+
+@dataclass(frozen=True)
+class Budget:
+    id: str
+    tenant_id: str
+    tag_key: str
+    tag_value: str
+    period: str
+    limit_usd: float
+    hard: bool
+    created_at_s: float
+    updated_at_s: float
+
+    @property
+    def tag(self) -> str | None:
+        return f"{self.tag_key}={self.tag_value}" if self.tag_key else None
+
+    def applies_to(self, tags: dict[str, Any] | None) -> bool:
+        if not self.tag_key:
+            return True
+        return str((tags or {}).get(self.tag_key, "")) == self.tag_value and self.tag_key in (tags or {})
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One billable fact, before it is written."""
+
+    source_key: str
+    tenant_id: str
+    kind: str
+    quantity: float
+    unit: str
+    unit_price_usd: float
+    usd: float
+    time_s: float
+    job_id: str | None = None
+    attempt: int | None = None
+    accelerator: str | None = None
+    market: str | None = None
+    pool: str | None = None
+    devices: int | None = None
+    model: str | None = None
+    deployment: str | None = None
+    adapter: str | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    budget: Budget
+    period_key: str
+    amount_usd: float
+
+
+def period_key(period: str, time_s: float) -> str:
+    t = datetime.fromtimestamp(time_s, tz=UTC)
+    return t.strftime("%Y-%m") if period == "month" else t.strftime("%Y-%m-%d")
+
+
+def period_bounds_s(period: str, key: str) -> tuple[float, float]:
+    """[start, end) of a period key in unix seconds."""
+    if period == "month":
+        y, m = (int(x) for x in key.split("-"))
+        start = datetime(y, m, 1, tzinfo=UTC)
+        end = datetime(y + (m == 12), m % 12 + 1, 1, tzinfo=UTC)
+        return start.timestamp(), end.timestamp()
+    start = datetime.strptime(key, "%Y-%m-%d").replace(tzinfo=UTC)
+    return start.timestamp(), start.timestamp() + 86400.0
+
+
+def _budget(row: Any) -> Budget:
+    return Budget(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        tag_key=row.tag_key or "",
+        tag_value=row.tag_value or "",
+        period=row.period,
+        limit_usd=float(row.limit_usd),
+        hard=bool(row.hard),
+        created_at_s=float(row.created_at_s),
+        updated_at_s=float(row.updated_at_s),
+    )
+
+
+def tenant_budgets(conn: Connection, tenant_id: str) -> list[Budget]:
+    return [_budget(r) for r in conn.execute(_TENANT_BUDGETS, {"tenant_id": tenant_id})]
+
+
+def _insert_ignore(conn: Connection, table: Table, values: dict[str, Any]) -> int:
+    """INSERT … ON CONFLICT DO NOTHING (SQLite and PostgreSQL); returns the number of rows inserted."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing()
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
+    return int(conn.execute(stmt).rowcount or 0)
+
+
+def _ensure_period(conn: Connection, b: Budget, key: str, *, exclude_source_key: str | None = None) -> None:
+    """Create a budget's period row when missing, its spent total taken from the ledger (charges written
+    before the budget existed count against it), so that spent always equals the ledger's sum."""
+    exists = conn.execute(
+        select(_PERIODS.c.budget_id).where(_PERIODS.c.budget_id == b.id, _PERIODS.c.period_key == key)
+    ).first()
+    if exists is not None:
+        return
+    start, end = period_bounds_s(b.period, key)
+    q = select(_LEDGER.c.usd, _LEDGER.c.tags).where(
+        _LEDGER.c.tenant_id == b.tenant_id, _LEDGER.c.time_s >= start, _LEDGER.c.time_s < end
+    )
+    if exclude_source_key is not None:
+        q = q.where(_LEDGER.c.source_key != exclude_source_key)
+    spent = sum(float(u) for u, tags in conn.execute(q) if float(u) > 0 and b.applies_to(tags))
+    _insert_ignore(
+        conn,
+        _PERIODS,
+        {"budget_id": b.id, "period_key": key, "spent_usd": spent, "reserved_usd": 0.0, "alerted_pct": 0},
+    )
+
+
+def period_state(conn: Connection, budget_id: str, key: str) -> tuple[float, float, int]:
+    """(spent_usd, reserved_usd, alerted_pct) of one budget period (zeros when nothing happened yet)."""
+    row = conn.execute(
+        select(_PERIODS.c.spent_usd, _PERIODS.c.reserved_usd, _PERIODS.c.alerted_pct).where(
+            _PERIODS.c.budget_id == budget_id, _PERIODS.c.period_key == key
+        )
+    ).first()
+    if row is None:
+        return 0.0, 0.0, 0
+    return float(row[0]), float(row[1]), int(row[2])
+
+
+def append_event(conn: Connection, tenant_id: str, kind: str, data: dict[str, Any], time_s: float) -> None:
+    conn.execute(insert(_EVENTS), {"tenant_id": tenant_id, "kind": kind, "data": data, "time_s": time_s})
+
+
+# ---- reservation at admission ------------------------------------------------------------------------
+def reserve(
+    conn: Connection,
+    *,
+    tenant_id: str,
+    tenant_name: str,
+    job_id: str,
+    tags: dict[str, Any],
+    amount_usd: float,
+    basis: str,
+    now_s: float,
+    budgets: Sequence[Budget] | None = None,
+) -> list[Reservation]:
+    """Reserve ``amount_usd`` against every hard budget that applies to the job, or raise
+    :class:`BudgetExceededError` naming the first budget it would pass (the caller's transaction then
+    rolls back, reservations included). Budgets are taken in id order, so two submissions never wait on
+    each other's locks in opposite orders."""
+    if budgets is None:
+        budgets = tenant_budgets(conn, tenant_id)
+    hard = sorted((b for b in budgets if b.hard and b.applies_to(tags)), key=lambda b: b.id)
+    out: list[Reservation] = []
+    amount = max(0.0, float(amount_usd))
+    for b in hard:
+        key = period_key(b.period, now_s)
+        params = {"b_id": b.id, "b_pk": key, "amount": amount, "limit_usd": b.limit_usd + 1e-9}
+        res = conn.execute(_RESERVE, params)  # the common case: one statement
+        if not res.rowcount:
+            _ensure_period(conn, b, key)  # the period's first reservation, or a refusal
+            res = conn.execute(_RESERVE, params)
+        if not res.rowcount:
+            spent, reserved, _ = period_state(conn, b.id, key)
+            raise BudgetExceededError(
+                f"the job's quoted cost ${amount:.2f} ({basis}) would pass the {b.period} budget of "
+                f"{_scope(tenant_name, b)}: ${spent:.2f} spent + ${reserved:.2f} reserved of "
+                f"${b.limit_usd:.2f}",
+                hint=(
+                    f"Ask an admin to raise it (`trainyard budgets set {tenant_name} --usd N --hard"
+                    + (f" --tag {b.tag}" if b.tag else "")
+                    + "`), or wait for running work to finish."
+                ),
+                details={
+                    "budget_id": b.id,
+                    "tenant": tenant_name,
+                    "tag": b.tag,
+                    "period": b.period,
+                    "period_key": key,
+                    "limit_usd": round(b.limit_usd, 6),
+                    "spent_usd": round(spent, 6),
+                    "reserved_usd": round(reserved, 6),
+                    "quoted_usd": round(amount, 6),
+                    "quote_basis": basis,
+                    "remaining_usd": round(max(0.0, b.limit_usd - spent - reserved), 6),
+                },
+            )
+        out.append(Reservation(b, key, amount))
+    if out:
+        conn.execute(
+            _INSERT_RESERVATION,
+            [
+                {
+                    "job_id": job_id,
+                    "budget_id": r.budget.id,
+                    "period_key": r.period_key,
+                    "remaining_usd": amount,
+                }
+                for r in out
+            ],
+        )
+    return out
+
+
+def _scope(tenant_name: str, b: Budget) -> str:
+    return f"tenant {tenant_name!r}" + (f" tag {b.tag}" if b.tag else "")
+
+
+def release(conn: Connection, job_ids: Iterable[str]) -> None:
+    """Give back what finished jobs still hold reserved (no-op for jobs without reservations)."""
+    ids = list(job_ids)
+    if not ids:
+        return
+    rows = conn.execute(
+        select(_RESERVATIONS.c.budget_id, _RESERVATIONS.c.period_key, _RESERVATIONS.c.remaining_usd).where(
+            _RESERVATIONS.c.job_id.in_(ids)
+        )
+    ).all()
+    if not rows:
+        return
+    for budget_id, key, remaining in sorted(rows, key=lambda r: (r[0], r[1])):
+        conn.execute(
+            update(_PERIODS)
+            .where(_PERIODS.c.budget_id == budget_id, _PERIODS.c.period_key == key)
+            .values(reserved_usd=func.max(_PERIODS.c.reserved_usd - float(remaining), 0.0))
+            if conn.dialect.name == "sqlite"
+            else update(_PERIODS)
+            .where(_PERIODS.c.budget_id == budget_id, _PERIODS.c.period_key == key)
+            .values(reserved_usd=func.greatest(_PERIODS.c.reserved_usd - float(remaining), 0.0))
+        )
+    conn.execute(delete(_RESERVATIONS).where(_RESERVATIONS.c.job_id.in_(ids)))
+
+
+# ---- charges -------------------------------------------------------------------------------------------
+def charge(conn: Connection, c: Charge, *, tenant_name: str | None = None) -> bool:
+    """Append one fact to the ledger and settle it against the budgets it falls under; False (and no
+    change anywhere) when this fact is already in the ledger."""
+    inserted = _insert_ignore(
+        conn,
+        _LEDGER,
+        {
+            "source_key": c.source_key,
+            "tenant_id": c.tenant_id,
+            "kind": c.kind,
+            "quantity": c.quantity,
+            "unit": c.unit,
+            "unit_price_usd": c.unit_price_usd,
+            "usd": c.usd,
+            "time_s": c.time_s,
+            "job_id": c.job_id,
+            "attempt": c.attempt,
+            "accelerator": c.accelerator,
+            "market": c.market,
+            "pool": c.pool,
+            "devices": c.devices,
+            "model": c.model,
+            "deployment": c.deployment,
+            "adapter": c.adapter,
+            "tags": dict(c.tags),
+        },
+    )
+    if not inserted:
+        return False
+    if c.usd > 0:
+        _settle(conn, c, tenant_name or c.tenant_id)
+    return True
+
+
+def _settle(conn: Connection, c: Charge, tenant_name: str) -> None:
+    budgets = [b for b in tenant_budgets(conn, c.tenant_id) if b.applies_to(c.tags)]
+    if not budgets:
+        return
+    held: dict[str, tuple[str, float]] = {}
+    if c.job_id is not None:
+        for budget_id, key, remaining in conn.execute(
+            select(
+                _RESERVATIONS.c.budget_id, _RESERVATIONS.c.period_key, _RESERVATIONS.c.remaining_usd
+            ).where(_RESERVATIONS.c.job_id == c.job_id)
+        ):
+            held[str(budget_id)] = (str(key), float(remaining))
+    for b in sorted(budgets, key=lambda x: x.id):
+        key = period_key(b.period, c.time_s)
+        _ensure_period(conn, b, key, exclude_source_key=c.source_key)
+        take = 0.0
+        if b.id in held:
+            res_key, remaining = held[b.id]
+            take = min(remaining, c.usd)
+            if take > 0:
+                conn.execute(
+                    update(_RESERVATIONS)
+                    .where(_RESERVATIONS.c.job_id == c.job_id, _RESERVATIONS.c.budget_id == b.id)
+                    .values(remaining_usd=remaining - take)
+                )
+                conn.execute(
+                    update(_PERIODS)
+                    .where(_PERIODS.c.budget_id == b.id, _PERIODS.c.period_key == res_key)
+                    .values(reserved_usd=_PERIODS.c.reserved_usd - take)
+                )
+        conn.execute(
+            update(_PERIODS)
+            .where(_PERIODS.c.budget_id == b.id, _PERIODS.c.period_key == key)
+            .values(spent_usd=_PERIODS.c.spent_usd + c.usd)
+        )
+        spent, _, alerted = period_state(conn, b.id, key)
+        alert_crossings(conn, b, key, spent, alerted, c.time_s, tenant_name)
+
+
+def alert_crossings(
+    conn: Connection, b: Budget, key: str, spent: float, alerted: int, now_s: float, tenant_name: str
+) -> None:
+    """Record a ``budget_alert`` event for every threshold (50/80/100 %) newly crossed."""
+    pct = (100.0 if spent > 0 else 0.0) if b.limit_usd <= 0 else 100.0 * spent / b.limit_usd
+    crossed = [t for t in ALERT_THRESHOLDS_PCT if pct >= t and t > alerted]
+    if not crossed:
+        return
+    for t in crossed:
+        append_event(
+            conn,
+            b.tenant_id,
+            "budget_alert",
+            {
+                "budget_id": b.id,
+                "tenant": tenant_name,
+                "tag": b.tag,
+                "period": b.period,
+                "period_key": key,
+                "threshold_pct": t,
+                "spent_usd": round(spent, 6),
+                "limit_usd": b.limit_usd,
+                "hard": b.hard,
+            },
+            now_s,
+        )
+    conn.execute(
+        update(_PERIODS)
+        .where(_PERIODS.c.budget_id == b.id, _PERIODS.c.period_key == key)
+        .values(alerted_pct=max(crossed))
+    )
+
+
+def device_charge(
+    *,
+    tenant_id: str,
+    job_id: str,
+    attempt: int,
+    placement: Any,
+    device_s: float,
+    usd: float,
+    time_s: float,
+    spec: dict[str, Any],
+) -> Charge:
+    """The ledger entry of one attempt's device-seconds (the same dollars that go into ``cost_usd``)."""
+    model = ((spec.get("model") or {}).get("base")) if isinstance(spec.get("model"), dict) else None
+    return Charge(
+        source_key=f"job:{job_id}:attempt:{attempt}:{KIND_DEVICE}",
+        tenant_id=tenant_id,
+        kind=KIND_DEVICE,
+        quantity=device_s,
+        unit="device_s",
+        unit_price_usd=float(placement.price_usd_per_device_hour) / 3600.0,
+        usd=usd,
+        time_s=time_s,
+        job_id=job_id,
+        attempt=attempt,
+        accelerator=placement.accelerator or None,
+        market=placement.market,
+        pool=placement.pool,
+        devices=placement.devices,
+        model=str(model) if model else None,
+        tags={str(k): str(v) for k, v in (spec.get("tags") or {}).items()},
+    )
+
+
+# ---- reports ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UsageQuery:
+    by: str
+    tenant_ids: Sequence[str] | None  # None: every tenant (admin)
+    from_s: float | None = None
+    to_s: float | None = None
+
+    @property
+    def tag_key(self) -> str | None:
+        return self.by[4:] if self.by.startswith("tag:") else None
+
+
+def parse_group(by: str) -> str:
+    if by in USAGE_GROUPS or (by.startswith("tag:") and len(by) > 4):
+        return by
+    raise InvalidInputError(
+        f"cannot group usage by {by!r}",
+        hint="Use --by tenant, tag:KEY, model, deployment, accelerator, market, pool, kind, job or day.",
+        details={"errors": [{"field": "by", "message": "unknown grouping"}]},
+    )
+
+
+def entries(conn: Connection, q: UsageQuery) -> list[dict[str, Any]]:
+    stmt = select(_LEDGER).order_by(_LEDGER.c.id)
+    conds: list[ColumnElement[bool]] = []
+    if q.tenant_ids is not None:
+        conds.append(_LEDGER.c.tenant_id.in_(list(q.tenant_ids)))
+    if q.from_s is not None:
+        conds.append(_LEDGER.c.time_s >= q.from_s)
+    if q.to_s is not None:
+        conds.append(_LEDGER.c.time_s < q.to_s)
+    if conds:
+        stmt = stmt.where(and_(*conds))
+    return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def group_usage(
+    rows: Iterable[dict[str, Any]], by: str, tenant_names: dict[str, str]
+) -> builtins.list[dict[str, Any]]:
+    """Sum ledger entries into ``{group, usd, device_hours, tokens, requests, storage_gb_hours,
+    entries}`` rows; entries without the grouping attribute fall in group ``(none)``."""
+    groups: dict[str, dict[str, Any]] = {}
+    tag_key = by[4:] if by.startswith("tag:") else None
+    for r in rows:
+        if tag_key is not None:
+            g = (r.get("tags") or {}).get(tag_key)
+        elif by == "tenant":
+            g = tenant_names.get(r["tenant_id"], r["tenant_id"])
+        elif by == "day":
+            g = datetime.fromtimestamp(r["time_s"], tz=UTC).strftime("%Y-%m-%d")
+        elif by == "job":
+            g = r.get("job_id")
+        else:
+            g = r.get(by)
+        name = str(g) if g not in (None, "") else "(none)"
+        acc = groups.setdefault(
+            name,
+            {
+                "group": name,
+                "usd": 0.0,
+                "device_hours": 0.0,
+                "tokens": 0,
+                "requests": 0,
+                "storage_gb_hours": 0.0,
+                "entries": 0,
+            },
+        )
+        acc["usd"] += float(r["usd"])
+        acc["entries"] += 1
+        if r["kind"] == KIND_DEVICE:
+            acc["device_hours"] += float(r["quantity"]) / 3600.0
+        elif r["kind"] == KIND_TOKENS:
+            acc["tokens"] += int(r["quantity"])
+        elif r["kind"] == KIND_REQUESTS:
+            acc["requests"] += int(r["quantity"])
+        elif r["kind"] == KIND_STORAGE:
+            acc["storage_gb_hours"] += float(r["quantity"])
+    out = list(groups.values())
+    for acc in out:
+        acc["usd"] = round(acc["usd"], 6)
+        acc["device_hours"] = round(acc["device_hours"], 6)
+        acc["storage_gb_hours"] = round(acc["storage_gb_hours"], 6)
+    if by == "day":
+        out.sort(key=lambda a: a["group"])
+    else:
+        out.sort(key=lambda a: (-a["usd"], a["group"]))
+    return out
+
+
+def invoice_lines(rows: Iterable[dict[str, Any]]) -> builtins.list[dict[str, Any]]:
+    """One line per (kind, accelerator, market, unit, unit price): quantity and dollars."""
+    lines: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        k = (
+            r["kind"],
+            r.get("accelerator"),
+            r.get("market"),
+            r["unit"],
+            round(float(r["unit_price_usd"]), 12),
+        )
+        line = lines.setdefault(
+            k,
+            {
+                "kind": r["kind"],
+                "accelerator": r.get("accelerator"),
+                "market": r.get("market"),
+                "unit": r["unit"],
+                "unit_price_usd": float(r["unit_price_usd"]),
+                "quantity": 0.0,
+                "usd": 0.0,
+                "entries": 0,
+            },
+        )
+        line["quantity"] += float(r["quantity"])
+        line["usd"] += float(r["usd"])
+        line["entries"] += 1
+    out = sorted(lines.values(), key=lambda x: (x["kind"], str(x["accelerator"]), str(x["market"])))
+    for line in out:
+        line["quantity"] = round(line["quantity"], 6)
+        line["usd"] = round(line["usd"], 6)
+    return out
+
+
+# ---- reconciliation ---------------------------------------------------------------------------------------
+def reconcile(conn: Connection) -> dict[str, Any]:
+    """Compare every job's ``cost_usd`` with its device-seconds ledger entries, and every budget period's
+    ``spent_usd`` with the ledger charges it covers. Returns ``{jobs_checked, budgets_checked,
+    mismatches}``; :func:`check_reconciled` raises when there is any mismatch."""
+    jobs = cast(Table, JobRow.__table__)
+    ledger_by_job = dict(
+        conn.execute(
+            select(_LEDGER.c.job_id, func.sum(_LEDGER.c.usd))
+            .where(_LEDGER.c.kind == KIND_DEVICE, _LEDGER.c.job_id.is_not(None))
+            .group_by(_LEDGER.c.job_id)
+        ).all()
+    )
+    mismatches: list[dict[str, Any]] = []
+    checked = 0
+    for job_id, cost in conn.execute(select(jobs.c.id, jobs.c.cost_usd)):
+        checked += 1
+        led = float(ledger_by_job.pop(job_id, 0.0) or 0.0)
+        if not math.isclose(led, float(cost or 0.0), abs_tol=RECONCILE_TOLERANCE_USD):
+            mismatches.append(
+                {"job_id": job_id, "cost_usd": round(float(cost or 0.0), 6), "ledger_usd": round(led, 6)}
+            )
+    for job_id, led in ledger_by_job.items():  # ledger entries of jobs that no longer exist
+        if abs(float(led or 0.0)) > RECONCILE_TOLERANCE_USD:
+            mismatches.append({"job_id": job_id, "cost_usd": None, "ledger_usd": round(float(led), 6)})
+    budgets_checked = 0
+    budgets = [_budget(r) for r in conn.execute(select(_BUDGETS))]
+    for b in budgets:
+        for key, spent in conn.execute(
+            select(_PERIODS.c.period_key, _PERIODS.c.spent_usd).where(_PERIODS.c.budget_id == b.id)
+        ):
+            budgets_checked += 1
+            start, end = period_bounds_s(b.period, str(key))
+            rows = conn.execute(
+                select(_LEDGER.c.usd, _LEDGER.c.tags).where(
+                    _LEDGER.c.tenant_id == b.tenant_id, _LEDGER.c.time_s >= start, _LEDGER.c.time_s < end
+                )
+            ).all()
+            total = sum(float(u) for u, tags in rows if b.applies_to(tags) and float(u) > 0)
+            if not math.isclose(total, float(spent), abs_tol=RECONCILE_TOLERANCE_USD):
+                mismatches.append(
+                    {
+                        "budget_id": b.id,
+                        "period_key": key,
+                        "spent_usd": round(float(spent), 6),
+                        "ledger_usd": round(total, 6),
+                    }
+                )
+    return {"jobs_checked": checked, "budgets_checked": budgets_checked, "mismatches": mismatches}
+
+
+def check_reconciled(conn: Connection) -> dict[str, Any]:
+    report = reconcile(conn)
+    if report["mismatches"]:
+        n = len(report["mismatches"])
+        raise LedgerMismatchError(f"the usage ledger disagrees with {n} recorded cost(s)", details=report)
+    return report

@@ -1,0 +1,420 @@
+"""Cost governance on real SQLite and PostgreSQL: hard budgets under concurrent submissions, the usage
+ledger (tags, reconciliation, stops at a budget and resumes), rate limits, roles, key rotation, quotas."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane_support import database_url, tiny_spec
+from fakes import FakeExecutor, ManualClock
+from trainyard.api.app import create_app
+from trainyard.errors import BudgetExceededError
+from trainyard.services.domain import Principal
+from trainyard.services.jobs import reservation_amount, spec_digest
+from trainyard.services.platform import Platform, PlatformOptions
+from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.settings import Settings
+from trainyard.spec.models import JobSpec
+from trainyard.tenancy.ratelimit import DatabaseBuckets, MemoryBuckets
+
+PRICE = 3600.0  # $/device-hour on the local pool: one dollar per device-second, so sums are easy by hand
+ROUNDS = 5
+CONCURRENT = 100
+
+
+def _platform(tmp: Path, url: str, clock: Any = None, executor: Any = None) -> Platform:
+    opts = PlatformOptions(
+        executor=executor,
+        schedule_round=GreedyCheapestRound() if executor is not None else None,
+        cpu_count=4,
+        with_catalog=False,
+    )
+    if clock is not None:
+        opts.clock = clock
+    p = Platform.open(Settings(home=tmp, database_url=url), opts)
+    p.pools.update("local-cpu", {"price_usd_per_device_hour": PRICE})
+    return p
+
+
+def _principal(p: Platform, name: str) -> Principal:
+    t = p.tenants.get(name)
+    with p.db.session() as s:
+        from trainyard.store.governance_repo import GovernanceRepo
+
+        governed = GovernanceRepo(s).has_budget(t.id)
+    return Principal(tenant_id=t.id, tenant_name=t.name, key_id="k", admin=False, governed=governed)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with database_url(request.param, tmp_path) as url:
+        yield url
+
+
+# ---- hard budget under 100 concurrent submissions -------------------------------------------------------
+def _storm(
+    p: Platform, who: Principal, spec: JobSpec
+) -> tuple[list[str], list[BudgetExceededError], list[BaseException]]:
+    """CONCURRENT threads released together, each submitting the spec once."""
+    barrier = threading.Barrier(CONCURRENT)
+    created: list[str] = []
+    refused: list[BudgetExceededError] = []
+    other: list[BaseException] = []
+    lock = threading.Lock()
+
+    def submit() -> None:
+        barrier.wait()
+        try:
+            job, _ = p.jobs.submit(who, spec)
+            with lock:
+                created.append(job.id)
+        except BudgetExceededError as exc:
+            with lock:
+                refused.append(exc)
+        except BaseException as exc:
+            with lock:
+                other.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(CONCURRENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return created, refused, other
+
+
+def test_hard_budget_edge_under_concurrent_submissions(db_url: str, tmp_path: Path) -> None:
+    p = _platform(tmp_path / "home", db_url)
+    try:
+        spec = JobSpec.model_validate(tiny_spec("edge", steps=200))
+        doc = spec.to_document()
+        amount, basis = reservation_amount(p.jobs.quote_for(doc, spec_digest(doc)))
+        assert amount > 0 and basis in ("p90", "expected")
+        fits = 37
+        for rnd in range(ROUNDS):
+            name = f"edge-{rnd}"
+            p.tenants.create(name)
+            p.governance.set_budget(name, usd=amount * (fits + 0.5), hard=True)
+            who = _principal(p, name)
+            assert who.governed
+            created, refused, other = _storm(p, who, spec)
+            assert not other, other[:3]
+            assert len(created) == fits and len(refused) == CONCURRENT - fits, (len(created), len(refused))
+            budget = p.governance.get_budget(who, name)
+            assert budget["reserved_usd"] <= budget["usd"] + 1e-6  # 0 overshoot
+            assert budget["reserved_usd"] == pytest.approx(fits * amount, rel=1e-9)
+            d = refused[0].details
+            assert d["quote_basis"] == basis and d["limit_usd"] == pytest.approx(amount * (fits + 0.5))
+            assert d["spent_usd"] + d["reserved_usd"] + d["quoted_usd"] > d["limit_usd"]
+            # finished jobs give their reservations back, and room for new submissions appears
+            for jid in created[:5]:
+                p.jobs.cancel(who, jid)
+            after = p.governance.get_budget(who, name)
+            assert after["reserved_usd"] == pytest.approx((fits - 5) * amount, rel=1e-9)
+            p.jobs.submit(who, spec)
+    finally:
+        p.close()
+
+
+# ---- rate limit under 100 concurrent requests ------------------------------------------------------------
+@pytest.mark.parametrize("store", ["memory", "database"])
+def test_rate_limit_bucket_admits_exactly_its_burst_under_concurrency(
+    db_url: str, tmp_path: Path, store: str
+) -> None:
+    from trainyard.store.db import Database
+
+    db = Database(db_url)
+    db.upgrade()
+    buckets = MemoryBuckets() if store == "memory" else DatabaseBuckets(db)
+    try:
+        for rnd in range(ROUNDS):
+            burst = 10 + 7 * rnd
+            barrier = threading.Barrier(CONCURRENT)
+            allowed: list[bool] = []
+            lock = threading.Lock()
+            now = 1_800_000_000.0
+
+            def take(
+                barrier: threading.Barrier = barrier,
+                burst: int = burst,
+                rnd: int = rnd,
+                now: float = now,
+                lock: threading.Lock = lock,
+                allowed: list[bool] = allowed,
+            ) -> None:
+                barrier.wait()
+                d = buckets.take(f"t:round-{rnd}", rate=0.001, burst=burst, now=now)
+                with lock:
+                    allowed.append(d.allowed)
+
+            threads = [threading.Thread(target=take) for _ in range(CONCURRENT)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert sum(allowed) == burst, (sum(allowed), burst)  # 0 overshoot, none lost
+            refused = buckets.take(f"t:round-{rnd}", rate=0.001, burst=burst, now=now)
+            assert not refused.allowed and refused.retry_after_s == pytest.approx(1000.0, rel=1e-3)
+            assert buckets.take(f"t:round-{rnd}", rate=0.001, burst=burst, now=now + 1000.0).allowed
+    finally:
+        db.dispose()
+
+
+# ---- the ledger: tags by hand, stop at a hard budget, resume when raised -----------------------------------
+def _run(p: Platform, ex: FakeExecutor, clock: ManualClock, job_id: str, seconds: float) -> None:
+    """Place, start, run for ``seconds`` of the manual clock and succeed."""
+    p.tick()
+    ex.emit(job_id, "started", {"rank": 0, "pid": 1, "host": "h"}, time_s=clock.now)
+    p.tick()
+    clock.now += seconds
+    ex.emit(job_id, "succeeded", {"final_step": 1}, time_s=clock.now)
+    p.tick()
+
+
+def test_usage_by_tag_matches_a_hand_computation_and_reconciles(db_url: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    ex = FakeExecutor()
+    p = _platform(tmp_path / "home", db_url, clock=clock, executor=ex)
+    try:
+        p.tenants.create("acme")
+        p.tenants.create("other")
+        who = _principal(p, "acme")
+        plan = [("support", 1, 30.0), ("support", 2, 45.0), ("research", 1, 100.0), (None, 1, 7.0)]
+        hand: dict[str, float] = {}
+        for i, (team, devices, seconds) in enumerate(plan):
+            doc = tiny_spec(f"tagged-{i}")
+            doc["resources"] = {"min_devices": devices, "max_devices": devices}
+            if team:
+                doc["tags"] = {"team": team, "run": str(i)}
+            job, _ = p.jobs.submit(who, JobSpec.model_validate(doc))
+            _run(p, ex, clock, job.id, seconds)
+            assert p.jobs.get(who, job.id).state.value == "succeeded"
+            hand[team or "(none)"] = hand.get(team or "(none)", 0.0) + devices * seconds * PRICE / 3600.0
+        other, _ = p.jobs.submit(_principal(p, "other"), JobSpec.model_validate(tiny_spec("theirs")))
+        _run(p, ex, clock, other.id, 11.0)
+
+        rows = {r["group"]: r for r in p.governance.usage(who, by="tag:team")["rows"]}
+        assert {g: r["usd"] for g, r in rows.items()} == pytest.approx(hand)
+        assert rows["support"]["device_hours"] == pytest.approx((30.0 + 90.0) / 3600.0, abs=1e-6)
+        by_accel = p.governance.usage(who, by="accelerator")["rows"]
+        assert [r["group"] for r in by_accel] == ["cpu"] and by_accel[0]["usd"] == pytest.approx(
+            sum(hand.values())
+        )
+        # the other tenant's charge is not in acme's report; an admin sees both tenants
+        admin = Principal(tenant_id="x", tenant_name="default", key_id="k", admin=True)
+        tenants = {r["group"]: r["usd"] for r in p.governance.usage(admin, by="tenant")["rows"]}
+        assert tenants == pytest.approx({"acme": sum(hand.values()), "other": 11.0})
+        day = p.governance.usage(who, by="day")["rows"]
+        assert sum(r["usd"] for r in day) == pytest.approx(sum(hand.values()))
+        inv = p.governance.invoice(who)
+        assert inv["total_usd"] == round(sum(hand.values()), 2)
+        assert inv["by_tag"]["team"] == pytest.approx({k: v for k, v in hand.items() if k != "(none)"})
+        # a date range that ends before the charges has none of them
+        assert p.governance.usage(who, by="tag:team", to="2000-01-01")["rows"] == []
+        report = p.governance.reconcile(admin)
+        assert report["mismatches"] == [] and report["jobs_checked"] == 5
+    finally:
+        p.close()
+
+
+def test_reconcile_fails_loudly_when_a_cost_and_the_ledger_disagree(tmp_path: Path) -> None:
+    from trainyard.errors import LedgerMismatchError
+    from trainyard.store.repositories import JobRepo
+
+    clock = ManualClock()
+    ex = FakeExecutor()
+    p = _platform(tmp_path / "home", f"sqlite:///{tmp_path / 'db.sqlite'}", clock=clock, executor=ex)
+    try:
+        who = _principal(p, "default")
+        job, _ = p.jobs.submit(who, JobSpec.model_validate(tiny_spec("drift")))
+        _run(p, ex, clock, job.id, 20.0)
+        with p.db.session() as s:
+            JobRepo(s).update(job.id, cost_usd=20.02)  # a cent and more off
+        admin = Principal(tenant_id="x", tenant_name="default", key_id="k", admin=True)
+        with pytest.raises(LedgerMismatchError) as err:
+            p.governance.reconcile(admin)
+        assert err.value.details["mismatches"] == [{"job_id": job.id, "cost_usd": 20.02, "ledger_usd": 20.0}]
+    finally:
+        p.close()
+
+
+def test_job_stopped_at_its_hard_budget_resumes_when_it_is_raised(db_url: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    ex = FakeExecutor()
+    p = _platform(tmp_path / "home", db_url, clock=clock, executor=ex)
+    try:
+        p.tenants.create("capped")
+        spec = JobSpec.model_validate(tiny_spec("long", steps=200))
+        doc = spec.to_document()
+        amount, _ = reservation_amount(p.jobs.quote_for(doc, spec_digest(doc)))
+        limit = amount + 100.0  # the job fits at submission; running it longer than quoted reaches the limit
+        p.governance.set_budget("capped", usd=limit, hard=True)
+        who = _principal(p, "capped")
+        job, _ = p.jobs.submit(who, spec)
+        p.tick()
+        ex.emit(job.id, "started", {"rank": 0, "pid": 1, "host": "h"}, time_s=clock.now)
+        p.tick()
+        assert p.jobs.get(who, job.id).state.value == "running"
+        stop_at = None
+        for _ in range(1000):
+            clock.now += 5.0
+            before = len(ex.preempted)
+            p.tick()
+            if len(ex.preempted) > before:
+                stop_at = clock.now
+                break
+        assert stop_at is not None, "the budget never stopped the job"
+        assert ex.preempted[-1][0] == job.id
+        # the workers checkpoint and exit; the job is held, not requeued
+        ex.emit(job.id, "checkpoint", {"step": 50, "path": "/ck/step-50"}, time_s=clock.now + 1)
+        ex.emit(job.id, "preempted", {"step": 50}, time_s=clock.now + 2)
+        clock.now += 3
+        for _ in range(3):
+            p.tick()
+        held = p.jobs.get(who, job.id)
+        assert held.state.value == "preempted" and "budget" in held.reason
+        budget = p.governance.get_budget(who, "capped")
+        assert budget["held_jobs"] == [job.id]
+        assert budget["spent_usd"] == pytest.approx(held.cost_usd) and budget["spent_usd"] <= limit
+        kinds = [e["kind"] for e in p.governance.events(who, "capped")]
+        assert "budget_stop" in kinds and "budget_alert" in kinds
+        alerts = [
+            e["data"]["threshold_pct"]
+            for e in p.governance.events(who, "capped")
+            if e["kind"] == "budget_alert"
+        ]
+        assert alerts[:2] == [50, 80]
+        # raising the budget resumes it from its checkpoint on the next round
+        p.governance.set_budget("capped", usd=limit * 10, hard=True)
+        assert p.jobs.get(who, job.id).state.value == "queued"
+        p.tick()
+        resumed = p.jobs.get(who, job.id)
+        assert resumed.state.value in ("starting", "running") and resumed.attempt == 2
+        assert ex.launches[-1].job_id == job.id
+        admin = Principal(tenant_id="x", tenant_name="default", key_id="k", admin=True)
+        assert p.governance.reconcile(admin)["mismatches"] == []
+    finally:
+        p.close()
+
+
+# ---- API: roles, rotation, rate-limit headers, cross-tenant 404s, device quota ---------------------------
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[Platform, TestClient, ManualClock]]:
+    clock = ManualClock()
+    p = _platform(tmp_path / "home", f"sqlite:///{tmp_path / 'api.db'}", clock=clock)
+    app = create_app(p, access_log=False)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        yield p, c, clock
+    p.close()
+
+
+Api = tuple[Platform, TestClient, ManualClock]
+
+
+def _h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_viewer_keys_read_but_cannot_submit(api: Api) -> None:
+    p, c, _ = api
+    _, member = p.tenants.create("team-a")
+    made = c.post("/v1/tenants/team-a/keys", json={"role": "viewer"}, headers=_h(member))
+    assert made.status_code == 201, made.text
+    viewer = made.json()["api_key"]
+    assert made.json()["role"] == "viewer"
+    r = c.post("/v1/jobs", json={"spec": tiny_spec()}, headers=_h(viewer))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert c.get("/v1/jobs", headers=_h(viewer)).status_code == 200
+    assert c.get("/v1/whoami", headers=_h(viewer)).json()["role"] == "viewer"
+    ok = c.post("/v1/jobs", json={"spec": tiny_spec()}, headers=_h(member))
+    assert ok.status_code == 201
+    assert c.post(f"/v1/jobs/{ok.json()['id']}/cancel", headers=_h(viewer)).status_code == 403
+    # a member key cannot mint an admin key
+    assert c.post("/v1/tenants/team-a/keys", json={"role": "admin"}, headers=_h(member)).status_code == 403
+
+
+def test_key_rotation_keeps_the_old_key_for_the_overlap_only(
+    api: tuple[Platform, TestClient, ManualClock],
+) -> None:
+    p, c, clock = api
+    _, old = p.tenants.create("rotor")
+    old_id = c.get("/v1/tenants/rotor/keys", headers=_h(old)).json()["keys"][0]["id"]
+    r = c.post(f"/v1/tenants/rotor/keys/{old_id}/rotate", json={"overlap_s": 600}, headers=_h(old))
+    assert r.status_code == 201, r.text
+    new = r.json()["new"]["api_key"]
+    assert r.json()["old"]["expires_at"] is not None
+    assert c.get("/v1/whoami", headers=_h(new)).status_code == 200
+    assert c.get("/v1/whoami", headers=_h(old)).status_code == 200  # within the overlap
+    clock.now += 601
+    p.tenants._auth_cache.clear()
+    gone = c.get("/v1/whoami", headers=_h(old))
+    assert gone.status_code == 401 and "rotated" in gone.json()["error"]["message"]
+    assert c.get("/v1/whoami", headers=_h(new)).status_code == 200
+
+
+def test_rate_limit_answers_429_with_retry_after_and_headers(
+    api: tuple[Platform, TestClient, ManualClock],
+) -> None:
+    p, c, clock = api
+    admin = p.settings.api_key_path.read_text().strip()
+    _, key = p.tenants.create("chatty")
+    r = c.patch("/v1/tenants/chatty", json={"rate_limit_rps": 2, "rate_limit_burst": 5}, headers=_h(admin))
+    assert r.status_code == 200 and r.json()["rate_limit_rps"] == 2
+    codes = []
+    for _ in range(8):
+        resp = c.get("/v1/jobs", headers=_h(key))
+        codes.append(resp.status_code)
+    assert codes == [200] * 5 + [429] * 3
+    assert resp.headers["Retry-After"] == "1" and resp.headers["X-RateLimit-Limit"] == "2"
+    assert resp.json()["error"]["code"] == "rate_limited"
+    clock.now += 1.0  # two tokens back
+    ok = c.get("/v1/jobs", headers=_h(key))
+    assert ok.status_code == 200 and ok.headers["X-RateLimit-Remaining"] == "1"
+    # removing the limit
+    assert c.patch("/v1/tenants/chatty", json={"rate_limit_rps": None}, headers=_h(admin)).status_code == 200
+    assert all(c.get("/v1/jobs", headers=_h(key)).status_code == 200 for _ in range(10))
+
+
+def test_budgets_and_usage_of_another_tenant_answer_404(
+    api: tuple[Platform, TestClient, ManualClock],
+) -> None:
+    p, c, _ = api
+    admin = p.settings.api_key_path.read_text().strip()
+    _, a = p.tenants.create("alpha")
+    _, b = p.tenants.create("beta")
+    r = c.put("/v1/budgets/beta", json={"usd": 50, "hard": True, "tag": "team=support"}, headers=_h(admin))
+    assert r.status_code == 200 and r.json()["tag"] == "team=support"
+    assert c.put("/v1/budgets/beta", json={"usd": 50}, headers=_h(b)).status_code == 403  # admins set budgets
+    assert c.get("/v1/budgets/beta", params={"tag": "team=support"}, headers=_h(b)).status_code == 200
+    for path, params in (
+        ("/v1/budgets/beta", {"tag": "team=support"}),
+        ("/v1/budgets/beta/events", {}),
+        ("/v1/usage", {"tenant": "beta"}),
+        ("/v1/usage/invoice", {"tenant": "beta"}),
+        ("/v1/budgets", {"tenant": "beta"}),
+    ):
+        resp = c.get(path, params=params, headers=_h(a))
+        assert resp.status_code == 404, (path, resp.text)
+    assert c.get("/v1/budgets", headers=_h(a)).json()["budgets"] == []
+    assert c.get("/v1/usage/reconcile", headers=_h(a)).status_code == 403
+    assert c.get("/v1/usage", params={"by": "colour"}, headers=_h(a)).status_code == 422
+
+
+def test_device_quota_is_checked_at_submission(api: Api) -> None:
+    p, c, _ = api
+    admin = p.settings.api_key_path.read_text().strip()
+    _, key = p.tenants.create("small")
+    assert c.patch("/v1/tenants/small", json={"max_active_devices": 2}, headers=_h(admin)).status_code == 200
+    spec = tiny_spec("wide")
+    spec["resources"] = {"min_devices": 4}
+    r = c.post("/v1/jobs", json={"spec": spec}, headers=_h(key))
+    assert r.status_code == 429 and r.json()["error"]["code"] == "quota_exceeded"
+    assert "trainyard tenants update small --max-active-devices 4" in r.json()["error"]["hint"]
+    spec["resources"] = {"min_devices": 2}
+    assert c.post("/v1/jobs", json={"spec": spec}, headers=_h(key)).status_code == 201
