@@ -72,8 +72,16 @@ def test_missing_and_wrong_keys_are_401(api: Api) -> None:
 
 
 def test_whoami(api: Api) -> None:
-    assert api.c.get("/v1/whoami", headers=api.admin).json() == {"tenant": "default", "admin": True}
-    assert api.c.get("/v1/whoami", headers=api.other).json() == {"tenant": "other", "admin": False}
+    assert api.c.get("/v1/whoami", headers=api.admin).json() == {
+        "tenant": "default",
+        "admin": True,
+        "role": "admin",
+    }
+    assert api.c.get("/v1/whoami", headers=api.other).json() == {
+        "tenant": "other",
+        "admin": False,
+        "role": "member",
+    }
 
 
 # ---- jobs -------------------------------------------------------------------------------------------
