@@ -203,3 +203,19 @@ def test_waiting_for_spot_capacity_takes_time_not_money(wait: float, r: float) -
     assert waiting.expected_hours > base.expected_hours
     assert waiting.expected_hours_p90 >= base.expected_hours_p90
     assert waiting.capacity_wait_hours == pytest.approx(waiting.expected_hours - base.expected_hours)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_s", "rate_per_s", "interval_s"),
+    [
+        (50.0, 1e-4, 1000.0),  # √(2·50/1e-4) = √1e6
+        (18.0, 1.0 / 3600.0, 360.0),  # √(2·18·3600) = √129600
+        (2.0, 0.02, 14.142135623730951),  # √200
+    ],
+)
+def test_young_daly_is_root_of_two_c_over_lambda_worked_examples(
+    checkpoint_s: float, rate_per_s: float, interval_s: float
+) -> None:
+    from trainyard.cost.model import young_daly_interval_s
+
+    assert young_daly_interval_s(checkpoint_s, rate_per_s) == pytest.approx(interval_s, rel=1e-12)
