@@ -77,6 +77,13 @@ class IllegalTransitionError(ConflictError):
     default_hint = "The job is not in a state that allows this operation; see `trainyard jobs get`."
 
 
+class PromotionBlockedError(ConflictError):
+    """Moving ``production`` needs a passing evaluation of the version (DESIGN §3.8)."""
+
+    code = "promotion_blocked"
+    default_hint = "Run `trainyard eval run` against the current production (or the base) first."
+
+
 class AuthenticationError(TrainyardError):
     code = "unauthenticated"
     http_status = 401

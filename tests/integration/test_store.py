@@ -32,6 +32,12 @@ TABLES |= {  # cost governance
     "api_key_policies",
     "rate_buckets",
 }
+TABLES |= {  # model registry and evaluations
+    "model_versions",
+    "model_aliases",
+    "model_alias_events",
+    "evaluations",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

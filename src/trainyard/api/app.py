@@ -11,7 +11,17 @@ from prometheus_client import CollectorRegistry, Gauge
 from trainyard import __version__
 from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
-from trainyard.api.routers import catalog, governance, health, jobs, pools, quotes, tenants
+from trainyard.api.routers import (
+    catalog,
+    evaluations,
+    governance,
+    health,
+    jobs,
+    models,
+    pools,
+    quotes,
+    tenants,
+)
 from trainyard.services.lifecycle import JobState
 from trainyard.services.platform import Platform
 from trainyard.store.repositories import JobRepo
@@ -40,6 +50,8 @@ def create_app(
             {"name": "catalog", "description": "Accelerators and cloud offers."},
             {"name": "usage", "description": "The usage ledger: reports by tag, tenant, day; invoices."},
             {"name": "budgets", "description": "Dollar budgets per tenant and tag, alerts, hard limits."},
+            {"name": "models", "description": "Model registry: versions, lineage, aliases, promotion."},
+            {"name": "evaluations", "description": "Paired evaluations of a model against a baseline."},
             {"name": "health", "description": "Liveness, readiness, metrics."},
         ],
     )
@@ -65,6 +77,8 @@ def create_app(
         tenants.router,
         catalog.router,
         governance.router,
+        models.router,
+        evaluations.router,
     ):
         app.include_router(r)
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts

@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "checkpoint": ("trainyard.cli.checkpoint_cmd", "app", "Inspect, verify and convert checkpoints."),
     "usage": ("trainyard.cli.usage_cmd", "app", "Usage from the ledger: reports, invoices."),
     "budgets": ("trainyard.cli.budgets_cmd", "app", "Dollar budgets per tenant and tag."),
+    "models": ("trainyard.cli.models_cmd", "app", "Model registry: versions, lineage, aliases, promotion."),
+    "eval": ("trainyard.cli.eval_cmd", "app", "Evaluate a model against a baseline (paired statistics)."),
 }
 
 

@@ -28,6 +28,7 @@ for _cls in (
     E.NotFoundError,
     E.ConflictError,
     E.IllegalTransitionError,
+    E.PromotionBlockedError,
     E.AuthenticationError,
     E.PermissionDeniedError,
     E.PayloadTooLargeError,
@@ -341,3 +342,98 @@ class TrainyardClient:
 
     def readyz(self) -> dict[str, Any]:
         return self.request("GET", "/readyz")
+
+    # ---- models and evaluations ------------------------------------------------------------------
+    UPLOAD_CHUNK_BYTES = 768 * 1024  # below the API's body limit
+
+    def import_model(self, directory: str | Path, name: str, *, public: bool = False) -> dict[str, Any]:
+        """Upload a local Hugging Face directory (its plain files) and import it as a base model."""
+        d = Path(directory)
+        if not d.is_dir():
+            raise E.InvalidInputError(f"{d} is not a directory", hint="Pass a Hugging Face model directory.")
+        upload = self.request("POST", "/v1/models/uploads")["upload_id"]
+        for path in sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")):
+            offset = 0
+            with path.open("rb") as f:
+                while True:
+                    chunk = f.read(self.UPLOAD_CHUNK_BYTES)
+                    if not chunk and offset > 0:
+                        break
+                    self.request(
+                        "PUT",
+                        f"/v1/models/uploads/{upload}/files/{quote(path.name, safe='')}",
+                        params={"offset": offset},
+                        content=chunk,
+                        headers={"Content-Type": "application/octet-stream"},
+                    )
+                    offset += len(chunk)
+                    if not chunk:
+                        break
+        return self.request(
+            "POST", "/v1/models/import", json={"upload_id": upload, "name": name, "public": public}
+        )
+
+    def list_models(self, *, name: str | None = None, dataset: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in (("name", name), ("dataset", dataset)) if v}
+        return self.request("GET", "/v1/models", params=params)
+
+    def get_model(self, ref: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/models/{quote(ref, safe='@')}")
+
+    def model_lineage(self, ref: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/models/{quote(ref, safe='@')}/lineage")
+
+    def promote_model(
+        self,
+        ref: str,
+        alias: str,
+        *,
+        force: bool = False,
+        reason: str = "",
+        evaluation: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"alias": alias, "force": force, "reason": reason, "evaluation": evaluation}
+        return self.request("POST", f"/v1/models/{quote(ref, safe='@')}/promote", json=body)
+
+    def model_aliases(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/models/{quote(name, safe='')}/aliases")
+
+    def run_evaluation(
+        self,
+        *,
+        model: str,
+        dataset: str,
+        baseline: str | None = None,
+        split: str = "eval",
+        max_examples: int | None = None,
+        guardrails: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "model": model,
+            "baseline": baseline,
+            "dataset": dataset,
+            "split": split,
+            "max_examples": max_examples,
+            "guardrails": guardrails,
+        }
+        return self.request("POST", "/v1/evaluations", json=body)
+
+    def get_evaluation(self, eval_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/evaluations/{quote(eval_id, safe='')}")
+
+    def list_evaluations(self, *, model: str | None = None) -> dict[str, Any]:
+        return self.request("GET", "/v1/evaluations", params={"model": model} if model else {})
+
+    def wait_evaluation(
+        self, eval_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5
+    ) -> dict[str, Any]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            doc = self.get_evaluation(eval_id)
+            if doc["state"] in ("succeeded", "failed"):
+                return doc
+            if deadline is not None and time.monotonic() > deadline:
+                raise E.ServiceUnavailableError(
+                    f"evaluation {eval_id} still {doc['state']} after {timeout_s} s"
+                )
+            time.sleep(poll_s)

@@ -105,6 +105,10 @@ class Supervisor:
         # When True, a failure restart waits RestartPolicy.backoff_s in `preempted` before re-entering the
         # queue (`trainyard up` turns it on); when False it is requeued at once.
         self.restart_backoff = False
+        # set by the platform: extra launch environment for a job (the registered base model's weights),
+        # and the hook that registers a finished job's model (returns the result fields to store)
+        self.launch_env: Callable[[Job], dict[str, str]] | None = None
+        self.on_job_succeeded: Callable[[Session, Job, dict[str, Any]], dict[str, Any]] | None = None
         self._restart_not_before: dict[str, float] = {}
         # set by the platform: budgets (hard-limit stops) and tenant limits (concurrent jobs)
         self.governance: Any = None
@@ -253,7 +257,14 @@ class Supervisor:
 
             pinned = (spec.get("checkpoint") or {}).get("interval", "auto")
             interval = None if pinned == "auto" else parse_duration_s(pinned)
+        try:
+            env = self.launch_env(job) if self.launch_env is not None else {}
+        except TrainyardError as exc:  # e.g. the base model version disappeared
+            log.warning("launch_env_failed", job_id=job.id, error=exc.message[:500])
+            self._end_attempt_with_failure(job.id, attempt, f"launch failed: {exc.message}", "user")
+            return
         req = LaunchRequest(
+            env=env,
             job_id=job.id,
             attempt=attempt,
             spec=spec,
@@ -428,6 +439,15 @@ class Supervisor:
             "model_path": ev.data.get("model_path"),
             "final_step": ev.data.get("final_step"),
         }
+        if ev.data.get("loss") is not None:
+            result["loss"] = ev.data.get("loss")
+        if self.on_job_succeeded is not None:
+            try:
+                with s.begin_nested():
+                    result.update(self.on_job_succeeded(s, job, result))
+            except Exception as exc:  # the model stays in the job's checkpoint directory
+                log.exception("model_registration_failed", job_id=job.id)
+                result["registry_error"] = str(exc)[:500]
         closing = self._close_attempt(s, job, ev.time_s)
         self.jobs.transition(s, job, JobState.SUCCEEDED, "training finished", result=result, **closing)
 

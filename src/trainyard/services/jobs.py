@@ -134,6 +134,8 @@ class JobService:
         self._quote_cache: dict[str, list[dict[str, Any]] | TrainyardError] = {}
         self._quote_cache_pools = ""
         self._quote_lock = threading.Lock()
+        # submission-time resolution of registry references (model.base), set by the platform
+        self.spec_resolver: Callable[[Principal, JobSpec], JobSpec] | None = None
 
     # ---- submission ----------------------------------------------------------------------------
     def submit(
@@ -141,6 +143,13 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Store a new job in ``pending``; returns (job, created). A repeated Idempotency-Key with the same
         spec returns the first job; with a different spec it is a conflict."""
+        if self.spec_resolver is not None:
+            spec = self.spec_resolver(principal, spec)
+        elif spec.model.needs_base_shape:
+            raise InvalidInputError(
+                "model: the shape fields are missing and no model registry resolves model.base",
+                details={"errors": [{"field": "model", "message": "shape fields missing"}]},
+            )
         doc = spec.to_document()
         digest = spec_digest(doc)
         check_device_quota(principal, spec)

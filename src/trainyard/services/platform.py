@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
+from sqlalchemy.orm import Session
 
+from trainyard.errors import TrainyardError
 from trainyard.executors.base import Executor
+from trainyard.services.domain import Job, Principal
 from trainyard.services.execution import Supervisor
 from trainyard.services.feedback import Feedback
 from trainyard.services.governance import GovernanceService
@@ -83,9 +87,57 @@ class Platform:
             )
             self.supervisor.governance = self.governance
             self.supervisor.tenant_limits = self.tenants.all_limits
+        self._wire_registry(clock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = False
+
+    # ---- model registry and evaluations ----------------------------------------------------------
+    def _wire_registry(self, clock: Callable[[], float]) -> None:
+        from trainyard.evaluation.service import EvaluationService
+        from trainyard.registry.service import RegistryService, storage_root
+
+        self.registry = RegistryService(self.db, root=lambda: storage_root(self.home), clock=clock)
+        self.evaluations = EvaluationService(self.db, self.registry, self._submit_internal, clock=clock)
+        self.jobs.spec_resolver = lambda principal, spec: self.registry.resolve_spec(
+            principal.tenant_id, spec
+        )
+        if self.supervisor is not None:
+            self.supervisor.launch_env = self.registry.launch_env
+            self.supervisor.on_job_succeeded = self._on_job_succeeded
+
+    def _submit_internal(self, principal: Principal, spec_doc: dict[str, Any]) -> Job:
+        from trainyard.spec.loader import spec_from_dict
+
+        job, _ = self.jobs.submit(principal, spec_from_dict(spec_doc, source="evaluation"))
+        return job
+
+    def _on_job_succeeded(self, s: Session, job: Job, result: dict[str, Any]) -> dict[str, Any]:
+        """A finished evaluation job gets its comparison; a finished training job registers its model
+        version and, when its dataset has an eval split, an evaluation against its base."""
+        if self.evaluations.is_evaluation_job(job):
+            return self.evaluations.finish(s, job)
+        version = self.registry.register_job_output(s, job, result)
+        out: dict[str, Any] = {"model_version": version.id}
+        dataset = (job.spec.get("workload") or {}).get("dataset")
+        if version.base is not None and isinstance(dataset, str) and dataset.startswith("ds://"):
+            tenant = version.tenant_name
+            try:
+                self.evaluations.split_resolver(job.tenant_id, tenant, dataset, "eval")
+            except TrainyardError:
+                return out  # no eval split: nothing to evaluate on automatically
+            row = self.evaluations.create_in(
+                s,
+                job.tenant_id,
+                tenant,
+                model=version.id,
+                baseline=version.base,
+                dataset=dataset,
+                split="eval",
+                auto=True,
+            )
+            out["evaluation"] = {"id": row.id, "baseline": version.base, "verdict": None, "passed": False}
+        return out
 
     @classmethod
     def open(cls, settings: Settings, options: PlatformOptions | None = None) -> Platform:
@@ -128,6 +180,10 @@ class Platform:
             self.supervisor.tick()
         else:
             self.jobs.admit_pending()
+        try:
+            self.evaluations.launch_pending()
+        except Exception:
+            log.exception("evaluation_launch_phase_failed")
 
     def start_loop(self) -> None:
         if self._thread is not None:

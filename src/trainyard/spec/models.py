@@ -113,6 +113,8 @@ class ModelSpec(_Strict):
                 raise ValueError("a custom model needs params_b (parameters in billions)")
             return self
         missing = [f for f in ("n_layers", "d_model", "n_heads", "vocab_size") if getattr(self, f) is None]
+        if len(missing) == 4 and self.params_b is None and self.base is not None:
+            return self  # the shape comes from the registered base model at submission
         if missing and self.params_b is None:
             raise ValueError(
                 f"{self.architecture.value} model needs {', '.join(missing)} "
@@ -147,6 +149,11 @@ class ModelSpec(_Strict):
         return self
 
     # ---- derived shape -------------------------------------------------------------------------
+    @property
+    def needs_base_shape(self) -> bool:
+        """True until the submission fills the shape in from ``base`` (a spec naming only a base)."""
+        return not self.is_custom and self.n_layers is None and self.params_b is None
+
     @property
     def is_custom(self) -> bool:
         return self.architecture == Architecture.CUSTOM

@@ -1,0 +1,67 @@
+"""/v1/evaluations: run (as a job), get, list."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from trainyard.api.auth import CurrentPrincipal
+from trainyard.api.schemas import ErrorEnvelope
+
+router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorEnvelope, "description": "Missing or wrong API key"},
+    404: {"model": ErrorEnvelope, "description": "No such evaluation, model or dataset for this tenant"},
+    422: {"model": ErrorEnvelope, "description": "Invalid input; `details.errors` names each field"},
+}
+
+
+class EvaluationRequest(BaseModel):
+    model: str = Field(min_length=3, max_length=200, examples=["my-finetune@2"])
+    baseline: str | None = Field(default=None, max_length=200, description="Default: the model's base.")
+    dataset: str = Field(min_length=1, max_length=500, examples=["ds://support@3"])
+    split: str = Field(default="eval", max_length=32)
+    max_examples: int | None = Field(default=None, ge=1, le=100_000)
+    guardrails: dict[str, float] | None = Field(
+        default=None, description="Thresholds: latency_s_per_token, cost_usd_per_1k_tokens."
+    )
+
+
+def _platform(request: Request) -> Any:
+    return request.app.state.platform
+
+
+@router.post("", status_code=201, responses=ERRORS, summary="Evaluate a model against a baseline")
+def run_evaluation(body: EvaluationRequest, request: Request, principal: CurrentPrincipal) -> JSONResponse:
+    doc = _platform(request).evaluations.create(
+        principal,
+        model=body.model,
+        baseline=body.baseline,
+        dataset=body.dataset,
+        split=body.split,
+        max_examples=body.max_examples,
+        guardrails=body.guardrails,
+    )
+    return JSONResponse(doc, status_code=201, headers={"Location": f"/v1/evaluations/{doc['id']}"})
+
+
+@router.get("", responses=ERRORS, summary="List evaluations, newest first")
+def list_evaluations(
+    request: Request,
+    principal: CurrentPrincipal,
+    model: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> JSONResponse:
+    docs = _platform(request).evaluations.list(principal, model=model, limit=limit)
+    return JSONResponse({"evaluations": docs})
+
+
+@router.get("/{eval_id}", responses=ERRORS, summary="One evaluation with its paired statistics")
+def get_evaluation(
+    eval_id: Annotated[str, Path(min_length=1, max_length=40)], request: Request, principal: CurrentPrincipal
+) -> JSONResponse:
+    return JSONResponse(_platform(request).evaluations.get(principal, eval_id))

@@ -1,0 +1,51 @@
+"""The evaluation job's program: ``python -m trainyard.evaluation.runner REQUEST.json``.
+
+It runs as the entrypoint of an evaluation job (placed, started and billed like any job), scores the
+model and the baseline on the split named in the request with :mod:`trainyard.evaluation.evaluator`
+and writes ``results.json`` (per-example scores and outputs of both) beside the request. The control
+plane computes the paired statistics when the job succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m trainyard.evaluation.runner REQUEST.json\n")
+        return 2
+    import trainyard.runtime as ty
+    from trainyard.evaluation.evaluator import evaluate_pair, read_rows
+
+    session = ty.init()
+    req_path = Path(args[0])
+    req = json.loads(req_path.read_text())
+    rows = read_rows(req["split_path"], limit=req.get("max_examples"))
+    total = 2 * len(rows)
+
+    def progress(i: int) -> None:
+        if i % 20 == 0 or i == total:
+            session.events.emit("heartbeat", rank=session.rank, step=i, total_steps=total)
+
+    res = evaluate_pair(
+        req["model_dir"],
+        req["baseline_dir"],
+        rows,
+        fmt=req.get("format"),
+        max_new_tokens=int(req.get("max_new_tokens", 32)),
+        progress=progress,
+    )
+    out = req_path.parent / "results.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res))
+    tmp.replace(out)
+    session.finish(final_step=total)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

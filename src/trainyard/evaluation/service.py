@@ -1,0 +1,423 @@
+"""Evaluation runs: a model and a baseline on the same split, as a job on the platform's capacity.
+
+``create`` resolves both models and the split, stores the evaluation (``pending``) and submits an
+evaluation job — a job whose entrypoint is the built-in evaluator (:mod:`trainyard.evaluation.runner`),
+so it is quoted, scheduled, started and billed like training (its quote prices the forward passes as
+training steps, an over-estimate). When the job succeeds, :meth:`EvaluationService.finish` reads the
+per-example scores, runs the paired statistics (:mod:`trainyard.evaluation.stats`), applies the
+guardrails and stores the document of DESIGN §3.8; the result goes onto the model version and the
+fine-tune job that made it.
+
+Splits come through ``split_resolver(tenant_id, tenant_name, dataset, split) -> (jsonl path, format)``;
+the default accepts a ``file://`` JSONL under the tenant's own storage area (that file *is* the split).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from trainyard.errors import InvalidInputError, NotFoundError, TrainyardError
+from trainyard.evaluation.evaluator import detect_format, read_rows, split_example
+from trainyard.evaluation.stats import Guardrail, MetricInput, compare, largest_differences
+from trainyard.registry.service import RegistryService, tenant_area
+from trainyard.services.domain import Principal, iso
+from trainyard.store.db import Database
+from trainyard.store.registry_models import EvaluationRow
+from trainyard.store.repositories import JobRepo, TenantRepo
+
+log = structlog.get_logger("trainyard.evaluation")
+
+EVAL_TAG = "trainyard.evaluation"
+MAX_EXAMPLES_SHOWN = 5
+DEFAULT_MAX_EXAMPLES = 2000
+SplitResolver = Callable[[str, str, str, str], tuple[Path, str | None]]
+# the evaluation job runs this script; a ``python script.py`` entrypoint runs inside the warm worker
+RUNNER = str(Path(__file__).with_name("runner.py"))
+
+
+def new_evaluation_id() -> str:
+    return f"eval-{secrets.token_hex(6)}"
+
+
+def file_split_resolver(root: Callable[[], Path]) -> SplitResolver:
+    """A ``file://`` JSONL (or absolute path) inside ``<root>/tenants/<tenant>/``; anything else is 422."""
+
+    def resolve(tenant_id: str, tenant_name: str, dataset: str, split: str) -> tuple[Path, str | None]:
+        refused = InvalidInputError(
+            f"dataset {dataset!r} is not a dataset this tenant may read",
+            hint="Name a registered dataset version (ds://NAME@V) or a file:// URL under your storage area.",
+            details={
+                "code": "storage_not_allowed",
+                "errors": [{"field": "dataset", "message": "not allowed"}],
+            },
+        )
+        if dataset.startswith("ds://"):
+            raise NotFoundError(
+                f"dataset {dataset!r} is not known here",
+                hint="Upload it with `trainyard datasets upload`.",
+                details={"errors": [{"field": "dataset", "message": "unknown dataset"}]},
+            )
+        if ".." in dataset or "::" in dataset:
+            raise refused
+        raw = dataset[len("file://") :] if dataset.startswith("file://") else dataset
+        if not raw.startswith("/"):
+            raise refused
+        area = (root() / "tenants" / tenant_name).resolve()
+        path = Path(raw).resolve()
+        if not path.is_relative_to(area):
+            raise refused
+        if not path.is_file():
+            raise refused  # never reveal whether a path exists
+        return path, None
+
+    return resolve
+
+
+class EvaluationService:
+    def __init__(
+        self,
+        db: Database,
+        registry: RegistryService,
+        submit: Callable[[Principal, dict[str, Any]], Any],
+        *,
+        split_resolver: SplitResolver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.registry = registry
+        self._submit = submit
+        self.clock = clock
+        self.split_resolver: SplitResolver = split_resolver or file_split_resolver(lambda: registry.root)
+
+    # ---- creation ----------------------------------------------------------------------------------
+    def _check(
+        self,
+        s: Session,
+        tenant_id: str,
+        tenant_name: str,
+        model: str,
+        baseline: str,
+        dataset: str,
+        split: str,
+    ) -> tuple[str, str]:
+        m = self.registry.resolve_in(s, tenant_id, model)
+        b = self.registry.resolve_in(s, tenant_id, baseline)
+        self.split_resolver(tenant_id, tenant_name, dataset, split)
+        return m.id, b.id
+
+    def create(
+        self,
+        principal: Principal,
+        *,
+        model: str,
+        baseline: str | None,
+        dataset: str,
+        split: str = "eval",
+        max_examples: int | None = None,
+        guardrails: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        with self.db.session() as s:
+            if baseline is None:
+                base = self.registry.resolve_in(s, principal.tenant_id, model).base
+                if base is None:
+                    raise InvalidInputError(
+                        f"{model} has no base model; name a --baseline",
+                        details={"errors": [{"field": "baseline", "message": "required"}]},
+                    )
+                baseline = base
+            row = self.create_in(
+                s,
+                principal.tenant_id,
+                principal.tenant_name,
+                model=model,
+                baseline=baseline,
+                dataset=dataset,
+                split=split,
+                max_examples=max_examples,
+                guardrails=guardrails,
+            )
+            eval_id = row.id
+        self.launch_pending(only=eval_id)
+        return self.get(principal, eval_id)
+
+    def create_in(
+        self,
+        s: Session,
+        tenant_id: str,
+        tenant_name: str,
+        *,
+        model: str,
+        baseline: str,
+        dataset: str,
+        split: str,
+        max_examples: int | None = None,
+        guardrails: dict[str, float] | None = None,
+        auto: bool = False,
+    ) -> EvaluationRow:
+        model_id, baseline_id = self._check(s, tenant_id, tenant_name, model, baseline, dataset, split)
+        row = EvaluationRow(
+            id=new_evaluation_id(),
+            tenant_id=tenant_id,
+            state="pending",
+            model=model_id,
+            baseline=baseline_id,
+            dataset=dataset,
+            split=split,
+            job_id=None,
+            doc={
+                "max_examples": max_examples or DEFAULT_MAX_EXAMPLES,
+                "guardrail_thresholds": dict(guardrails or {}),
+                "auto": auto,
+            },
+            created_at_s=self.clock(),
+        )
+        s.add(row)
+        s.flush()
+        return row
+
+    def launch_pending(self, only: str | None = None) -> int:
+        """Submit the evaluation job of every pending evaluation (a control-loop phase)."""
+        with self.db.session() as s:
+            q = select(EvaluationRow).where(EvaluationRow.state == "pending", EvaluationRow.job_id.is_(None))
+            if only is not None:
+                q = q.where(EvaluationRow.id == only)
+            pending = [(r.id, r.tenant_id) for r in s.scalars(q.limit(50))]
+        for eval_id, tenant_id in pending:
+            try:
+                self._launch(eval_id, tenant_id)
+            except TrainyardError as exc:
+                self._mark_failed(eval_id, exc.message)
+            except Exception as exc:
+                log.exception("evaluation_launch_failed", evaluation=eval_id)
+                self._mark_failed(eval_id, f"{type(exc).__name__}: {exc}")
+        return len(pending)
+
+    def _mark_failed(self, eval_id: str, reason: str) -> None:
+        with self.db.session() as s:
+            row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).first()
+            if row is not None and row.state in ("pending", "running"):
+                row.state = "failed"
+                row.doc = {**row.doc, "error": reason[:2000]}
+                row.finished_at_s = self.clock()
+
+    def _launch(self, eval_id: str, tenant_id: str) -> None:
+        with self.db.session() as s:
+            row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).one()
+            tenant = TenantRepo(s).by_id(tenant_id)
+            assert tenant is not None
+            model = self.registry.resolve_in(s, tenant_id, row.model)
+            baseline = self.registry.resolve_in(s, tenant_id, row.baseline)
+            dataset, split, max_examples = row.dataset, row.split, int(row.doc.get("max_examples") or 0)
+        split_path, fmt = self.split_resolver(tenant_id, tenant.name, dataset, split)
+        rows = read_rows(split_path, limit=max_examples or None)
+        if not rows:
+            raise InvalidInputError(f"the {split} split of {dataset} is empty")
+        fmt = fmt or detect_format(rows)
+        model_dir = self.registry.local_weights_dir(model)
+        baseline_dir = self.registry.local_weights_dir(baseline)
+        out_dir = tenant_area(self.registry.root, tenant.name, "evaluations") / eval_id
+        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        request = {
+            "evaluation": eval_id,
+            "model_dir": str(model_dir),
+            "baseline_dir": str(baseline_dir),
+            "split_path": str(split_path),
+            "format": fmt,
+            "max_examples": max_examples or None,
+            "max_new_tokens": 32,
+        }
+        (out_dir / "request.json").write_text(json.dumps(request, indent=1))
+        spec = {
+            "apiVersion": "trainyard/v1",
+            "kind": "TrainingJob",
+            "name": f"{eval_id}",
+            "tags": {EVAL_TAG: eval_id},
+            "model": {"base": model.id},
+            "workload": {
+                "seq_len": 128,
+                "global_batch": 1,
+                "steps": max(1, 2 * len(rows)),
+                "precision": "fp32",
+            },
+            "requirements": {"allow": ["cpu"]},
+            "entrypoint": {"command": [sys.executable, RUNNER, str(out_dir / "request.json")]},
+        }
+        principal = Principal(tenant_id=tenant_id, tenant_name=tenant.name, key_id="evaluation", admin=False)
+        job = self._submit(principal, spec)
+        with self.db.session() as s:
+            row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).one()
+            row.job_id = job.id
+            row.state = "running"
+            row.doc = {**row.doc, "format": fmt, "n_requested": len(rows), "out_dir": str(out_dir)}
+
+    # ---- completion ----------------------------------------------------------------------------------
+    def is_evaluation_job(self, job: Any) -> str | None:
+        return ((job.spec or {}).get("tags") or {}).get(EVAL_TAG)
+
+    def finish(self, s: Session, job: Any) -> dict[str, Any]:
+        """The evaluation job succeeded: compute the comparison and store it (inside the supervisor's
+        transaction); returns the fields to put on the job's result."""
+        row = s.scalars(select(EvaluationRow).where(EvaluationRow.job_id == job.id)).first()
+        if row is None:
+            return {}
+        out_dir = Path(row.doc["out_dir"])
+        res = json.loads((out_dir / "results.json").read_text())
+        price = float((job.placement.price_usd_per_device_hour if job.placement else 0.0) or 0.0)
+        doc = self.document_from_results(row, res, price)
+        row.doc = {**row.doc, **doc}
+        row.state = "succeeded"
+        row.finished_at_s = self.clock()
+        summary = {"id": row.id, "baseline": row.baseline, "verdict": doc["verdict"], "passed": doc["passed"]}
+        try:
+            v = self.registry.resolve_in(s, row.tenant_id, row.model)
+            if v.tenant_id == row.tenant_id:
+                self.registry.set_evaluation(s, row.tenant_id, row.model, summary)
+                if v.source_job:
+                    src = JobRepo(s).get(v.source_job)
+                    if src is not None and src.result is not None:
+                        JobRepo(s).update(src.id, result={**src.result, "evaluation": summary})
+        except NotFoundError:
+            pass
+        return {"evaluation": summary, "model_version": None}
+
+    def document_from_results(
+        self, row: EvaluationRow, res: dict[str, Any], price_usd_per_hour: float
+    ) -> dict[str, Any]:
+        m, b = res["model"], res["baseline"]
+        inputs: dict[str, MetricInput] = {
+            "loss": MetricInput(m["loss"], b["loss"], higher_is_better=False),
+        }
+        if "exact_match" in m and "exact_match" in b:
+            inputs["exact_match"] = MetricInput(m["exact_match"], b["exact_match"], binary=True)
+        thresholds = dict(row.doc.get("guardrail_thresholds") or {})
+        guardrails: list[Guardrail] = []
+        lat_m, lat_b = m.get("latency_s_per_token"), b.get("latency_s_per_token")
+        if lat_m is not None and lat_b is not None:
+            guardrails.append(
+                Guardrail(
+                    "latency_s_per_token",
+                    float(thresholds.get("latency_s_per_token", 2 * lat_b + 0.005)),
+                    lat_m,
+                )
+            )
+            cost_m = price_usd_per_hour * lat_m / 3600 * 1000
+            cost_b = price_usd_per_hour * lat_b / 3600 * 1000
+            guardrails.append(
+                Guardrail(
+                    "cost_usd_per_1k_tokens",
+                    float(thresholds.get("cost_usd_per_1k_tokens", 2 * cost_b + 1e-6)),
+                    cost_m,
+                )
+            )
+        comp = compare(inputs, guardrails=guardrails, seed=0)
+        metrics = comp.metrics_document()
+        lo, hi = comp.metrics["loss"].ci95
+        ppl_m, ppl_b = float(m["perplexity"]), float(b["perplexity"])
+        bl = float(b["mean_loss"])
+        metrics["perplexity"] = {
+            "model": ppl_m,
+            "baseline": ppl_b,
+            "delta": ppl_m - ppl_b,
+            "ci95": [_exp(bl + lo) - ppl_b, _exp(bl + hi) - ppl_b],
+            "p_value": comp.metrics["loss"].p_value,
+            "test": "monotone transform of loss (not tested separately)",
+        }
+        rows = read_rows(
+            Path(json.loads((Path(row.doc["out_dir"]) / "request.json").read_text())["split_path"]),
+            limit=res["n"],
+        )
+        fmt = res["format"]
+        deltas = [mi - bi for mi, bi in zip(m["loss"], b["loss"], strict=True)]
+        wins, losses = largest_differences(deltas, higher_is_better=False, k=MAX_EXAMPLES_SHOWN)
+        examples = []
+        for i in [*wins, *losses]:
+            prompt, ref = split_example(rows[i], fmt)
+            examples.append(
+                {
+                    "index": i,
+                    "input": prompt,
+                    "reference": ref,
+                    "model_output": (m.get("outputs") or [None] * res["n"])[i],
+                    "baseline_output": (b.get("outputs") or [None] * res["n"])[i],
+                    "model_loss": m["loss"][i],
+                    "baseline_loss": b["loss"][i],
+                    "delta_loss": deltas[i],
+                    "outcome": "win" if deltas[i] < 0 else "loss",
+                }
+            )
+        return {
+            "n": comp.n,
+            "metrics": metrics,
+            "guardrails": [g.to_dict() for g in comp.guardrails],
+            "verdict": comp.verdict,
+            "passed": comp.passed,
+            "alpha": comp.alpha,
+            "min_examples": comp.min_examples,
+            "examples": examples,
+        }
+
+    # ---- reads ---------------------------------------------------------------------------------------
+    def _document(self, s: Session, row: EvaluationRow) -> dict[str, Any]:
+        d = row.doc or {}
+        state = row.state
+        if state == "running" and row.job_id:
+            job = JobRepo(s).get(row.job_id)
+            if job is not None and job.state.value in ("failed", "cancelled"):
+                state = "failed"
+        return {
+            "id": row.id,
+            "model": row.model,
+            "baseline": row.baseline,
+            "dataset": row.dataset,
+            "split": row.split,
+            "n": d.get("n"),
+            "metrics": d.get("metrics") or {},
+            "guardrails": d.get("guardrails") or [],
+            "verdict": d.get("verdict"),
+            "passed": bool(d.get("passed", False)),
+            "examples": d.get("examples") or [],
+            "state": state,
+            "job_id": row.job_id,
+            "auto": bool(d.get("auto", False)),
+            "error": d.get("error"),
+            "created_at": iso(row.created_at_s),
+            "finished_at": iso(row.finished_at_s),
+        }
+
+    def get(self, principal: Principal, eval_id: str) -> dict[str, Any]:
+        with self.db.session() as s:
+            row = s.scalars(
+                select(EvaluationRow).where(
+                    EvaluationRow.id == eval_id, EvaluationRow.tenant_id == principal.tenant_id
+                )
+            ).first()
+            if row is None:
+                raise NotFoundError(
+                    f"no evaluation {eval_id!r}", hint="List them with `trainyard eval list`."
+                )
+            return self._document(s, row)
+
+    def list(
+        self, principal: Principal, *, model: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        with self.db.session() as s:
+            q = select(EvaluationRow).where(EvaluationRow.tenant_id == principal.tenant_id)
+            if model is not None:
+                q = q.where(EvaluationRow.model == model)
+            rows = s.scalars(q.order_by(EvaluationRow.seq.desc()).limit(max(1, min(limit, 500)))).all()
+            return [self._document(s, r) for r in rows]
+
+
+def _exp(x: float) -> float:
+    return math.exp(min(x, 50.0))

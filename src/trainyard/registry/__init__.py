@@ -1,0 +1,1 @@
+"""Model registry: immutable versions with lineage, aliases with history, the promotion gate."""
