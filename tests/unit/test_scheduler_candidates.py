@@ -77,3 +77,38 @@ def test_spec_and_pool_keys_are_memoised_per_object() -> None:
     # one entry per object, not per call; an equal spec that is another object has its own
     assert len(cache._keys) == 2 and len(cache._bases) == 1 and len(cache._pool_keys) == 1
     assert cache.facts(one) is not cache.facts(same)
+
+
+def test_free_room_decides_fits_now_alike() -> None:
+    """The round reads each pool's room once (``free_room``); it must say what ``fits_now`` says."""
+    from dataclasses import replace as dc_replace
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from trainyard.schedule.candidates import fits_now
+    from trainyard.schedule.round import free_room
+
+    sp = spec("room")
+    base = CandidateCache()
+    template_pool = pool("p", "a100-40gb", 1.0, per_node=8, nodes=2)
+    opt = price_option(sp, template_pool, 1, 0.0, base)
+    from trainyard.schedule.candidates import to_candidate
+
+    cand = to_candidate(job_id="j", tenant="t", spec=sp, pool=template_pool, option=opt, now_s=0.0,
+                        deadline_abs_s=None, config=CFG)  # fmt: skip
+
+    @settings(max_examples=200, deadline=None)
+    @given(per_node=st.integers(1, 16), nodes=st.integers(1, 8), free=st.integers(0, 128),
+           devices=st.integers(1, 128))  # fmt: skip
+    def check(per_node: int, nodes: int, free: int, devices: int) -> None:
+        p = template_pool.model_copy(
+            update={"devices_per_node": per_node, "nodes": nodes,
+                    "available_devices": min(free, per_node * nodes)}
+        )  # fmt: skip
+        n = max(1, -(-devices // per_node))
+        c = dc_replace(cand, devices=devices, nodes=n, devices_per_node=per_node)
+        whole, single = free_room(p)
+        assert fits_now(c, p) == (c.nodes <= whole if c.nodes > 1 else c.devices <= single)
+
+    check()

@@ -233,6 +233,7 @@ def _spec_view(
     pools_key: tuple[Any, ...],
     cfg: SchedulerConfig,
     cache: CandidateCache,
+    room: Mapping[str, tuple[int, int]] | None = None,
 ) -> _SpecView:
     """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
     and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
@@ -256,19 +257,26 @@ def _spec_view(
             )
         ]
         feasible_all = sorted((c for c in cands if c.feasible), key=_sort_key)
-        static = (cands, feasible_all, sorted(feasible_all, key=_cost_key))
+        fastest = min((c.expected_hours_p90 for c in feasible_all), default=0.0)
+        static = (cands, feasible_all, sorted(feasible_all, key=_cost_key), fastest)
         cache.views[skey] = static
-    cands, feasible, by_cost = static
-    fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
-    return _SpecView(
-        cands,
-        feasible,
-        fitting,
-        prune(fitting, cfg),
-        by_cost,
-        min((c.expected_hours_p90 for c in feasible), default=0.0),
-        _seed(fitting, cfg),
-    )
+    cands, feasible, by_cost, fastest = static
+    if room is None:
+        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
+    else:  # fits_now against each pool's room computed once per round (free_room)
+        fitting = [
+            c
+            for c in feasible
+            if (c.nodes <= room[c.pool][0] if c.nodes > 1 else c.devices <= room[c.pool][1])
+        ]
+    return _SpecView(cands, feasible, fitting, prune(fitting, cfg), by_cost, fastest, _seed(fitting, cfg))
+
+
+def free_room(pool: Pool) -> tuple[int, int]:
+    """(whole free nodes, largest single-node gang that fits now): what ``fits_now`` reads of a pool."""
+    free = pool.free_devices
+    whole = free // pool.devices_per_node
+    return whole, pool.devices_per_node if whole > 0 else free - whole * pool.devices_per_node
 
 
 def queued_progress(qj: QueuedJob) -> float:
@@ -330,12 +338,13 @@ def schedule_round(
     late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
     full: list[tuple[ProblemJob, list[Candidate]]] = []
     pools_key = tuple(pool_price_key(p) for p in pools)
+    room = {p.name: free_room(p) for p in pools}
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
         view = views.get(vkey)
         if view is None:
-            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache)
+            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache, room)
             views[vkey] = view
         if deadline is None:
             feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
