@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainyard.runtime.storage import atomic_write_bytes, join_url, sha256_file, url_to_fs
 
@@ -132,6 +132,64 @@ class ReusedBufferStager:
 
     def close(self) -> None:
         return None
+
+
+class _HashingStream:
+    """A write stream that hashes (sha256) and counts what passes through it on its way to the file."""
+
+    def __init__(self, raw: Any, on_close: Callable[[str, int], None]) -> None:
+        self._raw = raw
+        self._h = hashlib.sha256()
+        self._n = 0
+        self._on_close = on_close
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._h.update(view)
+        self._n += view.nbytes
+        return int(self._raw.write(data) or view.nbytes)
+
+    def seek(self, *args: Any) -> Any:  # a seek would make the running hash wrong: refuse it
+        raise OSError("checkpoint streams are written sequentially")
+
+    def seekable(self) -> bool:
+        return False
+
+    def finish(self) -> None:
+        self._on_close(self._h.hexdigest(), self._n)
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno (fsync), ...
+        return getattr(self._raw, name)
+
+
+def hashing_writer(url: str, hashes: dict[str, tuple[str, int]], *, thread_count: int = 1) -> Any:
+    """A DCP ``FsspecWriter`` that hashes every file it writes while writing it (``hashes``: path →
+    (sha256, bytes), for the files this rank wrote), so committing a step need not read them back."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
+    class _HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            with super().create_stream(path, mode) as raw:
+                if "w" not in mode:
+                    yield raw
+                    return
+                key = os.fspath(path)
+                stream = _HashingStream(raw, lambda d, n: hashes.__setitem__(key, (d, n)))
+                yield stream
+                stream.finish()
+
+        def rename(self, path: Any, new_path: Any) -> None:
+            super().rename(path, new_path)
+            got = hashes.pop(os.fspath(path), None)
+            if got is not None:
+                hashes[os.fspath(new_path)] = got
+
+    writer = FsspecWriter(url, sync_files=True, thread_count=thread_count)
+    fs: Any = _HashingFileSystem()
+    fs.fs = cast(Any, writer.fs).fs  # the fsspec filesystem init_path resolved for ``url``
+    writer.fs = fs
+    return writer
 
 
 def code_hash() -> str:
@@ -313,14 +371,14 @@ class CheckpointManager:
         ``wait_staged()`` before it modifies any tensor of ``state``.
         """
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         self.wait()
         url = self.step_url(step, root)
         t0 = time.perf_counter()
         try:
             self._ensure_dir(url)
-            writer = FsspecWriter(url, sync_files=True)
+            hashes: dict[str, tuple[str, int]] = {}
+            writer = hashing_writer(url, hashes)
             if blocking:
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
         except CheckpointWriteError:
@@ -332,7 +390,7 @@ class CheckpointManager:
         def commit() -> SaveResult:
             result = SaveResult(step, url, 0, self._stall_s, 0.0, emergency)
             if self.rank == 0:
-                self._commit(url, step, meta, result)
+                self._commit(url, step, meta, result, written=hashes)
                 with contextlib.suppress(Exception):
                     self.apply_retention(current_step=step, root=root)
             result.total_s = time.perf_counter() - t0
@@ -392,15 +450,29 @@ class CheckpointManager:
             self._stall_s += time.perf_counter() - t0
         self._staged = None
 
-    def _commit(self, url: str, step: int, meta: dict[str, Any], result: SaveResult) -> None:
+    def _commit(
+        self,
+        url: str,
+        step: int,
+        meta: dict[str, Any],
+        result: SaveResult,
+        written: dict[str, tuple[str, int]] | None = None,
+    ) -> None:
+        """Hash the step's files (those this rank wrote were hashed while being written; other ranks'
+        are read back) and commit the manifest."""
         fs, path = url_to_fs(url)
         files: dict[str, Any] = {}
+        known = {str(url_to_fs(k)[1]) if "://" in k else k: v for k, v in (written or {}).items()}
         try:
             for full in sorted(fs.find(path)):
                 rel = str(full)[len(path) :].lstrip("/")
                 if rel == MANIFEST or ".tmp-" in rel:
                     continue
-                digest, size = sha256_file(fs, full)
+                got = known.get(str(full))
+                if got is not None and fs.size(full) == got[1]:
+                    digest, size = got
+                else:
+                    digest, size = sha256_file(fs, full)
                 files[rel] = {"sha256": digest, "bytes": size}
         except OSError as exc:
             raise CheckpointWriteError(f"hashing the shards of {url} failed: {_root_cause(exc)}") from exc
