@@ -38,6 +38,13 @@ TABLES |= {  # model registry and evaluations
     "model_alias_events",
     "evaluations",
 }
+TABLES |= {  # serving
+    "deployments",
+    "deployment_events",
+    "serving_replicas",
+    "serving_requests",
+    "serving_shadow_pairs",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -13,11 +13,13 @@ from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
 from trainyard.api.routers import (
     catalog,
+    deployments,
     evaluations,
     governance,
     health,
     jobs,
     models,
+    openai,
     pools,
     quotes,
     tenants,
@@ -52,6 +54,8 @@ def create_app(
             {"name": "budgets", "description": "Dollar budgets per tenant and tag, alerts, hard limits."},
             {"name": "models", "description": "Model registry: versions, lineage, aliases, promotion."},
             {"name": "evaluations", "description": "Paired evaluations of a model against a baseline."},
+            {"name": "deployments", "description": "Serve model versions: replicas, traffic, autoscaling."},
+            {"name": "openai", "description": "OpenAI-compatible API over the tenant's deployments."},
             {"name": "health", "description": "Liveness, readiness, metrics."},
         ],
     )
@@ -79,6 +83,8 @@ def create_app(
         governance.router,
         models.router,
         evaluations.router,
+        deployments.router,
+        openai.router,
     ):
         app.include_router(r)
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts

@@ -80,15 +80,37 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _openai_style(resp: JSONResponse, status: int) -> JSONResponse:
+    """Under /openai the envelope also carries OpenAI's ``type`` and ``param`` keys."""
+    import json
+
+    body = json.loads(bytes(resp.body))
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body["error"] = {**body["error"], "type": kind, "param": None}
+    headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TrainyardError)
-    async def _trainyard(_req: Request, exc: TrainyardError) -> JSONResponse:
+    async def _trainyard(req: Request, exc: TrainyardError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
         if isinstance(exc, RateLimitedError):
             headers = dict(exc.headers)
         if exc.http_status >= 500:
             log.error("request_failed", code=exc.code, message=exc.message)
-        return envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)
+        resp = envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)
+        if req.url.path.startswith("/openai/"):
+            return _openai_style(resp, exc.http_status)
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "budgets": ("trainyard.cli.budgets_cmd", "app", "Dollar budgets per tenant and tag."),
     "models": ("trainyard.cli.models_cmd", "app", "Model registry: versions, lineage, aliases, promotion."),
     "eval": ("trainyard.cli.eval_cmd", "app", "Evaluate a model against a baseline (paired statistics)."),
+    "deployments": ("trainyard.cli.deployments_cmd", "app", "Serve model versions (OpenAI-compatible API)."),
 }
 
 

@@ -437,3 +437,55 @@ class TrainyardClient:
                     f"evaluation {eval_id} still {doc['state']} after {timeout_s} s"
                 )
             time.sleep(poll_s)
+
+    # ---- deployments (DESIGN §3.9) ---------------------------------------------------------------
+    def create_deployment(
+        self,
+        name: str,
+        model: str,
+        *,
+        min_replicas: int = 1,
+        max_replicas: int | None = None,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Deploy a model version or alias; options: target_in_flight, scale_up_delay_s,
+        scale_down_delay_s, cold_start_timeout_s, tags."""
+        body: dict[str, Any] = {"name": name, "model": model, "min_replicas": min_replicas, **options}
+        if max_replicas is not None:
+            body["max_replicas"] = max_replicas
+        return self.request("POST", "/v1/deployments", json=body)
+
+    def get_deployment(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/deployments/{quote(name, safe='')}")
+
+    def list_deployments(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/deployments")
+
+    def set_traffic(
+        self, name: str, routes: list[dict[str, Any]], *, canary: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Routes ``[{model, weight, shadow?, canary?}]``; ``canary`` holds the rollback thresholds."""
+        body: dict[str, Any] = {"routes": routes}
+        if canary is not None:
+            body["canary"] = canary
+        return self.request("PUT", f"/v1/deployments/{quote(name, safe='')}/traffic", json=body)
+
+    def shadow_report(self, name: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/deployments/{quote(name, safe='')}/shadow-report")
+
+    def delete_deployment(self, name: str) -> None:
+        self.request("DELETE", f"/v1/deployments/{quote(name, safe='')}")
+
+    def wait_deployment(self, name: str, *, timeout_s: float = 120.0, poll_s: float = 0.2) -> dict[str, Any]:
+        """Poll until the deployment is ``ready``; returns its document."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.get_deployment(name)
+            if doc["state"] == "ready":
+                return doc
+            if doc["state"] == "failed" or time.monotonic() > deadline:
+                raise E.ServiceUnavailableError(
+                    f"deployment {name} is {doc['state']} after {timeout_s:.0f} s",
+                    hint="See its events with `trainyard deployments get NAME --json`.",
+                )
+            time.sleep(poll_s)

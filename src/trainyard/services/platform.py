@@ -30,6 +30,7 @@ from trainyard.services.quoting import QuoteFn
 from trainyard.services.scheduler_adapter import ReplanningSupervisor
 from trainyard.services.scheduling import ScheduleRound
 from trainyard.services.tenants import TenantService
+from trainyard.serving.models import ModelSource
 from trainyard.settings import Settings
 from trainyard.store.db import Database
 from trainyard.tenancy.ratelimit import RateLimiter, make_store
@@ -47,6 +48,8 @@ class PlatformOptions:
     cpu_count: int | None = None
     loop_interval_s: float = 0.5
     clock: Callable[[], float] = time.time
+    model_source: ModelSource | None = None  # where deployments find model versions
+    stop_replicas_on_close: bool = True  # a crash leaves replicas running; a restart adopts them
 
 
 class Platform:
@@ -88,6 +91,18 @@ class Platform:
             self.supervisor.governance = self.governance
             self.supervisor.tenant_limits = self.tenants.all_limits
         self._wire_registry(clock)
+        from trainyard.serving.gateway import Gateway
+        from trainyard.serving.models import StorageModelSource
+        from trainyard.serving.service import ServingService
+
+        self.serving = ServingService(
+            self.db,
+            self.options.model_source or StorageModelSource(self.home / "storage"),
+            home=self.home,
+            clock=clock,
+            placement=self._serving_placement,
+        )
+        self.serving_gateway = Gateway(self.serving)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = False
@@ -139,6 +154,20 @@ class Platform:
             out["evaluation"] = {"id": row.id, "baseline": version.base, "verdict": None, "passed": False}
         return out
 
+    def _serving_placement(self) -> dict[str, Any]:
+        """Where a new replica runs and what it costs: this machine's local pool, priced like a job."""
+        try:
+            rec = self.pools.get("local-cpu")
+        except Exception:
+            return {"pool": "local-cpu", "accelerator": "cpu", "devices": 1, "price_usd_per_hour": 0.0}
+        price = float(rec.doc.get("price_usd_per_device_hour") or 0.0)
+        return {
+            "pool": rec.name,
+            "accelerator": rec.doc.get("accelerator", "cpu"),
+            "devices": 1,
+            "price_usd_per_hour": price,
+        }
+
     @classmethod
     def open(cls, settings: Settings, options: PlatformOptions | None = None) -> Platform:
         p = cls(settings, options)
@@ -161,6 +190,7 @@ class Platform:
         if self.supervisor is not None:
             self.supervisor.reconcile()
         self._check_ledger()
+        self.serving.start()  # adopt replicas a previous run left, restart the rest
         self.ready = True
 
     def _check_ledger(self) -> None:
@@ -191,6 +221,7 @@ class Platform:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run_loop, name="trainyard-control-loop", daemon=True)
         self._thread.start()
+        self.serving.start_loop()
 
     def _run_loop(self) -> None:
         while not self._stop.is_set():
@@ -203,6 +234,7 @@ class Platform:
             self._stop.wait(max(0.0, self.options.loop_interval_s - elapsed))
 
     def stop_loop(self, timeout_s: float = 10.0) -> None:
+        self.serving.stop_loop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
@@ -215,5 +247,9 @@ class Platform:
                 self.options.executor.shutdown()
             except Exception:
                 log.exception("executor_shutdown_failed")
+        try:
+            self.serving.close(stop_replicas=self.options.stop_replicas_on_close)
+        except Exception:
+            log.exception("serving_shutdown_failed")
         self.db.dispose()
         self.ready = False

@@ -1,0 +1,150 @@
+"""Replica processes: start, probe, adopt and stop. A local replica is a separate process in its own
+session (it outlives a crashed server, which re-adopts it by id and port on restart)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SCRUBBED_ENV = ("TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "TRAINYARD_METRICS_TOKEN")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    replica_id: str
+    model_path: str
+    tokenizer_path: str
+    adapters: dict[str, str]
+    model_name: str
+    host: str = "127.0.0.1"
+    device: str = "auto"
+    threads: int | None = None
+
+
+class LocalLauncher:
+    """Replicas as local processes (``python -m trainyard.serving.replica``)."""
+
+    backend = "local"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+
+    def start(self, spec: LaunchSpec) -> tuple[int, int]:
+        """Start a replica; returns (pid, port). It is ready once :func:`probe` answers."""
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        port = free_port(spec.host)
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainyard.serving.replica",
+            "--replica-id",
+            spec.replica_id,
+            "--model-path",
+            spec.model_path,
+            "--tokenizer-path",
+            spec.tokenizer_path,
+            "--model-name",
+            spec.model_name,
+            "--port",
+            str(port),
+            "--host",
+            spec.host,
+            "--device",
+            spec.device,
+        ]
+        if spec.threads:
+            cmd += ["--threads", str(spec.threads)]
+        for name, path in sorted(spec.adapters.items()):
+            cmd += ["--adapter", f"{name}={path}"]
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["HF_HUB_OFFLINE"] = "1"
+        log_path = self.log_dir / f"{spec.replica_id}.log"
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(fd)
+        _CHILDREN[proc.pid] = proc
+        return proc.pid, port
+
+    def alive(self, pid: int | None) -> bool:
+        if pid is None:
+            return False
+        child = _CHILDREN.get(pid)
+        if child is not None:
+            return child.poll() is None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # a zombie (exited, not reaped) is not alive
+            import psutil
+
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except Exception:
+            return True
+
+    def stop(self, pid: int | None, timeout_s: float = 5.0) -> None:
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.alive(pid):
+            time.sleep(0.05)
+        if self.alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        child = _CHILDREN.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(2)
+
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def probe(client: httpx.Client, url: str, replica_id: str, timeout_s: float = 0.5) -> dict[str, Any] | None:
+    """The replica's /health document when it answers as ``replica_id``, else None."""
+    try:
+        r = client.get(f"{url}/health", timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    try:
+        doc = r.json()
+    except ValueError:
+        return None
+    return doc if doc.get("replica_id") == replica_id else None
