@@ -156,3 +156,51 @@ def test_storage_vanishing_between_write_and_commit_is_a_checkpoint_write_error(
     assert not (step_dir / MANIFEST).exists()
     assert _load(mgr) == (1, 1.0)
     mgr.close()
+
+
+def test_manifest_that_omits_a_damaged_shard_fails_verification_and_the_previous_step_is_used(
+    tmp_path: Path,
+) -> None:
+    events: list = []
+    mgr = _manager(tmp_path, events)
+    _save(mgr, 1)
+    _save(mgr, 2)
+    step2 = tmp_path / "job" / "step-2"
+    shard = next(p for p in step2.iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(b"damaged")
+    man = json.loads((step2 / MANIFEST).read_text())
+    del man["files"][shard.name]
+    (step2 / MANIFEST).write_text(json.dumps(man))
+    ok, why, _ = CheckpointManager.verify(mgr.step_url(2))
+    assert not ok and shard.name in why
+    # the same when the damaged shard is gone from disk too: the index still needs it
+    shard.unlink()
+    ok, why, _ = CheckpointManager.verify(mgr.step_url(2))
+    assert not ok and f"shard {shard.name} is not in the manifest" in why
+    assert _load(mgr) == (1, 1.0)
+    assert any(d.get("skipped_step") == 2 for k, d in events if k == "log")
+    mgr.close()
+
+
+def test_a_file_on_disk_that_the_manifest_does_not_list_fails_verification(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    (tmp_path / "job" / "step-1" / "__1_0.distcp").write_bytes(b"stray")
+    ok, why, _ = CheckpointManager.verify(mgr.step_url(1))
+    assert not ok and "__1_0.distcp is on disk but not in the manifest" in why
+    mgr.close()
+
+
+def test_quarantined_step_is_never_chosen_again(tmp_path: Path) -> None:
+    events: list = []
+    mgr = _manager(tmp_path, events)
+    _save(mgr, 1)
+    _save(mgr, 2)
+    ref = mgr.latest_valid()
+    assert ref is not None and ref.step == 2
+    moved = mgr.quarantine(ref, "loading failed: test")
+    assert moved is not None and "quarantined-step-2-" in moved
+    assert _load(mgr) == (1, 1.0)
+    assert [s for s, _ in mgr.list_step_dirs(mgr.job_url)] == [1]
+    assert any(d.get("quarantined_step") == 2 for k, d in events if k == "log")
+    mgr.close()

@@ -95,3 +95,30 @@ def test_resume_in_process_is_bit_identical(tmp_path: Path) -> None:
     second, events = _run(tmp_path, "split", half_doc, every=3)
     assert next(d for k, d in events if k == "started")["resumed_from_step"] == 6
     assert second.data["model_sha256"] == full.data["model_sha256"]
+
+
+def test_a_step_that_verifies_but_fails_to_load_is_quarantined_and_the_previous_one_used(
+    tmp_path: Path,
+) -> None:
+    import hashlib
+    import json
+
+    doc = _spec({"architecture": "decoder"}, steps=8)
+    full, _ = _run(tmp_path, "full", doc, every=3)
+    first, _ = _run(tmp_path, "bad", {**doc, "workload": {**doc["workload"], "steps": 6}}, every=3)
+    assert first.data["final_step"] == 6
+    # step 6's shard is damaged and its manifest was (re)written over the damaged bytes: it verifies,
+    # but torch cannot load it
+    step6 = tmp_path / "store" / "bad" / "step-6"
+    shard = step6 / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    man = json.loads((step6 / "manifest.json").read_text())
+    data = shard.read_bytes()
+    man["files"]["__0_0.distcp"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (step6 / "manifest.json").write_text(json.dumps(man))
+    second, events = _run(tmp_path, "bad", doc, every=3)
+    assert next(d for k, d in events if k == "started")["resumed_from_step"] == 3
+    assert any(d.get("quarantined_step") == 6 for k, d in events if k == "log")
+    assert len(list((tmp_path / "store" / "bad").glob("quarantined-step-6-*"))) == 1
+    # resuming from the older step still reproduces the uninterrupted run exactly
+    assert second.data["model_sha256"] == full.data["model_sha256"]

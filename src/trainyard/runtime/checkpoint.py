@@ -34,6 +34,7 @@ from typing import Any, cast
 from trainyard.runtime.storage import atomic_write_bytes, join_url, sha256_file, url_to_fs
 
 MANIFEST = "manifest.json"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
 FORMAT = "trainyard-checkpoint/1"
 STEP_RE = re.compile(r"^step-(\d+)$")
 REQUIRED_FIELDS = ("format", "job_id", "step", "world_size", "precision", "layout", "files")
@@ -293,6 +294,23 @@ class CheckpointManager:
         if manifest["format"] != FORMAT:
             return False, f"unknown checkpoint format {manifest['format']!r}", None
         fs, path = url_to_fs(step_url)
+        # both ways: nothing on disk that the manifest does not list (a shard written after, or left out
+        # of, the manifest), and every shard the checkpoint's own index refers to is listed
+        try:
+            on_disk = {
+                str(full)[len(path) :].lstrip("/")
+                for full in fs.find(path)
+                if not str(full).endswith(MANIFEST) and ".tmp-" not in str(full)
+            }
+        except OSError as exc:
+            return False, f"unreadable: listing the step failed ({exc.__class__.__name__})", manifest
+        listed = set(manifest["files"])
+        unlisted = sorted(on_disk - listed)
+        if unlisted:
+            return False, f"corrupt: {unlisted[0]} is on disk but not in the manifest", manifest
+        is_dcp = (manifest.get("layout") or {}).get("format", "torch-dcp") == "torch-dcp"
+        if is_dcp and DCP_METADATA not in listed:
+            return False, f"corrupt: the manifest does not list {DCP_METADATA}", manifest
         for rel, info in sorted(manifest["files"].items()):
             try:
                 digest, size = sha256_file(fs, f"{path}/{rel}")
@@ -302,7 +320,36 @@ class CheckpointManager:
                 return False, f"corrupt: {rel} has {size} bytes, the manifest says {info['bytes']}", manifest
             if digest != info["sha256"]:
                 return False, f"corrupt: sha256 of {rel} does not match the manifest", manifest
+        if DCP_METADATA in listed:
+            needed = _dcp_shard_files(step_url)
+            if needed is None:
+                return False, f"corrupt: {DCP_METADATA} cannot be read", manifest
+            absent = sorted(needed - listed)
+            if absent:
+                return False, f"corrupt: shard {absent[0]} is not in the manifest", manifest
         return True, "ok", manifest
+
+    def quarantine(self, ref: CheckpointRef, why: str) -> str | None:
+        """Move a step that verified but failed to load out of the ``step-N`` namespace (renamed to
+        ``quarantined-step-N-<time>``), so no later attempt picks it again; the files stay for a post-mortem.
+        Returns the new URL, or None when the step could not be moved (it is then removed)."""
+        fs, path = url_to_fs(ref.url)
+        parent, name = path.rstrip("/").rsplit("/", 1)
+        target = f"{parent}/quarantined-{name}-{int(time.time() * 1000)}"
+        try:
+            fs.mv(path, target, recursive=True)
+            moved: str | None = join_url(ref.url.rstrip("/").rsplit("/", 1)[0], target.rsplit("/", 1)[-1])
+        except OSError:
+            self._delete_step(fs, ref.url)
+            moved = None
+        self.emit(
+            "log",
+            message=f"quarantined checkpoint step {ref.step}: {why}",
+            quarantined_step=ref.step,
+            why=why[:500],
+            path=moved or ref.url,
+        )
+        return moved
 
     def committed(self) -> list[CheckpointRef]:
         """Steps with a manifest in the primary root (not hash-verified), newest first."""
@@ -564,6 +611,17 @@ class CheckpointManager:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+
+def _dcp_shard_files(step_url: str) -> set[str] | None:
+    """The data files a torch-dcp checkpoint's own index (``.metadata``) refers to; None if unreadable."""
+    try:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        metadata = FsspecReader(step_url).read_metadata()
+        return {str(info.relative_path) for info in (metadata.storage_data or {}).values()}
+    except Exception:
+        return None
 
 
 def _no_dist() -> bool:

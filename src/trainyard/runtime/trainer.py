@@ -306,8 +306,7 @@ class Trainer:
 
             set_model_state_dict(self.model, state["model"], options=opts)
 
-    def resume(self) -> CheckpointRef | None:
-        """Load the newest checkpoint that verifies (rank 0 chooses; every rank loads the same step)."""
+    def _choose_checkpoint(self) -> CheckpointRef | None:
         ref = self.ckpt.latest_valid() if self.rank == 0 else None
         if self.world_size > 1:
             import torch.distributed as dist
@@ -315,16 +314,49 @@ class Trainer:
             box: list[Any] = [None if ref is None else (ref.step, ref.url, ref.manifest)]
             dist.broadcast_object_list(box, src=0, group=self.pg)
             ref = None if box[0] is None else CheckpointRef(*box[0])
+        return ref
+
+    def _all_loaded(self, ok: bool) -> bool:
+        """True when every rank loaded its part of the chosen step."""
+        if self.world_size <= 1:
+            return ok
+        import torch.distributed as dist
+
+        flags: list[Any] = [None] * self.world_size
+        dist.all_gather_object(flags, ok, group=self.pg)
+        return all(bool(f) for f in flags)
+
+    def resume(self) -> CheckpointRef | None:
+        """Load the newest checkpoint that verifies (rank 0 chooses; every rank loads the same step). A
+        step that verifies but fails to load is quarantined (never chosen again) and the previous one used."""
+        while True:
+            ref = self._choose_checkpoint()
+            if ref is None:
+                if self.rank == 0:
+                    self.ckpt.remove_newer_than(-1)
+                return None
+            man = ref.manifest
+            same_optim = man.get("layout", {}).get("optimizer") == self.spec.workload.optimizer.value
+            state = self._state_dict()
+            if not same_optim:
+                state = {"model": state["model"]}
+            why = ""
+            try:
+                self.ckpt.load(ref, state)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # torch's CheckpointException is a BaseException
+                why = f"loading failed: {exc.__class__.__name__}: {str(exc)[:300]}"
+            if self._all_loaded(not why):
+                break
+            if self.rank == 0:
+                self.ckpt.quarantine(ref, why or "loading failed on another rank")
+            if self.world_size > 1:
+                import torch.distributed as dist
+
+                dist.barrier(group=self.pg)
         if self.rank == 0:
-            self.ckpt.remove_newer_than(ref.step if ref is not None else -1)
-        if ref is None:
-            return None
-        man = ref.manifest
-        same_optim = man.get("layout", {}).get("optimizer") == self.spec.workload.optimizer.value
-        state = self._state_dict()
-        if not same_optim:
-            state = {"model": state["model"]}
-        self.ckpt.load(ref, state)
+            self.ckpt.remove_newer_than(ref.step)
         self._apply_state(state, with_optim=same_optim)
         self.step = int(man["step"])
         self.last_ckpt_step = self.step
