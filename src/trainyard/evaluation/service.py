@@ -33,6 +33,7 @@ from trainyard.evaluation.stats import Guardrail, MetricInput, compare, largest_
 from trainyard.registry.service import RegistryService, tenant_area
 from trainyard.services.domain import Principal, iso
 from trainyard.store.db import Database
+from trainyard.store.governance_repo import GovernanceRepo
 from trainyard.store.registry_models import EvaluationRow
 from trainyard.store.repositories import JobRepo, TenantRepo
 
@@ -219,6 +220,7 @@ class EvaluationService:
             model = self.registry.resolve_in(s, tenant_id, row.model)
             baseline = self.registry.resolve_in(s, tenant_id, row.baseline)
             dataset, split, max_examples = row.dataset, row.split, int(row.doc.get("max_examples") or 0)
+            governed = GovernanceRepo(s).has_budget(tenant_id)  # budgets apply to evaluation jobs too
         split_path, fmt = self.split_resolver(tenant_id, tenant.name, dataset, split)
         rows = read_rows(split_path, limit=max_examples or None)
         if not rows:
@@ -253,7 +255,15 @@ class EvaluationService:
             "requirements": {"allow": ["cpu"]},
             "entrypoint": {"command": [sys.executable, RUNNER, str(out_dir / "request.json")]},
         }
-        principal = Principal(tenant_id=tenant_id, tenant_name=tenant.name, key_id="evaluation", admin=False)
+        principal = Principal(
+            tenant_id=tenant_id,
+            tenant_name=tenant.name,
+            key_id="evaluation",
+            admin=False,
+            max_queued_jobs=tenant.max_queued_jobs,
+            max_active_devices=tenant.max_active_devices,
+            governed=governed,
+        )
         job = self._submit(principal, spec)
         with self.db.session() as s:
             row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).one()
