@@ -92,12 +92,16 @@ class Platform:
             self.supervisor.tenant_limits = self.tenants.all_limits
         self._wire_registry(clock)
         from trainyard.serving.gateway import Gateway
-        from trainyard.serving.models import StorageModelSource
+        from trainyard.serving.models import ChainedModelSource, RegistryModelSource, StorageModelSource
         from trainyard.serving.service import ServingService
 
         self.serving = ServingService(
             self.db,
-            self.options.model_source or StorageModelSource(self.home / "storage"),
+            self.options.model_source
+            or ChainedModelSource(
+                RegistryModelSource(self.registry, self._tenant_id_of),
+                StorageModelSource(self.home / "storage"),
+            ),
             home=self.home,
             clock=clock,
             placement=self._serving_placement,
@@ -153,6 +157,12 @@ class Platform:
             )
             out["evaluation"] = {"id": row.id, "baseline": version.base, "verdict": None, "passed": False}
         return out
+
+    def _tenant_id_of(self, name: str) -> str | None:
+        try:
+            return self.tenants.get(name).id
+        except Exception:
+            return None
 
     def _serving_placement(self) -> dict[str, Any]:
         """Where a new replica runs and what it costs: this machine's local pool, priced like a job."""

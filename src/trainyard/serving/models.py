@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from trainyard.errors import InvalidInputError, NotFoundError
 
@@ -90,3 +91,45 @@ class StorageModelSource:
                 base_ref=base_model.version_id,
             )
         return ResolvedModel(version_id=version_id, path=str(vdir), tokenizer_path=str(vdir))
+
+
+class RegistryModelSource:
+    """Registered versions from the model registry (``RegistryService.resolve``): a full model serves its
+    ``weights`` directory; a LoRA version its ``adapter`` over its base's weights."""
+
+    def __init__(self, registry: Any, tenant_id_of: Callable[[str], str | None]) -> None:
+        self.registry = registry
+        self.tenant_id_of = tenant_id_of
+
+    def resolve(self, tenant: str, ref: str) -> ResolvedModel:
+        tenant_id = self.tenant_id_of(tenant)
+        if tenant_id is None:
+            raise NotFoundError(f"no model version or alias {ref!r}")
+        v = self.registry.resolve(tenant_id, ref)
+        art = v.artefacts
+        if art.get("adapter"):
+            base = self.registry.resolve(tenant_id, str(art["base"]))
+            return ResolvedModel(
+                version_id=v.id,
+                path=str(base.artefacts["weights"]),
+                tokenizer_path=str(art.get("tokenizer") or base.artefacts["tokenizer"]),
+                adapter_path=str(art["adapter"]),
+                base_ref=base.id,
+            )
+        return ResolvedModel(version_id=v.id, path=str(art["weights"]), tokenizer_path=str(art["tokenizer"]))
+
+
+class ChainedModelSource:
+    """The first source that knows the reference answers (registry first, then the storage area)."""
+
+    def __init__(self, *sources: ModelSource) -> None:
+        self.sources = sources
+
+    def resolve(self, tenant: str, ref: str) -> ResolvedModel:
+        last: NotFoundError | None = None
+        for src in self.sources:
+            try:
+                return src.resolve(tenant, ref)
+            except NotFoundError as exc:
+                last = exc
+        raise last or NotFoundError(f"no model version or alias {ref!r}")
