@@ -38,7 +38,7 @@ class Api:
         return self.c.post("/v1/jobs", json={"spec": spec or tiny_spec()}, headers=h)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     home = tmp_path_factory.mktemp(f"api-{request.param}")
     with database_url(request.param, home) as url:

@@ -40,7 +40,7 @@ class Api:
         return r.json()["api_key"], self.platform.tenants.create_key(name)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     home = tmp_path_factory.mktemp(f"keys-{request.param}")
     with database_url(request.param, home) as url:

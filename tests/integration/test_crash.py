@@ -30,7 +30,7 @@ def _all_jobs(c: httpx.Client) -> list[dict]:
             return out
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_kill9_mid_stream_loses_and_duplicates_nothing(kind: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     with database_url(kind, tmp_path) as url:

@@ -50,7 +50,7 @@ def local_step_time_s(p: Platform, name: str) -> float:
     return float(one.step_time_s)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     with database_url(request.param, tmp_path) as url:
         yield url, tmp_path

@@ -27,6 +27,8 @@ from trainyard.executors.ray import RayExecutor, pool_resource
 from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackNode, LoopbackRayCluster
 from trainyard.runtime.checkpoint import MANIFEST
 
+pytestmark = pytest.mark.ray
+
 STEPS = 120
 CHECKPOINT_EVERY = 20
 RUN_TIMEOUT_S = 240.0

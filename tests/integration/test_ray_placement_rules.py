@@ -23,6 +23,8 @@ from trainyard.executors.ray import (
 )
 from trainyard.settings import Settings
 
+pytestmark = pytest.mark.ray
+
 
 @pytest.mark.parametrize(
     "url",

@@ -47,7 +47,7 @@ TABLES |= {  # serving
 }
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     with database_url(request.param, tmp_path) as url:
         d = Database(url)
@@ -200,6 +200,7 @@ def test_batched_admission_keeps_the_state_machine_and_event_order(db: Database)
         ]
 
 
+@pytest.mark.postgres
 def test_postgres_replaces_a_pooled_connection_the_server_closed(tmp_path: Path) -> None:
     """No ping per transaction, but a pooled connection that sat idle is checked before use: after the
     server terminated every connection of the database, the next transaction still succeeds."""
