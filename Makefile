@@ -5,6 +5,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# SkyPilot pins an older uvicorn and click than trainyard, so the export tests validate against its task
+# schema from an environment of its own (tests/integration/test_export_skypilot_schema.py).
+SKY_VENV := .venv-skypilot
+SKY_STAMP := $(SKY_VENV)/.installed
+SKYPILOT := skypilot==0.14.1
 
 .PHONY: run test lint format bench clean
 
@@ -14,10 +19,16 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+$(SKY_STAMP):
+	@test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	@echo "installing $(SKYPILOT) into $(SKY_VENV) for the export schema tests (first run only)..."
+	@$(SKY_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(SKYPILOT)'
+	@touch $(SKY_STAMP)
+
 run: $(STAMP)
 	@$(PY) -m trainyard.demo
 
-test: $(STAMP)
+test: $(STAMP) $(SKY_STAMP)
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -33,4 +44,4 @@ bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(SKY_VENV) build dist src/*.egg-info

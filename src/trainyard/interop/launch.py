@@ -1,0 +1,65 @@
+"""What an exported task runs on its nodes: the worker's launch request and the per-node start script.
+
+The launch request is the executor↔runtime contract (``executors.base.LaunchRequest``) for attempt 1;
+it travels in the ``TRAINYARD_LAUNCH`` environment variable, and the script writes it into the run
+directory with the rendezvous address filled in, then starts one worker per device (ranks node-major).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainyard.cost.quote import QuoteOption
+from trainyard.spec import JobSpec
+
+RUN_DIR = "~/trainyard-run"
+
+
+def launch_document(
+    spec: JobSpec, option: QuoteOption, *, job_id: str, checkpoint_url: str, world_size: int
+) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "attempt": 1,
+        "spec": spec.to_document(),
+        "world_size": world_size,
+        "pool": option.pool or f"{option.cloud}/{option.region}/{option.instance_type}/{option.market}",
+        "market": option.market,
+        "checkpoint_url": checkpoint_url,
+        "checkpoint_interval_s": option.checkpoint_interval_s,
+        "run_dir": RUN_DIR,
+        "notice_s": option.notice_s or 30.0,
+        "env": {},
+    }
+
+
+def launch_env_value(launch: dict[str, Any]) -> str:
+    return json.dumps(launch, sort_keys=True, separators=(",", ":"))
+
+
+def worker_script(*, master_addr: str, node_rank: str, devices_per_node: int, run_dir: str = RUN_DIR) -> str:
+    """A POSIX shell script; ``master_addr`` and ``node_rank`` are shell expressions."""
+    write_launch = (
+        'python -c \'import json, os; d = json.loads(os.environ["TRAINYARD_LAUNCH"]); '
+        'd["env"]["MASTER_ADDR"] = os.environ["MASTER_ADDR"]; '
+        f'd["run_dir"] = os.path.expanduser("{run_dir}"); '
+        'open(os.path.join(d["run_dir"], "launch-a1.json"), "w").write(json.dumps(d))\''
+    )
+    return "\n".join(
+        [
+            "set -eu",
+            f"mkdir -p {run_dir}",
+            f"export MASTER_ADDR={master_addr}",
+            write_launch,
+            f"PER_NODE={devices_per_node}",
+            "LOCAL=0",
+            'while [ "$LOCAL" -lt "$PER_NODE" ]; do',
+            f"  RANK=$(( {node_rank} * PER_NODE + LOCAL ))",
+            f"  python -m trainyard.runtime.worker --run-dir {run_dir} --attempt 1 --rank $RANK &",
+            "  LOCAL=$((LOCAL + 1))",
+            "done",
+            "wait",
+            "",
+        ]
+    )
