@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "models": ("trainyard.cli.models_cmd", "app", "Model registry: versions, lineage, aliases, promotion."),
     "eval": ("trainyard.cli.eval_cmd", "app", "Evaluate a model against a baseline (paired statistics)."),
     "deployments": ("trainyard.cli.deployments_cmd", "app", "Serve model versions (OpenAI-compatible API)."),
+    "sweeps": ("trainyard.cli.sweeps_cmd", "app", "Hyperparameter sweeps priced and bounded as a group."),
     "export": ("trainyard.cli.export_cmd", "app", "Export a placement as a SkyPilot task or Kueue objects."),
 }
 
