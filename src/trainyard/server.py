@@ -144,6 +144,19 @@ def _measure_cpu_at_first_start(settings: Settings, executor: Any, log: Any) -> 
     threading.Thread(target=run, name="first-start-profile", daemon=True).start()
 
 
+def _start_mlflow_mirror(settings: Settings, platform: Any) -> Any:
+    """The MLflow mirror's thread when TRAINYARD_MLFLOW_TRACKING_URI is set (docs/interop.md)."""
+    if not settings.mlflow_tracking_uri:
+        return None
+    from trainyard.services.mlflow_mirror import MlflowMirror
+
+    mirror = MlflowMirror(
+        platform.db, settings.mlflow_tracking_uri, cursor_path=settings.home / "mlflow-mirror.json"
+    )
+    mirror.start()
+    return mirror
+
+
 def serve(
     settings: Settings, *, host: str, port: int, executor: str | None = None, loop_interval_s: float = 0.5
 ) -> None:
@@ -187,6 +200,7 @@ def serve(
         gc.freeze()
         platform.start_loop()
         _measure_cpu_at_first_start(settings, options.executor, log)
+        mirror = _start_mlflow_mirror(settings, platform)
         log.info(
             "listening",
             url=f"http://{host}:{port}",
@@ -198,6 +212,8 @@ def serve(
             loop=_installed("uvloop") or "asyncio",
         )
         server.run()
+        if mirror is not None:
+            mirror.stop()
     finally:
         platform.close()
         log.info("stopped")

@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     # where rate-limit buckets live: auto (the database on PostgreSQL, so every server process shares
     # them; in process on SQLite), memory, or database
     rate_limit_backend: str = "auto"
+    # MLflow tracking server the jobs are mirrored to (optional extra trainyard[mlflow]); None: no mirror
+    mlflow_tracking_uri: str | None = None
 
     @property
     def resolved_database_url(self) -> str:
