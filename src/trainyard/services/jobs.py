@@ -359,11 +359,13 @@ class JobService:
             self._quote_cache[digest] = value
 
     def quote_for(self, doc: dict[str, Any], digest: str) -> builtins.list[dict[str, Any]] | TrainyardError:
-        """The stored quote of a spec document (cached by digest while the live pools are unchanged)."""
-        live = self._pools_fingerprint()
+        """The stored quote of a spec document, cached by digest. A hit is answered without reading the
+        pools: the control loop re-checks them every tick (:meth:`admit_pending`) and drops every cached
+        quote when they changed, so a hit is at most one tick older than the pools."""
         hit = self._quote_cache.get(digest)
         if hit is not None:
             return hit
+        live = self._pools_fingerprint()
         value = self._quote_doc(doc, quote_pools(live, with_catalog=self.with_catalog))
         self._cache_put(digest, value)
         return value
