@@ -11,7 +11,7 @@ SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.installed
 SKYPILOT := skypilot==0.14.1
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench clean sandbox
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,16 @@ $(SKY_STAMP):
 	@$(SKY_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(SKYPILOT)'
 	@touch $(SKY_STAMP)
 
-run: $(STAMP)
+# workers run inside bubblewrap (DESIGN §3.6); installed here when missing (Debian/Ubuntu, as root)
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || (echo "installing bubblewrap (the worker sandbox)..." && \
+		(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)))
+
+run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-test: $(STAMP) $(SKY_STAMP)
+test: $(STAMP) $(SKY_STAMP) sandbox
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -40,7 +46,7 @@ format: $(STAMP)
 	@$(VENV)/bin/ruff format src tests benchmarks
 	@$(VENV)/bin/ruff check --fix src tests benchmarks
 
-bench: $(STAMP)
+bench: $(STAMP) sandbox
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:

@@ -139,6 +139,7 @@ def build(home: Path, jobs: int, running: int, heartbeats: int) -> tuple[TestCli
             p.supervisor.poll_once()  # type: ignore[union-attr]
     p.supervisor.poll_once()  # type: ignore[union-attr]
     c.post("/login", data={"api_key": key})
+    c.headers["Authorization"] = f"Bearer {key}"  # /metrics answers an admin key only
     return c, target, p
 
 

@@ -19,3 +19,21 @@ def examples_dir() -> Path:
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's ~/.trainyard from a test."""
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sandbox_installed() -> None:
+    """Workers run inside bubblewrap (DESIGN §3.6): a fresh machine gets it here, once (idempotent);
+    where it cannot be installed, the tests that start workers through the server fail loudly."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bwrap") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(
+            "apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap)",
+            shell=True,
+            check=False,
+            capture_output=True,
+            timeout=900,
+        )

@@ -53,6 +53,23 @@ class UnknownAcceleratorError(InvalidInputError):
     default_hint = "Run `trainyard catalog accelerators` for the accepted names."
 
 
+class StorageNotAllowedError(InvalidInputError):
+    """A path or URL outside the storage the tenant may use (DESIGN §3.6); says nothing about what
+    exists there."""
+
+    code = "storage_not_allowed"
+    default_hint = "Use a URL under your tenant's storage, or name the data by id."
+
+
+class SandboxUnavailableError(TrainyardError):
+    """User code and the trainer run only inside the sandbox; it cannot be set up on this machine."""
+
+    code = "sandbox_unavailable"
+    http_status = 503
+    exit_code = 8
+    default_hint = "Install bubblewrap (`apt-get install -y bubblewrap`) and allow user namespaces."
+
+
 class PoolsFileError(InvalidInputError):
     code = "invalid_pools"
     default_hint = "Each pool needs name, accelerator, devices_per_node, nodes, market and region."
@@ -96,6 +113,13 @@ class PermissionDeniedError(TrainyardError):
     http_status = 403
     exit_code = 5
     default_hint = "This operation needs an admin key."
+
+
+class UserCodeNotAllowedError(PermissionDeniedError):
+    """The tenant may not run its own code (``entrypoint``) until an admin allows it."""
+
+    code = "user_code_not_allowed"
+    default_hint = "Ask an admin to run `trainyard tenants update NAME --allow-user-code`."
 
 
 class PayloadTooLargeError(TrainyardError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -69,6 +70,10 @@ def make_executor(settings: Settings, name: str | None = None) -> Any:
         return None
     if which not in _BACKENDS:
         raise InvalidInputError(f"unknown executor {which!r}", hint="Use one of: local, ray, none.")
+    if which == "local":
+        from trainyard.executors.local import LocalExecutor
+
+        return LocalExecutor(sandbox=make_sandbox(settings))
     module_name, class_name = _BACKENDS[which]
     try:
         module = importlib.import_module(module_name)
@@ -78,6 +83,22 @@ def make_executor(settings: Settings, name: str | None = None) -> Any:
             hint="Start with --executor none to accept and queue jobs without running them.",
         ) from exc
     return _construct(getattr(module, class_name), settings)
+
+
+def make_sandbox(settings: Settings) -> Any:
+    """The sandbox workers run in (TRAINYARD_SANDBOX): ``bwrap`` (default; SandboxUnavailableError when it
+    cannot start here) or ``none``, the explicit opt-out, which is logged loudly."""
+    which = (settings.sandbox or "bwrap").lower()
+    if which == "none":
+        structlog.get_logger("trainyard.server").warning(
+            "sandbox_disabled", detail="TRAINYARD_SANDBOX=none: workers run as the server's user"
+        )
+        return None
+    if which != "bwrap":
+        raise InvalidInputError(f"unknown sandbox {which!r}", hint="Use TRAINYARD_SANDBOX=bwrap or none.")
+    from trainyard.executors.sandbox import Sandbox
+
+    return Sandbox()
 
 
 def _construct(cls: Any, settings: Settings) -> Any:
@@ -163,6 +184,7 @@ def serve(
     from trainyard.api.app import create_app
     from trainyard.services.platform import Platform, PlatformOptions
 
+    os.umask(0o077)  # everything the server creates under TRAINYARD_HOME is its own (0600 / 0700)
     configure_logging()
     log = structlog.get_logger("trainyard.server")
     options = PlatformOptions(

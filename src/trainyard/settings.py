@@ -21,6 +21,13 @@ class Settings(BaseSettings):
     ray_address: str | None = None
     # local paths every Ray node mounts (comma-separated); file:// checkpoint storage must lie under one
     ray_shared_paths: str | None = None
+    # fsspec URL of the one storage root (DESIGN §3.6); default file://$TRAINYARD_HOME/storage
+    storage_url: str | None = None
+    # bearer token that may read /metrics besides an admin key
+    metrics_token: str | None = None
+    # how workers are isolated: "bwrap" (bubblewrap, unprivileged uid, scrubbed environment) or "none"
+    # (workers run as the server's user; only for development on a machine without bubblewrap)
+    sandbox: str = "bwrap"
     reserved_discount_1y: float = 0.35
     reserved_discount_3y: float = 0.55
     # where rate-limit buckets live: auto (the database on PostgreSQL, so every server process shares
@@ -34,6 +41,12 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.home / 'trainyard.db'}"
+
+    @property
+    def resolved_storage_url(self) -> str:
+        if self.storage_url:
+            return self.storage_url
+        return (Path(self.home) / "storage").resolve().as_uri()
 
     @property
     def api_key_path(self) -> Path:

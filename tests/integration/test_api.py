@@ -72,16 +72,12 @@ def test_missing_and_wrong_keys_are_401(api: Api) -> None:
 
 
 def test_whoami(api: Api) -> None:
-    assert api.c.get("/v1/whoami", headers=api.admin).json() == {
-        "tenant": "default",
-        "admin": True,
-        "role": "admin",
-    }
-    assert api.c.get("/v1/whoami", headers=api.other).json() == {
-        "tenant": "other",
-        "admin": False,
-        "role": "member",
-    }
+    admin = api.c.get("/v1/whoami", headers=api.admin).json()
+    other = api.c.get("/v1/whoami", headers=api.other).json()
+    assert (admin["tenant"], admin["admin"], admin["allow_user_code"]) == ("default", True, True)
+    assert (other["tenant"], other["admin"], other["allow_user_code"]) == ("other", False, False)
+    assert other["storage_url"].endswith("/storage/tenants/other") and other["storage_roots"] == []
+    assert (admin["role"], other["role"]) == ("admin", "member")
 
 
 # ---- jobs -------------------------------------------------------------------------------------------
@@ -366,7 +362,7 @@ def test_health_ready_metrics(api: Api) -> None:
     assert api.c.get("/healthz").json() == {"status": "ok"}
     ready = api.c.get("/readyz")
     assert ready.status_code == 200 and ready.json()["database"] is True
-    text = api.c.get("/metrics").text
+    text = api.c.get("/metrics", headers=api.admin).text
     assert "trainyard_http_requests_total" in text
     assert 'trainyard_jobs{state="pending"}' in text
 

@@ -263,7 +263,7 @@ def test_metrics_expose_jobs_scheduler_pools_and_alerts(env: Env) -> None:
     env.event(jid, "started", {"rank": 0, "pid": 1, "host": "fakehost"})
     env.p.tick()
     env.clock.now += 3600  # an hour at $3.60/device-hour: far over the $0.50 budget, and no heartbeat
-    text = env.client().get("/metrics").text
+    text = env.client().get("/metrics", headers={"Authorization": f"Bearer {env.key}"}).text
     assert re.search(r'trainyard_tenant_jobs\{state="running",tenant="default"\} 1\.0', text)
     assert re.search(r"trainyard_scheduler_rounds_total [1-9]", text)
     assert re.search(r"trainyard_scheduler_placements_total 1\.0", text)
@@ -312,7 +312,8 @@ def test_trainyard_up_serves_the_dashboard(tmp_path: Path) -> None:
             assert pools.status_code == 200 and "local-cpu" in pools.text
             assert "default-src 'self'" in pools.headers["content-security-policy"]
             assert c.get("/").status_code == 200
-            assert "trainyard_scheduler_queue_depth" in c.get("/metrics").text
+            admin = {"Authorization": f"Bearer {server.api_key}"}
+            assert "trainyard_scheduler_queue_depth" in c.get("/metrics", headers=admin).text
         assert server.api_key not in server.log_text()
     finally:
         assert server.stop() == 0

@@ -13,6 +13,7 @@ from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
 from trainyard.api.routers import (
     catalog,
+    code,
     deployments,
     evaluations,
     governance,
@@ -54,6 +55,7 @@ def create_app(
             {"name": "budgets", "description": "Dollar budgets per tenant and tag, alerts, hard limits."},
             {"name": "models", "description": "Model registry: versions, lineage, aliases, promotion."},
             {"name": "evaluations", "description": "Paired evaluations of a model against a baseline."},
+            {"name": "code", "description": "Code archives that entrypoint jobs run in."},
             {"name": "deployments", "description": "Serve model versions: replicas, traffic, autoscaling."},
             {"name": "openai", "description": "OpenAI-compatible API over the tenant's deployments."},
             {"name": "health", "description": "Liveness, readiness, metrics."},
@@ -83,6 +85,7 @@ def create_app(
         governance.router,
         models.router,
         evaluations.router,
+        code.router,
         deployments.router,
         openai.router,
     ):

@@ -218,6 +218,9 @@ class TenantDoc(BaseModel):
     created_at: str | None
     max_queued_jobs: int | None
     max_active_devices: int | None
+    storage_roots: list[str] = Field(default_factory=list)
+    allow_user_code: bool = False
+    storage_url: str | None = Field(None, description="The tenant's namespace under the storage root.")
 
 
 class TenantList(BaseModel):
@@ -251,9 +254,18 @@ class ApiKeyList(BaseModel):
     keys: list[ApiKeyDoc]
 
 
+class CodeUploaded(BaseModel):
+    url: str = Field(description="Where the archive is stored; name it as entrypoint.code.")
+    sha256: str
+    bytes: int
+
+
 class WhoAmI(BaseModel):
     tenant: str
     admin: bool
+    storage_url: str | None = None
+    storage_roots: list[str] = Field(default_factory=list)
+    allow_user_code: bool = False
 
 
 class AcceleratorList(BaseModel):

@@ -95,12 +95,25 @@ def update(
     tokens_per_minute: int = typer.Option(
         None, "--tokens-per-minute", min=1, help="Inference tokens per minute."
     ),
+    storage_root: list[str] = typer.Option(
+        None,
+        "--storage-root",
+        help="A storage URL the tenant may use besides its namespace (repeatable; replaces the list).",
+    ),
+    clear_storage_roots: bool = typer.Option(
+        False, "--clear-storage-roots", help="Take back every granted storage root."
+    ),
+    allow_user_code: bool = typer.Option(
+        None,
+        "--allow-user-code/--no-allow-user-code",
+        help="Whether the tenant may run its own code (`entrypoint`), always inside the sandbox.",
+    ),
     unset: list[str] = typer.Option(
         None, "--unset", help=f"Remove a limit (repeatable): {', '.join(UPDATE_FIELDS)}."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the tenant as JSON."),
 ) -> None:
-    """Change a tenant's quotas, rate limits and dollar cap (admin key)."""
+    """Change a tenant's quotas, rate limits, dollar cap, storage roots and user code (admin key)."""
     values = {
         "max_queued_jobs": max_queued_jobs,
         "max_active_devices": max_active_devices,
@@ -121,6 +134,12 @@ def update(
                 details={"errors": [{"field": "unset", "message": "unknown limit"}]},
             )
         changes[key] = None
+    if clear_storage_roots:
+        changes["storage_roots"] = []
+    elif storage_root:
+        changes["storage_roots"] = list(storage_root)
+    if allow_user_code is not None:
+        changes["allow_user_code"] = allow_user_code
     with client() as c:
         doc = c.update_tenant(name, changes)
     if as_json:
@@ -129,6 +148,9 @@ def update(
     console.print(f"tenant [bold]{doc['name']}[/] updated:")
     for k in (*UPDATE_FIELDS,):
         console.print(f"  {k}: {doc.get(k) if doc.get(k) is not None else '-'}")
+    roots = ", ".join(doc.get("storage_roots") or []) or "-"
+    console.print(f"  user code: {'allowed' if doc.get('allow_user_code') else 'not allowed'}")
+    console.print(f"  storage: {doc.get('storage_url') or '-'} plus roots: {roots}", highlight=False)
 
 
 keys_app = typer.Typer(

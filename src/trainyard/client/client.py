@@ -331,6 +331,11 @@ class TrainyardClient:
     def budget_events(self, tenant: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/budgets/{quote(tenant, safe='')}/events")
 
+    # ---- code archives for entrypoint jobs ---------------------------------------------------------
+    def upload_code(self, archive: bytes) -> dict[str, Any]:
+        """Upload a code archive (tar.gz); ``{url, sha256, bytes}`` of its content-addressed copy."""
+        return self.request("POST", "/v1/code", content=archive, headers={"Content-Type": "application/gzip"})
+
     def whoami(self) -> dict[str, Any]:
         return self.request("GET", "/v1/whoami")
 

@@ -65,6 +65,11 @@ class LaunchRequest:
     # The parallelism plan the quote priced (``micro_batch``, ``activation_checkpointing``, ``fsdp``,
     # ``tensor``, ``pipeline``, ...): the built-in trainer executes it. None: the spec's pins only.
     plan: dict[str, Any] | None = None
+    tenant: str = ""
+    # the storage the job may use (the tenant's namespace, then granted roots; canonical URLs): the worker
+    # checks its checkpoint location, dataset and base model against them again (DESIGN §3.6)
+    storage_roots: list[str] = field(default_factory=list)
+    code_url: str | None = None  # the uploaded code archive an entrypoint runs in
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from trainyard.executors.base import (
     signal_group,
     wait_for_terminal,
 )
+from trainyard.executors.sandbox import Mounts, Sandbox, job_env, local_path, scrubbed_env, unpack_code
 from trainyard.runtime.events import EventTail
 from trainyard.runtime.worker import exit_file_name
 
@@ -194,6 +195,7 @@ class LocalExecutor:
         extra_env: dict[str, str] | None = None,
         warm_start: bool = True,
         gpus: list[dict[str, Any]] | None = None,
+        sandbox: Sandbox | None = None,
     ):
         self.python = python or sys.executable
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -207,7 +209,12 @@ class LocalExecutor:
         self._server: subprocess.Popen[bytes] | None = None
         self._server_is_ready = False
         self.gpus: list[dict[str, Any]] = detect_local_gpus() if gpus is None else list(gpus)
-        if warm_start:
+        # every worker in bubblewrap (executors.sandbox); sandboxed workers start cold (no fork server:
+        # a warm parent cannot give each job its own view of the file system)
+        self.sandbox = sandbox
+        if sandbox is not None:
+            sandbox.probe()
+        elif warm_start:
             self._start_fork_server()
 
     # ---- what this executor serves -----------------------------------------------------------------
@@ -325,18 +332,23 @@ class LocalExecutor:
                 env_extra.setdefault("MASTER_ADDR", "127.0.0.1")
                 env_extra["MASTER_PORT"] = str(free_port())
             doc = launch_request_to_dict(req)
-            doc["env"] = env_extra
+            doc["env"] = env_extra if self.sandbox is None else job_env(env_extra)
             tmp = run_dir / (launch_file_name(req.attempt) + ".tmp")
             tmp.write_text(json.dumps(doc, indent=1))
             tmp.replace(run_dir / launch_file_name(req.attempt))
             env = {**self._base_env(), **env_extra}
+            mounts: Mounts | None = None
+            if self.sandbox is not None:
+                mounts = self._prepare_sandbox(req, run_dir)
+                env = scrubbed_env(os.environ, {**self.extra_env, **env_extra})
             ranks: list[_Rank] = []
             try:
                 for r in range(req.world_size):
                     log_path = run_dir / rank_log_name(r)
-                    with open(log_path, "ab") as fh:
+                    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    with os.fdopen(fd, "ab") as fh:
                         fh.write(f"--- attempt {req.attempt} rank {r} ---\n".encode())
-                    pid = self._fork(run_dir, req.attempt, r, log_path)
+                    pid = None if mounts is not None else self._fork(run_dir, req.attempt, r, log_path)
                     if pid is not None:
                         tail = EventTail(run_dir / event_file_name(req.attempt, r))
                         ranks.append(
@@ -344,18 +356,21 @@ class LocalExecutor:
                         )
                         continue
                     log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
+                    argv = [
+                        self.python,
+                        "-m",
+                        "trainyard.runtime.worker",
+                        "--run-dir",
+                        str(run_dir),
+                        "--attempt",
+                        str(req.attempt),
+                        "--rank",
+                        str(r),
+                    ]
+                    if self.sandbox is not None and mounts is not None:
+                        argv = self.sandbox.command(argv, mounts)
                     proc = subprocess.Popen(
-                        [
-                            self.python,
-                            "-m",
-                            "trainyard.runtime.worker",
-                            "--run-dir",
-                            str(run_dir),
-                            "--attempt",
-                            str(req.attempt),
-                            "--rank",
-                            str(r),
-                        ],
+                        argv,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -384,6 +399,50 @@ class LocalExecutor:
             (run_dir / f"workers-a{req.attempt}.json").write_text(json.dumps([w.to_dict() for w in infos]))
             return infos
 
+    def _prepare_sandbox(self, req: LaunchRequest, run_dir: Path) -> Mounts:
+        """Hand the run directory and the job's local checkpoint directory to the sandbox uid and list
+        what the worker's sandbox mounts: those read-write; its dataset, base model and code read-only."""
+        sandbox = self.sandbox
+        assert sandbox is not None
+        sandbox.share_dir(run_dir)
+        sandbox.give_read(run_dir / launch_file_name(req.attempt))
+        for r in range(req.world_size):
+            sandbox.give_file(run_dir / event_file_name(req.attempt, r))
+        for sub in ("checkpoints", "scratch"):  # the local fallback checkpoints, the model export's temp
+            (run_dir / sub).mkdir(exist_ok=True)
+            sandbox.own(run_dir / sub)
+        rw = [run_dir]
+        share_net = req.world_size > 1
+        ckpt = local_path(req.checkpoint_url)
+        if ckpt is not None:
+            job_dir = ckpt / req.job_id
+            job_dir.mkdir(parents=True, exist_ok=True)
+            sandbox.own(job_dir)
+            rw.append(job_dir)
+        else:
+            share_net = True  # remote checkpoint storage needs the network
+        ro: list[Path] = []
+        spec = req.spec
+        for value in (
+            (spec.get("workload") or {}).get("dataset"),
+            req.env.get("TRAINYARD_DATASET_PATH"),
+            req.env.get("TRAINYARD_BASE_MODEL_PATH"),  # a registered base model's weights (the registry's)
+            (spec.get("model") or {}).get("base"),
+        ):
+            if not value or value.startswith("ds://"):
+                continue
+            path = local_path(value)
+            if path is not None:
+                ro.append(path)
+            elif "://" in value:
+                share_net = True  # a remote dataset or model
+        chdir = run_dir
+        if req.code_url:
+            code = unpack_code(req.code_url)
+            ro.append(code)
+            chdir = code
+        return Mounts(rw=tuple(rw), ro=tuple(ro), chdir=chdir, share_net=share_net)
+
     # ---- control ---------------------------------------------------------------------------------
     def _gang(self, job_id: str) -> _Gang:
         gang = self._gangs.get(job_id)
@@ -399,6 +458,8 @@ class LocalExecutor:
             deadline = now + max(0.0, notice_s)
             notice = gang.run_dir / notice_file_name(gang.attempt)
             notice.write_text(json.dumps({"deadline_time_s": deadline, "notice_s": notice_s}))
+            if self.sandbox is not None:
+                self.sandbox.give_read(notice)
             gang.preempt_deadline_s = deadline + self.preempt_grace_s
             for rk in gang.ranks:
                 if not rk.poll_exit():

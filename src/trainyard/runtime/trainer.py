@@ -696,7 +696,7 @@ class Trainer:
             export,
             self.ckpt.job_url,
             lora=self.spec.workload.method == Method.LORA,
-            scratch_dir=self.req.run_dir,
+            scratch_dir=os.path.join(self.req.run_dir, "scratch"),
         )
         return Outcome(
             "succeeded",

@@ -136,6 +136,30 @@ def run_python_in_process(
     return EXIT_OK
 
 
+def check_storage(req: LaunchRequest) -> None:
+    """Check again, inside the worker, that every location the launch request names lies under the
+    job's storage roots (the server checked at submission; DESIGN §3.6). A request without roots comes
+    from a caller that uses the executor directly, without a server (tests, benchmarks)."""
+    if not req.storage_roots:
+        return
+    from trainyard.tenancy.storage import check_under, is_model_reference, is_registered_dataset
+
+    roots = req.storage_roots
+    check_under(req.checkpoint_url, roots, purpose="checkpoint.storage")
+    if req.code_url:
+        check_under(req.code_url, roots, purpose="entrypoint.code")
+    workload = req.spec.get("workload") or {}
+    dataset = workload.get("dataset")
+    if dataset and not is_registered_dataset(dataset):
+        check_under(dataset, roots, purpose="workload.dataset")
+    resolved = req.env.get("TRAINYARD_DATASET_PATH") or os.environ.get("TRAINYARD_DATASET_PATH")
+    if resolved:
+        check_under(resolved, roots, purpose="workload.dataset")
+    base = (req.spec.get("model") or {}).get("base")
+    if base and not is_model_reference(base):
+        check_under(base, roots, purpose="model.base")
+
+
 def init_process_groups(req: LaunchRequest, rank: int, backend: str = "gloo") -> tuple[Any, Any]:
     """The gang's process group (``backend``: NCCL on CUDA, gloo on CPU) and a gloo group of its own
     for checkpoint collectives (they run on CPU-staged state, from a background thread)."""
@@ -159,23 +183,41 @@ def init_process_groups(req: LaunchRequest, rank: int, backend: str = "gloo") ->
 
 
 def run(run_dir: str, attempt: int, rank: int) -> int:
+    os.umask(0o077)  # what a worker writes (events, checkpoints, the model) is its owner's only
     req = read_launch(run_dir, attempt)
     os.environ.update(req.env)
     events = EventWriter(run_dir, req.job_id, attempt, rank)
-    from trainyard.runtime.trainer import PreemptionNotice
+    from trainyard.errors import StorageNotAllowedError
 
-    notice = PreemptionNotice(req.notice_s, run_dir, attempt)
-    notice.install()
+    try:
+        check_storage(req)
+    except StorageNotAllowedError as exc:
+        events.emit(
+            "failed",
+            rank=rank,
+            reason=exc.message,
+            classification=CLASSIFICATION_USER,
+            traceback_tail="",
+        )
+        events.close()
+        return EXIT_USER_ERROR
     entry = (req.spec.get("entrypoint") or {}).get("command")
     if entry:
         events.emit("log", rank=rank, message=f"running entrypoint {entry[0]!r}")
         env = entrypoint_env(req, rank, run_dir)
         script = in_process_python_script(list(entry))
         if script is not None:
+            from trainyard.runtime.trainer import PreemptionNotice
+
+            PreemptionNotice(req.notice_s, run_dir, attempt).install()
             events.close()
             return run_python_in_process(script, list(entry), env, req, rank, run_dir)
         events.close()
         try:
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT):  # the user's program gets default dispositions
+                signal.signal(sig, signal.SIG_DFL)
             os.execvpe(entry[0], list(entry), env)
         except OSError as exc:
             events = EventWriter(run_dir, req.job_id, attempt, rank)
@@ -188,6 +230,10 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
             )
             return EXIT_USER_ERROR
 
+    from trainyard.runtime.trainer import PreemptionNotice
+
+    notice = PreemptionNotice(req.notice_s, run_dir, attempt)
+    notice.install()
     from trainyard.runtime.determinism import configure_determinism
 
     configure_determinism(int(req.env.get("TRAINYARD_NUM_THREADS", "1")))

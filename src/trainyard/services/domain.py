@@ -23,6 +23,8 @@ class Tenant:
     created_at_s: float
     max_queued_jobs: int | None = None
     max_active_devices: int | None = None
+    storage_roots: tuple[str, ...] = ()  # further storage an admin granted (DESIGN §3.6)
+    allow_user_code: bool = False  # may submit ``entrypoint`` jobs
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class Principal:
     @property
     def effective_role(self) -> str:
         return self.role or ("admin" if self.admin else "member")
+
+    storage_roots: tuple[str, ...] = ()  # the tenant's granted storage roots (besides its namespace)
+    allow_user_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from trainyard.services.scheduling import GreedyCheapestRound, QueuedJobView, Ro
 from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
 from trainyard.tenancy import ledger
+from trainyard.tenancy.storage import StoragePolicy
 
 log = structlog.get_logger("trainyard.supervisor")
 
@@ -87,6 +88,7 @@ class Supervisor:
         restart_policy: RestartPolicy | None = None,
         clock: Callable[[], float] = time.time,
         spot_seed: int = 0,
+        storage_policy: StoragePolicy | None = None,
     ) -> None:
         self.db = db
         self.jobs = jobs
@@ -94,6 +96,7 @@ class Supervisor:
         self.executor = executor
         self.runs_dir = runs_dir
         self.checkpoint_url = checkpoint_url
+        self.storage_policy = storage_policy
         self.schedule_round: ScheduleRound = schedule_round or GreedyCheapestRound()
         self._fallback_round = GreedyCheapestRound()
         self.restart_policy = restart_policy or RestartPolicy()
@@ -248,9 +251,15 @@ class Supervisor:
                 workers=[],
             )
             EventRepo(s).append(job.id, "placement", {"attempt": attempt, **placement.to_dict()}, now)
+            tenant = TenantRepo(s).by_id(job.tenant_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         spec = job.spec
         storage = (spec.get("checkpoint") or {}).get("storage") or self.checkpoint_url
+        tenant_name, roots = (tenant.name if tenant is not None else ""), []
+        if self.storage_policy is not None and tenant is not None:
+            roots = self.storage_policy.roots(tenant.name, tenant.storage_roots)
+            if not (spec.get("checkpoint") or {}).get("storage"):
+                storage = self.storage_policy.area(tenant.name, "checkpoints")
         interval = placement.checkpoint_interval_s
         if interval is None:
             from trainyard.spec.models import parse_duration_s
@@ -277,6 +286,9 @@ class Supervisor:
             notice_s=(pool.notice_s if pool is not None and pool.notice_s is not None else DEFAULT_NOTICE_S),
             accelerator=placement.accelerator,
             plan=launch_plan(spec, pool, placement.devices),
+            tenant=tenant_name,
+            storage_roots=roots,
+            code_url=(spec.get("entrypoint") or {}).get("code"),
         )
         try:
             workers = self.executor.launch(req)

@@ -27,7 +27,9 @@ from trainyard.errors import (
     InvalidInputError,
     NotFoundError,
     QuotaExceededError,
+    StorageNotAllowedError,
     TrainyardError,
+    UserCodeNotAllowedError,
 )
 from trainyard.services.domain import Job, JobEvent, Principal, iso
 from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transition
@@ -37,6 +39,7 @@ from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
 from trainyard.tenancy import ledger
 from trainyard.tenancy.quotas import check_queue_quota
+from trainyard.tenancy.storage import StoragePolicy, is_model_reference, is_registered_dataset
 
 log = structlog.get_logger("trainyard.jobs")
 
@@ -124,8 +127,10 @@ class JobService:
         live_pools: Callable[[], list[Any]] | None = None,
         clock: Callable[[], float] = time.time,
         with_catalog: bool = True,
+        storage_policy: StoragePolicy | None = None,
     ) -> None:
         self.db = db
+        self.storage_policy = storage_policy
         self.clock = clock
         self._quoter = quoter
         self._live_pools = live_pools
@@ -150,7 +155,7 @@ class JobService:
                 "model: the shape fields are missing and no model registry resolves model.base",
                 details={"errors": [{"field": "model", "message": "shape fields missing"}]},
             )
-        doc = spec.to_document()
+        doc = self.check_walls(principal, spec)
         digest = spec_digest(doc)
         check_device_quota(principal, spec)
         now = self.clock()
@@ -215,6 +220,50 @@ class JobService:
             if found is None:
                 raise
             return found, False
+
+    def check_walls(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
+        """The spec document with every storage location it names in canonical form, after the tenant
+        walls (DESIGN §3.6): user code only for tenants allowed to run it; checkpoint storage, a dataset
+        given as a path/URL, a base model given as a path and the code archive only under the tenant's
+        roots. Every refused field is listed in one :class:`StorageNotAllowedError`."""
+        doc = spec.to_document()
+        if spec.entrypoint is not None and not principal.allow_user_code:
+            raise UserCodeNotAllowedError(
+                f"tenant {principal.tenant_name!r} may not run its own code (entrypoint)",
+                details={"errors": [{"field": "entrypoint", "message": "user code is not allowed"}]},
+            )
+        policy = self.storage_policy
+        if policy is None:
+            return doc
+        checks: list[tuple[str, str, tuple[str, ...]]] = []  # (purpose, value, path in doc)
+        if spec.checkpoint.storage is not None:
+            checks.append(("checkpoint.storage", spec.checkpoint.storage, ("checkpoint", "storage")))
+        dataset = spec.workload.dataset
+        if dataset is not None and not is_registered_dataset(dataset):
+            checks.append(("workload.dataset", dataset, ("workload", "dataset")))
+        base = spec.model.base
+        if base is not None and not is_model_reference(base):
+            checks.append(("model.base", base, ("model", "base")))
+        if spec.entrypoint is not None and spec.entrypoint.code is not None:
+            checks.append(("entrypoint.code", spec.entrypoint.code, ("entrypoint", "code")))
+        errors: list[dict[str, Any]] = []
+        for purpose, value, where in checks:
+            try:
+                norm = policy.check(
+                    principal.tenant_name, value, extra_roots=principal.storage_roots, purpose=purpose
+                )
+            except StorageNotAllowedError as exc:
+                errors.extend(exc.details.get("errors") or [{"field": purpose, "message": exc.message}])
+                continue
+            doc[where[0]][where[1]] = norm
+        if errors:
+            first = errors[0]
+            raise StorageNotAllowedError(
+                f"{first['field']}: {first['message']}"
+                + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+                details={"errors": errors},
+            )
+        return doc
 
     def _by_key(self, principal: Principal, key: str, digest: str) -> Job | None:
         with self.db.session() as s:

@@ -34,6 +34,7 @@ from trainyard.serving.models import ModelSource
 from trainyard.settings import Settings
 from trainyard.store.db import Database
 from trainyard.tenancy.ratelimit import RateLimiter, make_store
+from trainyard.tenancy.storage import StoragePolicy
 
 log = structlog.get_logger("trainyard.platform")
 
@@ -52,6 +53,35 @@ class PlatformOptions:
     stop_replicas_on_close: bool = True  # a crash leaves replicas running; a restart adopts them
 
 
+def protected_paths(settings: Settings) -> list[str]:
+    """The server's own files, never storage for a tenant: TRAINYARD_HOME (its database, keys, logs and
+    run directories; the storage root may lie inside it) and a SQLite database elsewhere."""
+    out = [Path(settings.home).resolve().as_uri()]
+    url = settings.resolved_database_url
+    if url.startswith("sqlite:///"):
+        out.append(Path(url[len("sqlite:///") :]).resolve().as_uri())
+    return out
+
+
+def secure_home(home: Path, settings: Settings) -> None:
+    """TRAINYARD_HOME is the server's alone (DESIGN §3.6): the directory and the directories in it 0700,
+    the database, key and log files 0600. Run directories handed to the sandbox keep their own modes."""
+    home.chmod(0o700)
+    for name in ("runs", "storage", "checkpoints", "logs"):
+        d = home / name
+        d.mkdir(exist_ok=True)
+        d.chmod(0o700)
+    url = settings.resolved_database_url
+    db_files = [home / "api_key"]
+    if url.startswith("sqlite:///"):
+        db = Path(url[len("sqlite:///") :])
+        db_files += [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+    db_files += [p for p in home.glob("*.log") if p.is_file()]
+    for f in db_files:
+        if f.is_file():
+            f.chmod(0o600)
+
+
 class Platform:
     def __init__(self, settings: Settings, options: PlatformOptions | None = None) -> None:
         self.settings = settings
@@ -59,7 +89,10 @@ class Platform:
         self.home = Path(settings.home)
         self.db = Database(settings.resolved_database_url)
         clock = self.options.clock
-        self.tenants = TenantService(self.db, clock)
+        self.storage_policy = StoragePolicy(
+            settings.resolved_storage_url, protected_paths=protected_paths(settings)
+        )
+        self.tenants = TenantService(self.db, clock, storage_policy=self.storage_policy)
         self.pools = PoolService(self.db, clock)
         self.feedback = Feedback(self.db, self.pools.pools, clock, home=self.home)
         if self.options.quoter is None:
@@ -70,6 +103,7 @@ class Platform:
             live_pools=self.pools.pools,
             clock=clock,
             with_catalog=self.options.with_catalog,
+            storage_policy=self.storage_policy,
         )
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
@@ -87,6 +121,7 @@ class Platform:
                 schedule_round=self.options.schedule_round,
                 clock=clock,
                 feedback=self.feedback,
+                storage_policy=self.storage_policy,
             )
             self.supervisor.governance = self.governance
             self.supervisor.tenant_limits = self.tenants.all_limits
@@ -187,6 +222,7 @@ class Platform:
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         self.db.upgrade()
+        secure_home(self.home, self.settings)
         _, wrote = self.tenants.ensure_default(self.settings.api_key_path)
         if wrote:
             log.info("default_tenant_key_written", path=str(self.settings.api_key_path))

@@ -8,10 +8,10 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy.exc import IntegrityError
@@ -22,6 +22,9 @@ from trainyard.store.db import Database
 from trainyard.store.governance_repo import LIMIT_FIELDS, ROLES, TENANT_FIELDS, GovernanceRepo
 from trainyard.store.repositories import ApiKeyRepo, TenantRepo
 from trainyard.tenancy import keys
+
+if TYPE_CHECKING:
+    from trainyard.tenancy.storage import StoragePolicy
 
 TENANT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")
 DEFAULT_TENANT = "default"
@@ -36,9 +39,15 @@ def _new_id(prefix: str) -> str:
 
 
 class TenantService:
-    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        db: Database,
+        clock: Callable[[], float] = time.time,
+        storage_policy: StoragePolicy | None = None,
+    ) -> None:
         self.db = db
         self.clock = clock
+        self.storage_policy = storage_policy
         # key sha256 -> (principal, expires_at_s); saves a database round trip per request.
         self._auth_cache: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
@@ -53,6 +62,7 @@ class TenantService:
         admin: bool = False,
         max_queued_jobs: int | None = None,
         max_active_devices: int | None = None,
+        allow_user_code: bool = False,
     ) -> tuple[Tenant, str]:
         """Create a tenant and its first API key; the plaintext key is returned here and never again."""
         if not TENANT_NAME_RE.match(name):
@@ -68,6 +78,7 @@ class TenantService:
             created_at_s=now,
             max_queued_jobs=max_queued_jobs,
             max_active_devices=max_active_devices,
+            allow_user_code=allow_user_code,
         )
         try:
             with self.db.session() as s:
@@ -239,6 +250,49 @@ class TenantService:
             log.info("api_key_revoked", tenant=tenant_name, key_id=key.id, prefix=key.prefix, by=by)
         return replace(key, revoked=True)
 
+    def update_walls(
+        self,
+        name: str,
+        *,
+        storage_roots: Sequence[str] | None = None,
+        allow_user_code: bool | None = None,
+        by: str = "",
+    ) -> Tenant:
+        """Change a tenant's walls (admin): the storage roots granted besides its namespace (replaced as a
+        whole; each checked by the storage policy) and whether it may run user code. Options left None
+        stay as they are. Cached principals of the tenant are forgotten at once."""
+        fields: dict[str, object] = {}
+        if storage_roots is not None:
+            roots: list[str] = []
+            for root in storage_roots:
+                norm = self.storage_policy.check_grant(root) if self.storage_policy else root
+                if norm not in roots:
+                    roots.append(norm)
+            fields["storage_roots"] = roots
+        if allow_user_code is not None:
+            fields["allow_user_code"] = bool(allow_user_code)
+        with self.db.session() as s:
+            repo = TenantRepo(s)
+            tenant = repo.update(name, **fields) if fields else repo.by_name(name)
+        if tenant is None:
+            raise NotFoundError(f"no tenant named {name!r}")
+        self.forget_tenant(tenant.id)
+        if fields:
+            log.info("tenant_updated", tenant=name, by=by, fields=sorted(fields))
+        return tenant
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop the cached principals of one tenant (its settings changed)."""
+        with self._lock:
+            self._revocations += 1
+            for digest in [d for d, (p, _) in self._auth_cache.items() if p.tenant_id == tenant_id]:
+                del self._auth_cache[digest]
+
+    def key_active(self, key_id: str) -> bool:
+        """Whether API key ``key_id`` exists and is not revoked (dashboard sessions are bound to it)."""
+        with self.db.session() as s:
+            return ApiKeyRepo(s).is_active(key_id)
+
     def get(self, name: str) -> Tenant:
         with self.db.session() as s:
             t = TenantRepo(s).by_name(name)
@@ -303,6 +357,8 @@ class TenantService:
                         rate_limit_rps=limits.rate_limit_rps,
                         rate_limit_burst=limits.rate_limit_burst,
                         key_rate_limit_rps=limits.key_rate_limit_rps,
+                        storage_roots=tenant.storage_roots,
+                        allow_user_code=tenant.allow_user_code,
                     )
         if principal is None:
             raise AuthenticationError("invalid API key")
@@ -326,7 +382,7 @@ class TenantService:
             return existing, False
         if existing is None:
             try:
-                tenant, plaintext = self.create(DEFAULT_TENANT, admin=True)
+                tenant, plaintext = self.create(DEFAULT_TENANT, admin=True, allow_user_code=True)
             except ConflictError:  # another process created it first
                 tenant = self.get(DEFAULT_TENANT)
                 plaintext = self.create_key(DEFAULT_TENANT, admin=True)

@@ -517,6 +517,9 @@ class EntrypointSpec(_Strict):
     """Escape hatch: run the user's own training script (it uses ``trainyard.runtime.init()``)."""
 
     command: Annotated[list[str], Field(min_length=1)]
+    # the code the command runs in: an archive uploaded with `trainyard submit --workdir DIR`
+    # (a URL under the tenant's code area); the command's working directory is its unpacked tree
+    code: Annotated[str, Field(min_length=1, max_length=2000)] | None = None
 
     @field_validator("command", mode="after")
     @classmethod

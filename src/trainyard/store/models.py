@@ -34,6 +34,8 @@ class TenantRow(Base):
     created_at_s: Mapped[float] = mapped_column(Float)
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_active_devices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    storage_roots: Mapped[list[str]] = mapped_column(JSON, default=list)
+    allow_user_code: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class ApiKeyRow(Base):

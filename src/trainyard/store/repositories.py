@@ -75,6 +75,8 @@ def _tenant(row: TenantRow) -> Tenant:
         created_at_s=row.created_at_s,
         max_queued_jobs=row.max_queued_jobs,
         max_active_devices=row.max_active_devices,
+        storage_roots=tuple(row.storage_roots or ()),
+        allow_user_code=bool(row.allow_user_code),
     )
 
 
@@ -116,10 +118,24 @@ class TenantRepo:
                 created_at_s=tenant.created_at_s,
                 max_queued_jobs=tenant.max_queued_jobs,
                 max_active_devices=tenant.max_active_devices,
+                storage_roots=list(tenant.storage_roots),
+                allow_user_code=tenant.allow_user_code,
             )
         )
         self.s.flush()
         return tenant
+
+    def update(self, name: str, **fields: object) -> Tenant | None:
+        """Set the given columns of tenant ``name`` (only the keys passed); the updated tenant."""
+        row = self.s.scalars(select(TenantRow).where(TenantRow.name == name).with_for_update()).first()
+        if row is None:
+            return None
+        for key, value in fields.items():
+            if not hasattr(TenantRow, key):
+                raise ValueError(f"tenants has no column {key!r}")
+            setattr(row, key, list(value) if key == "storage_roots" else value)  # type: ignore[call-overload]
+        self.s.flush()
+        return _tenant(row)
 
     def by_name(self, name: str) -> Tenant | None:
         row = self.s.scalars(select(TenantRow).where(TenantRow.name == name)).first()
@@ -162,6 +178,10 @@ class ApiKeyRepo:
             select(ApiKeyRow).where(ApiKeyRow.prefix == prefix, ApiKeyRow.revoked.is_(False))
         )
         return [_api_key(r) for r in rows]
+
+    def is_active(self, key_id: str) -> bool:
+        row = self.s.get(ApiKeyRow, key_id)
+        return row is not None and not row.revoked
 
     def for_tenant(self, tenant_id: str) -> builtins.list[ApiKeyRecord]:
         """The tenant's keys, oldest first, revoked ones included."""

@@ -84,8 +84,13 @@ def not_found(request: Request, principal: Principal | None, message: str) -> HT
 
 
 def current(request: Request) -> Principal | None:
-    sess = sessions(request).get(request.cookies.get(COOKIE_NAME))
+    token = request.cookies.get(COOKIE_NAME)
+    sess = sessions(request).get(token)
     if sess is None:
+        return None
+    # a session lives only as long as the key it was opened with (revoked → logged out)
+    if not request.app.state.platform.tenants.key_active(sess.principal.key_id):
+        sessions(request).close(token)
         return None
     request.state.tenant = sess.principal.tenant_name
     return sess.principal

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import hmac
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from trainyard.errors import AuthenticationError, PermissionDeniedError
 
 router = APIRouter(tags=["health"])
 
@@ -29,8 +34,37 @@ def readyz(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(request: Request) -> Response:
+async def metrics_reader(request: Request) -> None:
+    """/metrics names every tenant, its costs and open jobs: it answers an admin key or the
+    ``TRAINYARD_METRICS_TOKEN`` bearer token only (401 without credentials, 403 for other keys)."""
+    header = request.headers.get("authorization") or ""
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise AuthenticationError(
+            "/metrics needs an admin key or the metrics token (Authorization: Bearer ...)",
+            hint="Configure the scraper with TRAINYARD_METRICS_TOKEN's value as its bearer token.",
+        )
+    presented = presented.strip()
+    platform = request.app.state.platform
+    token = platform.settings.metrics_token
+    if token and hmac.compare_digest(presented.encode(), token.encode()):
+        return
+    tenants = platform.tenants
+    principal = tenants.cached_principal(presented)
+    if principal is None:
+        principal = await run_in_threadpool(tenants.authenticate, presented)
+    if not principal.admin:
+        raise PermissionDeniedError("/metrics needs an admin key or the metrics token")
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (an admin key or TRAINYARD_METRICS_TOKEN)",
+    response_class=Response,
+    responses={401: {"description": "No credentials"}, 403: {"description": "Not an admin key"}},
+)
+async def metrics(request: Request) -> Response:
+    await metrics_reader(request)
     state = request.app.state
-    state.refresh_gauges()
+    await run_in_threadpool(state.refresh_gauges)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -32,13 +32,17 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _doc(t: Tenant) -> dict[str, Any]:
+def _doc(t: Tenant, request: Request | None = None) -> dict[str, Any]:
+    policy = request.app.state.platform.storage_policy if request is not None else None
     return {
         "id": t.id,
         "name": t.name,
         "created_at": iso(t.created_at_s),
         "max_queued_jobs": t.max_queued_jobs,
         "max_active_devices": t.max_active_devices,
+        "storage_roots": list(t.storage_roots),
+        "allow_user_code": t.allow_user_code,
+        "storage_url": policy.tenant_root(t.name) if policy is not None else None,
     }
 
 
@@ -61,14 +65,14 @@ def create_tenant(body: TenantCreate, request: Request, _p: AdminPrincipal) -> J
 
 @router.get("/v1/tenants", response_model=TenantList, responses=ERRORS, summary="All tenants (admin)")
 def list_tenants(request: Request, _p: AdminPrincipal) -> JSONResponse:
-    return JSONResponse({"tenants": [_doc(t) for t in request.app.state.platform.tenants.list()]})
+    return JSONResponse({"tenants": [_doc(t, request) for t in request.app.state.platform.tenants.list()]})
 
 
 @router.get("/v1/tenants/{name}", response_model=TenantDoc, responses=ERRORS, summary="One tenant (admin)")
 def get_tenant(
     name: Annotated[str, Path(min_length=1, max_length=63)], request: Request, _p: AdminPrincipal
 ) -> JSONResponse:
-    return JSONResponse(_tenant_doc(request.app.state.platform, name))
+    return JSONResponse(_tenant_doc(request.app.state.platform, name, request))
 
 
 TenantName = Annotated[str, Path(min_length=1, max_length=63, description="Tenant name, e.g. research")]
@@ -101,10 +105,19 @@ class TenantUpdate(BaseModel):
     max_usd_per_month: float | None = Field(
         default=None, ge=0, le=1e12, description="A hard monthly dollar budget (same as `budgets set --hard`)"
     )
+    # the tenant's walls (DESIGN §3.6)
+    storage_roots: list[Annotated[str, Field(min_length=1, max_length=1000)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Storage roots granted besides the namespace (replaces the list; [] or null: none)",
+    )
+    allow_user_code: bool | None = Field(
+        default=None, description="Whether the tenant may submit `entrypoint` jobs (run in the sandbox)"
+    )
 
 
-def _tenant_doc(platform: Any, name: str) -> dict[str, Any]:
-    doc = _doc(platform.tenants.get(name))
+def _tenant_doc(platform: Any, name: str, request: Request | None = None) -> dict[str, Any]:
+    doc = _doc(platform.tenants.get(name), request)
     limits = platform.tenants.limits(name)
     doc.update(
         max_concurrent_jobs=limits.max_concurrent_jobs,
@@ -120,7 +133,7 @@ def _tenant_doc(platform: Any, name: str) -> dict[str, Any]:
     "/v1/tenants/{name}",
     response_model=TenantDoc,
     responses=ERRORS,
-    summary="Change a tenant's quotas, rate limits and dollar cap (admin)",
+    summary="Change a tenant's quotas, rate limits, dollar cap, storage roots and user code (admin)",
 )
 def update_tenant(
     name: Annotated[str, Path(min_length=1, max_length=63)],
@@ -131,13 +144,22 @@ def update_tenant(
     platform = request.app.state.platform
     changes = {k: getattr(body, k) for k in body.model_fields_set}
     usd = changes.pop("max_usd_per_month", None)
+    walls = {k: changes.pop(k) for k in ("storage_roots", "allow_user_code") if k in changes}
+    if walls:
+        roots = walls.get("storage_roots")
+        platform.tenants.update_walls(
+            name,
+            storage_roots=([] if roots is None else roots) if "storage_roots" in walls else None,
+            allow_user_code=walls.get("allow_user_code"),
+            by=_p.tenant_name,
+        )
     if changes:
         platform.tenants.update(name, changes)
     else:
         platform.tenants.get(name)  # 404 for an unknown tenant
     if "max_usd_per_month" in body.model_fields_set and usd is not None:
         platform.governance.set_budget(name, usd=usd, period="month", hard=True)
-    return JSONResponse(_tenant_doc(platform, name))
+    return JSONResponse(_tenant_doc(platform, name, request))
 
 
 def _own_tenant(principal: Principal, name: str) -> None:
@@ -231,7 +253,15 @@ def rotate_key(
 
 
 @router.get("/v1/whoami", response_model=WhoAmI, responses=ERRORS, summary="The tenant behind this key")
-def whoami(principal: CurrentPrincipal) -> JSONResponse:
+def whoami(request: Request, principal: CurrentPrincipal) -> JSONResponse:
+    policy = request.app.state.platform.storage_policy
     return JSONResponse(
-        {"tenant": principal.tenant_name, "admin": principal.admin, "role": principal.effective_role}
+        {
+            "tenant": principal.tenant_name,
+            "admin": principal.admin,
+            "role": principal.effective_role,
+            "storage_url": policy.tenant_root(principal.tenant_name),
+            "storage_roots": list(principal.storage_roots),
+            "allow_user_code": principal.allow_user_code,
+        }
     )

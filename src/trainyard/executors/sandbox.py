@@ -1,0 +1,311 @@
+"""The sandbox every worker runs in: bubblewrap, an unprivileged uid, a scrubbed environment.
+
+A worker (the built-in trainer, or the user's ``entrypoint`` command it ``exec``-s) sees only:
+
+- the Python installation and trainyard's own code, read-only;
+- its run directory (launch request, event files, local fallback checkpoints), read-write;
+- its checkpoint location ``<storage>/<job_id>`` when the storage is local, read-write;
+- its dataset, base model and unpacked code archive, read-only;
+- a private ``/tmp`` (its ``HOME``), a minimal ``/dev``, its own ``/proc`` (new pid namespace),
+  ``/sys`` read-only (CPU topology and network interfaces for the collectives).
+
+Nothing else of the machine's file system exists inside: not ``TRAINYARD_HOME`` (database, API keys,
+logs), not other jobs' run directories, not other tenants' storage. A single-rank job with local
+storage also gets its own network namespace (no route to the server or other local services); a gang
+shares the host's loopback for its collectives.
+
+When the server runs as root, bubblewrap runs privileged (no user namespace needed) and the payload
+drops to ``SANDBOX_UID`` with ``setpriv`` (no capabilities, empty bounding set, ``no_new_privs``);
+otherwise bubblewrap uses an unprivileged user namespace and the payload keeps the server's uid. The
+environment is rebuilt from an allow-list: no ``TRAINYARD_*`` server setting, database URL or key
+reaches a worker (workers hold no credential at all: they report through files in their run
+directory). A machine where bubblewrap cannot start fails the launch with ``SandboxUnavailableError``;
+nothing ever runs unsandboxed by accident (``TRAINYARD_SANDBOX=none`` is the explicit opt-out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.errors import SandboxUnavailableError, StorageNotAllowedError
+
+SANDBOX_UID = 65534  # nobody
+SANDBOX_GID = 65534
+# environment variables a worker may inherit from the server's environment (nothing secret)
+PASS_ENV = ("LANG", "LANGUAGE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRAINYARD_NUM_THREADS")
+PASS_ENV_PREFIXES = ("LC_",)
+# TRAINYARD_* names a job may carry in its launch environment (job knobs, no server settings)
+JOB_ENV = (
+    "TRAINYARD_NUM_THREADS",
+    "TRAINYARD_HEARTBEAT_S",
+    "TRAINYARD_CHECKPOINT_EVERY_STEPS",
+    "TRAINYARD_PRECISION",
+    "TRAINYARD_DATASET_PATH",
+    "TRAINYARD_BASE_MODEL_PATH",
+    "TRAINYARD_CHECKPOINT_COMMIT_DELAY_S",
+    "TRAINYARD_CHECKPOINT_INTERVAL_S",
+)
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "DATABASE", "DSN")
+ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "ld.so.cache", "localtime", "resolv.conf")
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+CODE_ARCHIVE_MAX_BYTES = 256 * 1024 * 1024
+
+
+def job_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a launch environment a worker may see: no server setting, nothing secret-looking."""
+    out: dict[str, str] = {}
+    for k, v in env.items():
+        if k.startswith("TRAINYARD_") and k not in JOB_ENV:
+            continue
+        if any(m in k.upper() for m in SECRET_MARKERS):
+            continue
+        out[k] = v
+    return out
+
+
+def scrubbed_env(server_env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """A worker's whole environment: a fixed PATH and HOME, the harmless locale/thread settings of the
+    server's environment and the job's own variables (``job_env``)."""
+    env = {k: v for k, v in server_env.items() if k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)}
+    env.update(job_env(extra))
+    env.update({"PATH": f"{Path(sys.executable).parent}:{SANDBOX_PATH}", "HOME": "/tmp"})
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    src = trainyard_source_dir()
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    return env
+
+
+def trainyard_source_dir() -> Path | None:
+    """The directory that holds the ``trainyard`` package when it is not inside site-packages."""
+    import trainyard
+
+    pkg = Path(trainyard.__file__).resolve().parent.parent
+    for sp in _site_dirs():
+        if pkg == sp or sp in pkg.parents:
+            return None
+    return pkg
+
+
+def _site_dirs() -> list[Path]:
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return [Path(d).resolve() for d in dirs if d and Path(d).is_dir()]
+
+
+def python_paths() -> list[Path]:
+    """What the worker's interpreter needs to start, read-only: the interpreter's installation, the
+    virtual environment, site-packages and trainyard's source tree."""
+    paths = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths.add(Path(sys.executable).parent)  # a venv's bin (links to the base interpreter)
+    paths.update(_site_dirs())
+    src = trainyard_source_dir()
+    if src is not None:
+        paths.add(src)
+    return _outermost(p for p in paths if p.exists() and p != Path("/"))
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in sorted(set(paths), key=lambda q: len(q.parts)):
+        if not any(q == p or q in p.parents for q in out):
+            out.append(p)
+    return out
+
+
+def local_path(url: str | None) -> Path | None:
+    """The local path of a ``file://`` URL or absolute path, else None."""
+    if not url:
+        return None
+    if url.startswith("file://"):
+        return Path(url[len("file://") :])
+    if url.startswith("/"):
+        return Path(url)
+    return None
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """What one worker's sandbox shows besides the Python installation."""
+
+    rw: tuple[Path, ...] = ()
+    ro: tuple[Path, ...] = ()
+    chdir: Path | None = None
+    share_net: bool = True
+
+
+class Sandbox:
+    """Builds the bubblewrap command line of a worker and prepares what it mounts."""
+
+    kind = "bwrap"
+
+    def __init__(self, *, bwrap: str | None = None, uid: int | None = None, gid: int | None = None) -> None:
+        found = bwrap or shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailableError(
+                "bubblewrap (bwrap) is not installed; workers run only inside the sandbox",
+            )
+        self.bwrap = found
+        self.privileged = os.geteuid() == 0
+        self.setpriv = shutil.which("setpriv") if self.privileged else None
+        if self.privileged and self.setpriv is None:
+            raise SandboxUnavailableError("setpriv (util-linux) is needed to drop the sandbox's privileges")
+        self.uid = uid if uid is not None else (SANDBOX_UID if self.privileged else os.getuid())
+        self.gid = gid if gid is not None else (SANDBOX_GID if self.privileged else os.getgid())
+        self._python = python_paths()
+        self._probed = False
+
+    # ---- command line ------------------------------------------------------------------------
+    def command(self, argv: Sequence[str], mounts: Mounts) -> list[str]:
+        """``argv`` wrapped: bubblewrap with the mounts, then (as root) ``setpriv`` to the sandbox uid.
+
+        A shell in front makes bubblewrap's own process ignore SIGTERM (it would die and leave the
+        payload running): the notice reaches the payload through the process group, and the payload's
+        handlers are its own (``exec`` resets ignored signals only when the worker asks; it does)."""
+        args = [
+            "/bin/sh",
+            "-c",
+            'trap \'\' TERM INT; exec "$0" "$@"',
+            self.bwrap,
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
+        for name in ("bin", "lib", "lib64", "sbin"):
+            link = Path("/") / name
+            if link.is_symlink():
+                args += ["--symlink", os.readlink(link), str(link)]
+            elif link.is_dir():
+                args += ["--ro-bind", str(link), str(link)]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        args += ["--ro-bind-try", "/sys", "/sys"]  # CPU topology, network interfaces (gloo)
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+        args += ["--perms", "1777", "--tmpfs", "/tmp"]
+        for dev in sorted(Path("/dev").glob("nvidia*")):  # the GPUs (and their control nodes), when present
+            args += ["--dev-bind-try", str(dev), str(dev)]
+        if not mounts.share_net:
+            args.append("--unshare-net")
+        binds = [(p, "--ro-bind") for p in self._python]
+        binds += [(p, "--ro-bind-try") for p in mounts.ro]  # a missing dataset is the trainer's to report
+        binds += [(p, "--bind") for p in mounts.rw]
+        made: set[Path] = {Path("/"), Path("/tmp"), Path("/usr"), Path("/dev"), Path("/proc")}
+        for path, flag in sorted(binds, key=lambda b: len(b[0].parts)):
+            for parent in reversed(path.parents):
+                if parent not in made and not any(parent == m or m in parent.parents for m, _ in binds):
+                    args += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(parent)
+            args += [flag, str(path), str(path)]
+        if mounts.chdir is not None:
+            args += ["--chdir", str(mounts.chdir)]
+        if self.privileged:
+            assert self.setpriv is not None
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", self.setpriv]
+            args += [f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
+            args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        args += ["--", *argv]
+        return args
+
+    def probe(self) -> None:
+        """Start one empty sandbox (once): a machine where bubblewrap cannot work fails here, clearly."""
+        if self._probed:
+            return
+        try:
+            r = subprocess.run(
+                self.command(["/bin/true"], Mounts(share_net=False)),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": SANDBOX_PATH},
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailableError(f"the sandbox (bubblewrap) cannot start: {exc}") from None
+        if r.returncode != 0:
+            raise SandboxUnavailableError(
+                f"the sandbox (bubblewrap) cannot start: {(r.stderr or r.stdout).strip()[:500]}"
+            )
+        self._probed = True
+
+    # ---- what a worker may touch -------------------------------------------------------------
+    def own(self, path: Path) -> None:
+        """Hand ``path`` to the sandbox uid (a directory mode 0700): the worker writes there."""
+        if self.privileged:
+            os.chown(path, self.uid, self.gid)
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700 if path.is_dir() else 0o600)
+
+    def share_dir(self, path: Path) -> None:
+        """A directory the sandbox uid may read but whose entries it cannot create, replace or remove
+        (owner root, group the sandbox's, 0750): nothing the server writes or reads there can be swapped
+        for a symbolic link by the worker."""
+        if self.privileged:
+            os.chown(path, 0, self.gid)
+        os.chmod(path, 0o750)
+
+    def give_file(self, path: Path) -> None:
+        """Create (if needed) a file in a shared directory that only the sandbox uid writes to."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            if self.privileged:
+                os.fchown(fd, self.uid, self.gid)
+        finally:
+            os.close(fd)
+
+    def give_read(self, path: Path) -> None:
+        """Let the sandbox uid read a file the server wrote into the worker's run directory."""
+        if self.privileged:
+            os.chown(path, self.uid, self.gid)
+        os.chmod(path, 0o600)
+
+
+def unpack_code(code_url: str) -> Path:
+    """The unpacked tree of an uploaded code archive (``<sha256>.tar.gz`` in a tenant's code area),
+    extracted once beside it with tarfile's ``data`` filter (no absolute paths, ``..``, links out of
+    the tree, devices or set-uid bits) and made read-only."""
+    archive = local_path(code_url)
+    if archive is None or not archive.name.endswith(".tar.gz"):
+        raise StorageNotAllowedError("entrypoint.code: only uploaded code archives can be run")
+    target = archive.with_name(archive.name[: -len(".tar.gz")])
+    if target.is_dir():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=archive.parent))
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        for root, dirs, files in os.walk(tmp):
+            for d in dirs:
+                os.chmod(Path(root) / d, 0o755)
+            for f in files:
+                p = Path(root) / f
+                if not p.is_symlink():
+                    os.chmod(p, 0o755 if os.access(p, os.X_OK) else 0o644)
+        os.chmod(tmp, 0o755)
+        try:
+            tmp.rename(target)
+        except OSError:  # another launch unpacked it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StorageNotAllowedError(
+            f"entrypoint.code: the code archive cannot be unpacked ({exc})"
+        ) from None
+    return target
+
+
+def archive_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
