@@ -43,7 +43,7 @@ class Walls:
 def walls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walls]:
     home = tmp_path_factory.mktemp(f"walls-{request.param}")
     with database_url(request.param, home) as url:
-        server = ServerProcess(home, database_url=url).start()
+        server = ServerProcess(home, database_url=url).start(timeout_s=240)
         try:
             yield Walls(server)
         finally:
