@@ -116,12 +116,13 @@ def world(live: Live, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     tmp = tmp_path_factory.mktemp("models")
     base_dir = build_tiny_llama(tmp / "base", seed=0)
     base = live.c.import_model(base_dir, "tiny")
-    train = write_jsonl(tmp / "train.jsonl", completion_rows(400, seed=1))
+    # training data lies in the tenant's own storage (DESIGN §3.6: a path elsewhere is refused)
+    area = live.home / "storage" / "tenants" / "default" / "datasets"
+    train = write_jsonl(area / "train.jsonl", completion_rows(400, seed=1))
     noise = write_jsonl(
-        tmp / "noise.jsonl",
+        area / "noise.jsonl",
         [{"text": " ".join(str((i * 7919 + j) % 97) for j in range(12))} for i in range(400)],
     )
-    area = live.home / "storage" / "tenants" / "default" / "datasets"
     split = write_jsonl(area / "copy-eval.jsonl", completion_rows(60, seed=99))
     full = live.c.submit(finetune_spec("copy", "tiny@1", train, steps=100))
     lora = live.c.submit(finetune_spec("copy-lora", "tiny@1", train, method="lora", lora_rank=8))
@@ -314,7 +315,11 @@ def test_public_base_models_are_readable_by_all_and_changeable_by_none(
     other = live.client(live.c.create_tenant("reader")["api_key"])
     assert other.get_model("shared-base@1")["sha256"] == pub["sha256"]
     assert [m["id"] for m in other.list_models()["models"]] == ["shared-base@1"]
-    job = other.submit(finetune_spec("mine", "shared-base@1", world["train"], steps=1))
+    # the reader trains on data in its own storage (another tenant's area is refused, DESIGN §3.6)
+    own = live.home / "storage" / "tenants" / "reader" / "datasets" / "train.jsonl"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_bytes(Path(world["train"]).read_bytes())
+    job = other.submit(finetune_spec("mine", "shared-base@1", own, steps=1))
     assert job["spec"]["model"]["base"] == "shared-base@1"
     with pytest.raises(E.PermissionDeniedError):
         other.promote_model("shared-base@1", "staging")

@@ -255,6 +255,7 @@ class EvaluationService:
             "requirements": {"allow": ["cpu"]},
             "entrypoint": {"command": [sys.executable, RUNNER, str(out_dir / "request.json")]},
         }
+        # the built-in evaluator is the platform's code, not the tenant's: it needs no user-code allowance
         principal = Principal(
             tenant_id=tenant_id,
             tenant_name=tenant.name,
@@ -263,6 +264,7 @@ class EvaluationService:
             max_queued_jobs=tenant.max_queued_jobs,
             max_active_devices=tenant.max_active_devices,
             governed=governed,
+            allow_user_code=True,
         )
         job = self._submit(principal, spec)
         with self.db.session() as s:

@@ -255,7 +255,8 @@ class JobService:
             except StorageNotAllowedError as exc:
                 errors.extend(exc.details.get("errors") or [{"field": purpose, "message": exc.message}])
                 continue
-            doc[where[0]][where[1]] = norm
+            if where == ("checkpoint", "storage"):  # the executor writes there: the canonical form
+                doc[where[0]][where[1]] = norm
         if errors:
             first = errors[0]
             raise StorageNotAllowedError(
