@@ -133,7 +133,7 @@ def api_attacks(home: Path) -> list[dict[str, Any]]:
 def sandbox_attacks(root: Path) -> list[dict[str, Any]]:
     """One user command probing the sandbox from inside (real bubblewrap, a real worker)."""
     home = root / "home"
-    home.mkdir(mode=0o700)
+    home.mkdir(mode=0o700, parents=True)
     (home / "api_key").write_text("ty_SECRET")
     (home / "api_key").chmod(0o600)
     script = (
