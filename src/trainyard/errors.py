@@ -82,6 +82,20 @@ class NotFoundError(TrainyardError):
     default_hint = "Check the identifier; list what exists with the matching `list` command."
 
 
+class InvalidDatasetError(InvalidInputError):
+    """Rows of an upload failed validation; ``details.errors`` lists every bad line (up to a limit)."""
+
+    code = "invalid_dataset"
+    default_hint = "Fix the lines listed in details.errors (line numbers count from 1) and upload again."
+
+
+class UnknownDatasetError(NotFoundError):
+    """No such dataset version for this tenant (another tenant's version is just as unknown)."""
+
+    code = "unknown_dataset"
+    default_hint = "List your datasets with `trainyard datasets list`; upload one with `datasets upload`."
+
+
 class ConflictError(TrainyardError):
     code = "conflict"
     http_status = 409

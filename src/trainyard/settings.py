@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     rate_limit_backend: str = "auto"
     # MLflow tracking server the jobs are mirrored to (optional extra trainyard[mlflow]); None: no mirror
     mlflow_tracking_uri: str | None = None
+    dataset_max_bytes: int = 2 * 2**30  # upload limit of one dataset file
 
     @property
     def resolved_database_url(self) -> str:

@@ -45,6 +45,7 @@ TABLES |= {  # serving
     "serving_requests",
     "serving_shadow_pairs",
 }
+TABLES |= {"dataset_versions", "run_records"}
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

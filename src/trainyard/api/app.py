@@ -14,6 +14,7 @@ from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
 from trainyard.api.routers import (
     catalog,
     code,
+    datasets,
     deployments,
     evaluations,
     governance,
@@ -23,6 +24,7 @@ from trainyard.api.routers import (
     openai,
     pools,
     quotes,
+    records,
     tenants,
 )
 from trainyard.services.lifecycle import JobState
@@ -47,6 +49,7 @@ def create_app(
         redoc_url=None,
         openapi_tags=[
             {"name": "jobs", "description": "Submit, follow and cancel training jobs."},
+            {"name": "datasets", "description": "Upload, validate and read immutable dataset versions."},
             {"name": "quotes", "description": "Price a job on every pool before submitting it."},
             {"name": "pools", "description": "Live capacity the scheduler places jobs on."},
             {"name": "tenants", "description": "Tenants and API keys (admin)."},
@@ -88,6 +91,8 @@ def create_app(
         code.router,
         deployments.router,
         openai.router,
+        datasets.router,
+        records.router,
     ):
         app.include_router(r)
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts
@@ -96,7 +101,12 @@ def create_app(
     install_observability(app, platform)
     install_dashboard(app, platform)
     app.add_middleware(
-        ServiceMiddleware, metrics=metrics, max_body_bytes=max_body_bytes, access_log=access_log
+        ServiceMiddleware,
+        metrics=metrics,
+        max_body_bytes=max_body_bytes,
+        access_log=access_log,
+        # dataset uploads stream to disk under their own (configurable) limit
+        upload_paths={"/v1/datasets": platform.settings.dataset_max_bytes},
     )
     return app
 

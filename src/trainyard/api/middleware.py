@@ -63,12 +63,19 @@ class _BodyTooLarge(HTTPException):
 
 class ServiceMiddleware:
     def __init__(
-        self, app: Any, metrics: Metrics, max_body_bytes: int = MAX_BODY_BYTES, access_log: bool = True
+        self,
+        app: Any,
+        metrics: Metrics,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        access_log: bool = True,
+        upload_paths: dict[str, int] | None = None,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.access_log = access_log
+        # POST paths whose bodies are streamed uploads, each with its own size limit (the route enforces it)
+        self.upload_paths = upload_paths or {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -76,6 +83,9 @@ class ServiceMiddleware:
             return
         started = time.perf_counter()
         status_holder = {"status": 500, "sent": False}
+        if scope.get("method") == "POST" and scope.get("path") in self.upload_paths:
+            await self._call(scope, receive, send, status_holder, started)
+            return
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -129,6 +139,17 @@ class ServiceMiddleware:
                 await send(body)
             status_holder["status"] = 413
         self._record(scope, int(status_holder["status"]), started)
+
+    async def _call(
+        self, scope: dict[str, Any], receive: Any, send: Any, holder: dict[str, Any], started: float
+    ) -> None:
+        async def tracking_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                holder["status"] = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, tracking_send)
+        self._record(scope, int(holder["status"]), started)
 
     def _record(self, scope: dict[str, Any], status: int, started: float) -> None:
         elapsed = time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""`trainyard jobs list|get|cancel|preempt|events|logs`."""
+"""`trainyard jobs list|get|cancel|preempt|events|logs|record|reproduce`."""
 
 from __future__ import annotations
 
@@ -198,3 +198,52 @@ def logs(
             if not follow or c.get_job(job_id)["state"] in TERMINAL_STATES:
                 return
             time.sleep(poll_s)
+
+
+@app.command("record")
+@handle_errors
+def job_record(
+    job_id: str = typer.Argument(..., help="Job id."),
+    attempt: int = typer.Option(None, "--attempt", min=1, help="Which attempt (default: the newest)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run record document as JSON."),
+) -> None:
+    """The immutable run record: data versions, code, spec hash, environment and seeds of an attempt."""
+    with client() as c:
+        doc = c.job_record(job_id, attempt=attempt)
+    if as_json:
+        print_json(doc)
+        return
+    rec = doc["record"]
+    env = rec.get("environment") or {}
+    console.print(f"[bold]{doc['job_id']}[/] attempt {doc['attempt']}  record sha256 {doc['sha256']}")
+    console.print(f"  spec sha256 {rec.get('spec_sha256')}  seeds {rec.get('seeds')}", highlight=False)
+    for d in rec.get("datasets") or []:
+        splits = d.get("splits") or {}
+        parts = ", ".join(f"{k} {v.get('rows')} rows {str(v.get('sha256'))[:12]}" for k, v in splits.items())
+        console.print(f"  data {d.get('id')} ({parts})", highlight=False)
+    code = rec.get("code") or {}
+    console.print(f"  code git {code.get('git_sha')} source {str(code.get('trainyard_source_sha256'))[:12]}")
+    console.print(
+        f"  env python {env.get('python')} torch {env.get('torch')} cuda {env.get('cuda')} "
+        f"device {env.get('device')} lock {str(env.get('lock_sha256'))[:12]} "
+        f"({len(env.get('packages') or [])} packages)",
+        highlight=False,
+    )
+
+
+@app.command("reproduce")
+@handle_errors
+def reproduce_job(
+    job_id: str = typer.Argument(..., help="Job id whose run record to rerun."),
+    wait: bool = typer.Option(False, "--wait", help="Block until the new job finishes."),
+    as_json: bool = typer.Option(False, "--json", help="Print the new job document as JSON."),
+) -> None:
+    """Submit a new job from a run record: the same data version, resolved spec, seed and devices."""
+    with client() as c:
+        doc = c.reproduce_job(job_id)
+        if wait:
+            doc = c.wait(doc["id"])
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"[green]{doc['id']}[/] reproduces {job_id}: {doc['state']}")

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "deployments": ("trainyard.cli.deployments_cmd", "app", "Serve model versions (OpenAI-compatible API)."),
     "sweeps": ("trainyard.cli.sweeps_cmd", "app", "Hyperparameter sweeps priced and bounded as a group."),
     "export": ("trainyard.cli.export_cmd", "app", "Export a placement as a SkyPilot task or Kueue objects."),
+    "datasets": ("trainyard.cli.datasets_cmd", "app", "Upload, validate and read dataset versions."),
 }
 
 

@@ -40,6 +40,8 @@ for _cls in (
     E.BudgetExceededError,
     E.RateLimitedError,
     E.LedgerMismatchError,
+    E.InvalidDatasetError,
+    E.UnknownDatasetError,
 ):
     _BY_CODE[_cls.code] = _cls
 
@@ -75,6 +77,11 @@ def resolve_api_key(explicit: str | None = None, home: str | Path | None = None)
     except (OSError, UnicodeDecodeError):
         return None
     return text or None
+
+
+def _dataset_path(ref: str) -> str:
+    """``ds://name@3`` → ``name@3`` (the path segment of /v1/datasets/{ref})."""
+    return ref[len("ds://") :] if ref.startswith("ds://") else ref
 
 
 def _error_from(resp: httpx.Response) -> E.TrainyardError:
@@ -341,6 +348,76 @@ class TrainyardClient:
 
     def catalog(self) -> dict[str, Any]:
         return self.request("GET", "/v1/catalog")
+
+    # ---- datasets (DESIGN §3.7) ----------------------------------------------------------------
+    def upload_dataset(
+        self,
+        path: str | Path,
+        *,
+        name: str,
+        format: str = "auto",
+        eval_fraction: float = 0.1,
+        seed: int = 0,
+        base: str | None = None,
+        max_tokens: int | None = None,
+        derived_from: str | None = None,
+        progress: Any = None,
+        chunk_bytes: int = 1 << 20,
+    ) -> dict[str, Any]:
+        """Stream a local JSONL file to the server; ``progress(n_bytes)`` is called per chunk sent."""
+        params: dict[str, Any] = {
+            "name": name,
+            "format": format,
+            "eval_fraction": eval_fraction,
+            "seed": seed,
+        }
+        for k, v in (("base", base), ("max_tokens", max_tokens), ("derived_from", derived_from)):
+            if v is not None:
+                params[k] = v
+        file = Path(path)
+
+        def chunks() -> Iterator[bytes]:
+            with file.open("rb") as fh:
+                while True:
+                    data = fh.read(chunk_bytes)
+                    if not data:
+                        return
+                    if progress is not None:
+                        progress(len(data))
+                    yield data
+
+        return self.request(
+            "POST",
+            "/v1/datasets",
+            params=params,
+            content=chunks(),
+            headers={"Content-Type": "application/x-ndjson"},
+            timeout=httpx.Timeout(30.0, read=None, write=None),
+        )
+
+    def get_dataset(self, ref: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/datasets/{quote(_dataset_path(ref), safe='@')}")
+
+    def list_datasets(self, *, name: str | None = None) -> dict[str, Any]:
+        return self.request("GET", "/v1/datasets", params={"name": name} if name else None)
+
+    def dataset_rows(
+        self, ref: str, *, split: str = "train", offset: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        return self.request(
+            "GET",
+            f"/v1/datasets/{quote(_dataset_path(ref), safe='@')}/rows",
+            params={"split": split, "offset": offset, "limit": limit},
+        )
+
+    # ---- run records ---------------------------------------------------------------------------
+    def job_record(self, job_id: str, *, attempt: int | None = None) -> dict[str, Any]:
+        params = {"attempt": attempt} if attempt is not None else None
+        return self.request("GET", f"/v1/jobs/{job_id}/record", params=params)
+
+    def reproduce_job(self, job_id: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        key = idempotency_key or str(uuid.uuid4())
+        return self.request("POST", f"/v1/jobs/{job_id}/reproduce", headers={"Idempotency-Key": key})
 
     def healthz(self) -> dict[str, Any]:
         return self.request("GET", "/healthz")

@@ -15,6 +15,8 @@ Event kinds and their ``data``:
 - ``failed``: ``{reason, classification: "user" | "infra", traceback_tail}``
 - ``lost``: ``{reason, rank}`` (a rank died or stopped heart-beating; the gang has been torn down)
 - ``log``: ``{rank, message}`` (also checkpoint skips: ``{message, skipped_step, why}``)
+- ``record``: rank 0's run record of the attempt (data, code, spec hash, environment, seeds)
+- ``evaluation``: ``{step, split, loss, samples, tokens, dataset, final}`` (held-out loss)
 """
 
 from __future__ import annotations
@@ -30,10 +32,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-EVENT_KINDS = ("started", "heartbeat", "checkpoint", "preempted", "succeeded", "failed", "lost", "log")
+EVENT_KINDS = (
+    "started",
+    "heartbeat",
+    "checkpoint",
+    "preempted",
+    "succeeded",
+    "failed",
+    "lost",
+    "log",
+    "record",
+    "evaluation",
+)
 TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
 WORKER_TERMINAL_KINDS = ("succeeded", "preempted", "failed")  # what a rank reports itself ("lost" is ours)
-PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log")  # forwarded from a rank as they are
+# forwarded from a rank as they are
+PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log", "record", "evaluation")
 CLASSIFICATION_USER = "user"
 CLASSIFICATION_INFRA = "infra"
 

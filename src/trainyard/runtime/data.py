@@ -8,6 +8,13 @@ uninterrupted run would have seen, for any world size. Rank ``r`` of ``W`` takes
 Tokens: the base model's tokenizer when it ships one; otherwise bytes. Byte ids are ``4 + byte``
 (0 pad, 1 bos, 2 eos, 3 mask), folded into the vocabulary when it is smaller than 260.
 
+Registered datasets (``ds://NAME@V``): the launch request carries the version's manifest
+(``TRAINYARD_DATASET_MANIFEST``: split URLs and sha256s); the train split is read through fsspec and
+checked against its sha256. ``text`` rows are packed into windows as a corpus; ``completion`` and
+``chat`` rows are one sample each (``BOS`` + prompt + answer, padded or cut to ``seq_len``) whose labels
+cover only the completion / the assistant turns (``-100`` elsewhere), so the loss is masked to answers.
+The eval split is read the same way and scored at checkpoints and at the end.
+
 Synthetic corpus (no ``workload.dataset``): a random first-order Markov chain over the vocabulary
 whose transition table (4 successors per token) and per-sample start token and choices come from the
 seed, so the model has structure to learn and every run with the same seed sees the same tokens.
@@ -15,6 +22,7 @@ seed, so the model has structure to learn and every run with the same seed sees 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -108,6 +116,109 @@ def _json_text(doc: Any) -> str:
                 return doc[key] + (("\n" + extra) if isinstance(extra, str) and extra else "")
         return " ".join(str(v) for v in doc.values() if isinstance(v, str))
     return json.dumps(doc)
+
+
+DATASET_MANIFEST_ENV = "TRAINYARD_DATASET_MANIFEST"
+IGNORE_INDEX = -100
+
+
+def read_split(manifest: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """The canonical rows of one split of a registered version, verified against its sha256."""
+    import fsspec
+
+    info = (manifest.get("splits") or {}).get(split)
+    if not info:
+        raise DataError(f"dataset {manifest.get('id')} has no {split} split")
+    h = hashlib.sha256()
+    rows: list[dict[str, Any]] = []
+    try:
+        with fsspec.open(info["url"], "rb") as fh:
+            for line in fh:
+                h.update(line)
+                rows.append(json.loads(line))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read the {split} split of {manifest.get('id')}: {exc}") from None
+    if info.get("sha256") and h.hexdigest() != info["sha256"]:
+        raise DataError(
+            f"the {split} split of {manifest.get('id')} does not match its sha256 (storage was changed)"
+        )
+    return rows
+
+
+def example_tokens(row: dict[str, Any], tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """(tokens, labels) of one completion or chat row; labels are IGNORE_INDEX outside the answers."""
+    ids = [BOS_ID]
+    labels = [IGNORE_INDEX]
+    if "prompt" in row:
+        p = tok.encode(row["prompt"])
+        c = [*tok.encode(row["completion"]), EOS_ID]
+        return ids + p + c, labels + [IGNORE_INDEX] * len(p) + c
+    for m in row["messages"]:
+        head = tok.encode(f"{m['role']}: ")
+        body = [*tok.encode(m["content"]), EOS_ID]
+        learn = m["role"] == "assistant" and m.get("weight", 1) != 0
+        ids += head + body
+        labels += [IGNORE_INDEX] * len(head) + (body if learn else [IGNORE_INDEX] * len(body))
+    return ids, labels
+
+
+class ExampleDataset:
+    """One completion/chat row per sample, loss masked to the answers, reshuffled every epoch."""
+
+    def __init__(
+        self, rows: list[dict[str, Any]], tokenizer: Tokenizer, seq_len: int, seed: int, source: str
+    ):
+        if not rows:
+            raise DataError(f"dataset {source} holds no rows")
+        n = len(rows)
+        self.tokens = np.full((n, seq_len), PAD_ID, dtype=np.int64)
+        self.label_ids = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids, labels = example_tokens(row, tokenizer)
+            first = next((k for k, v in enumerate(labels) if v != IGNORE_INDEX), 0)
+            start = 0 if first < seq_len else max(0, len(ids) - seq_len)  # keep some answer in the window
+            ids, labels = ids[start : start + seq_len], labels[start : start + seq_len]
+            self.tokens[i, : len(ids)] = ids
+            self.label_ids[i, : len(labels)] = labels
+        self.seq_len = seq_len
+        self.n_windows = n
+        self.seed = seed
+        self.source = source
+        self.n_tokens = int((self.tokens != PAD_ID).sum())
+        self.n_label_tokens = int((self.label_ids != IGNORE_INDEX).sum())
+        self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = np.random.default_rng(derive_seed(self.seed, "epoch", epoch)).permutation(self.n_windows)
+            self._perms[epoch] = perm
+            while len(self._perms) > 2:
+                self._perms.popitem(last=False)
+        return perm
+
+    def _row(self, index: int) -> int:
+        epoch, pos = divmod(index, self.n_windows)
+        return int(self._perm(epoch)[pos])
+
+    def sample(self, index: int) -> np.ndarray:
+        return self.tokens[self._row(index)]
+
+    def sample_labels(self, index: int) -> np.ndarray:
+        return self.label_ids[self._row(index)]
+
+    def position(self, samples_seen: int) -> dict[str, int]:
+        epoch, pos = divmod(samples_seen, self.n_windows)
+        return {"epoch": epoch, "position": pos}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "examples",
+            "source": self.source,
+            "examples": self.n_windows,
+            "tokens": self.n_tokens,
+            "label_tokens": self.n_label_tokens,
+        }
 
 
 class TokenDataset(Protocol):
@@ -205,6 +316,11 @@ class Sampler:
     def batch(self, indices: list[int]) -> np.ndarray:
         return np.stack([self.dataset.sample(i) for i in indices])
 
+    def labels(self, indices: list[int]) -> np.ndarray | None:
+        """Per-token labels when the dataset masks its loss (completion/chat), else None."""
+        fn = getattr(self.dataset, "sample_labels", None)
+        return None if fn is None else np.stack([fn(i) for i in indices])
+
     def state(self, step: int) -> dict[str, Any]:
         """The data-loader state after ``step`` optimizer steps (stored in checkpoint manifests)."""
         seen = step * self.global_batch
@@ -228,6 +344,40 @@ def mlm_mask(
         labels[row, m] = tokens[row, m]
         inputs[row, m] = mask_id
     return inputs, labels
+
+
+def build_datasets(
+    dataset: str | None, *, vocab_size: int, seq_len: int, seed: int, tokenizer_path: str | None = None
+) -> tuple[TokenDataset, TokenDataset | None]:
+    """(train, eval or None). A registered version is read from storage; anything else as before."""
+    manifest_doc = os.environ.get(DATASET_MANIFEST_ENV)
+    if dataset is not None and dataset.startswith("ds://") and manifest_doc:
+        manifest = json.loads(manifest_doc)
+        if manifest.get("id") != dataset:
+            raise DataError(f"the launch carries dataset {manifest.get('id')}, not {dataset}")
+        tok: Any
+        tok = (
+            HFTokenizer(tokenizer_path, vocab_size)
+            if tokenizer_path is not None
+            else ByteTokenizer(vocab_size)
+        )
+        out: list[TokenDataset | None] = []
+        for split in ("train", "eval"):
+            if split == "eval" and not (manifest["splits"].get("eval") or {}).get("rows"):
+                out.append(None)
+                continue
+            rows = read_split(manifest, split)
+            source = f"{dataset}#{split}"
+            if manifest.get("format") == "text":
+                out.append(CorpusDataset([r["text"] for r in rows], tok, seq_len, seed, source))
+            else:
+                out.append(ExampleDataset(rows, tok, seq_len, seed, source))
+        train = out[0]
+        assert train is not None
+        return train, out[1]
+    return build_dataset(
+        dataset, vocab_size=vocab_size, seq_len=seq_len, seed=seed, tokenizer_path=tokenizer_path
+    ), None
 
 
 def build_dataset(

@@ -259,10 +259,11 @@ def build_model(spec: JobSpec) -> BuiltModel:
 
 
 def forward_loss(built: BuiltModel, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean loss of one micro-batch (``labels``: masked-LM targets, else derived from ``tokens``)."""
+    """Mean loss of one micro-batch (``labels``: masked-LM targets or loss-masked causal targets, else
+    derived from ``tokens``)."""
     model = built.model
-    if built.task == "causal-lm":
-        return model(input_ids=tokens, labels=tokens).loss
+    if built.task == "causal-lm":  # labels: the tokens, or masked to the answers (-100 elsewhere)
+        return model(input_ids=tokens, labels=tokens if labels is None else labels).loss
     if built.task == "masked-lm":
         assert labels is not None
         return model(input_ids=tokens, labels=labels).loss

@@ -35,7 +35,7 @@ from trainyard.runtime.checkpoint import (
     SaveResult,
     config_hash,
 )
-from trainyard.runtime.data import Sampler, build_dataset, mlm_mask
+from trainyard.runtime.data import IGNORE_INDEX, Sampler, TokenDataset, build_datasets, mlm_mask
 from trainyard.runtime.determinism import capture_rng_state, restore_rng_state, seed_everything
 from trainyard.runtime.modeling import BuiltModel, PrecisionPolicy, build_model, forward_loss, policy_for
 from trainyard.spec.models import JobSpec, Method, Optimizer
@@ -45,6 +45,7 @@ EmitFn = Callable[..., Any]
 GRAD_CLIP_NORM = 1.0
 DEFAULT_HEARTBEAT_S = 1.0
 MAX_CHECKPOINT_FAILURES = 2
+MAX_EVAL_SAMPLES = 64  # eval-split samples scored at each checkpoint and at the end
 
 
 class PreemptionNotice:
@@ -259,7 +260,7 @@ class Trainer:
         self.scaler: Any = None
         if self.policy.needs_grad_scaler(self.device.type):
             self.scaler = torch.amp.GradScaler(self.device.type)
-        self.dataset = build_dataset(
+        self.dataset, self.eval_dataset = build_datasets(
             self.spec.workload.dataset,
             vocab_size=self.built.vocab_size,
             seq_len=self.spec.workload.seq_len_eff,
@@ -394,7 +395,7 @@ class Trainer:
         """One optimizer step. Returns (global mean loss, preempt agreed, checkpoint agreed)."""
         indices = self.sampler.indices(step)
         tokens_np = self.sampler.batch(indices)
-        labels_np = None
+        labels_np = self.sampler.labels(indices)  # completion/chat data: loss masked to the answers
         if self.built.task == "masked-lm":
             tokens_np, labels_np = mlm_mask(
                 tokens_np, indices, self.spec.workload.seed, self.built.vocab_size
@@ -460,6 +461,62 @@ class Trainer:
         else:
             self.optimizer.step()
         return loss_sum / gb, preempt, ckpt_flag
+
+    # ---- held-out evaluation --------------------------------------------------------------------
+    def evaluate(self, step: int) -> float | None:
+        """Mean per-token loss on (up to MAX_EVAL_SAMPLES of) the eval split, reported by rank 0 as an
+        ``evaluation`` event. Rank 0 alone scores a replicated model; a sharded (FSDP) model is scored
+        by every rank together. Uses no random state, so training replays identically with or without it."""
+        ds: TokenDataset | None = self.eval_dataset
+        if ds is None or (self.rank != 0 and not self.sharded):
+            return None
+        n = min(MAX_EVAL_SAMPLES, int(getattr(ds, "n_windows", MAX_EVAL_SAMPLES)))
+        sampler = Sampler(ds, max(1, self.micro_batch), 0, 1)
+        total, weight = 0.0, 0
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, n, self.micro_batch):
+                    idx = list(range(start, min(n, start + self.micro_batch)))
+                    toks = sampler.batch(idx)
+                    labels = sampler.labels(idx)
+                    if self.built.task == "masked-lm":
+                        toks, labels = mlm_mask(toks, idx, self.spec.workload.seed, self.built.vocab_size)
+                    if labels is None:
+                        k = toks.shape[0] * max(1, toks.shape[1] - 1)
+                    elif self.built.task == "causal-lm":
+                        k = int((labels[:, 1:] != IGNORE_INDEX).sum())  # labels shift by one
+                    else:
+                        k = int((labels != IGNORE_INDEX).sum())
+                    if k == 0:
+                        continue
+                    t = torch.from_numpy(np.ascontiguousarray(toks)).to(self.device)
+                    lab = (
+                        None
+                        if labels is None
+                        else torch.from_numpy(np.ascontiguousarray(labels)).to(self.device)
+                    )
+                    with self.policy.autocast(self.device.type):
+                        loss = forward_loss(self.built, t, lab)
+                    total += float(loss.float()) * k
+                    weight += k
+        finally:
+            self.model.train(was_training)
+        if weight == 0 or self.rank != 0:
+            return None
+        value = total / weight
+        self.emit(
+            "evaluation",
+            step=step,
+            split="eval",
+            loss=value,
+            samples=n,
+            tokens=weight,
+            dataset=self.spec.workload.dataset,
+            final=step == self.total_steps,
+        )
+        return value
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _meta(self, step: int, rngs: dict[str, Any]) -> dict[str, Any]:
@@ -571,6 +628,10 @@ class Trainer:
         self.setup()
         self.resume()
         self.emit_started()
+        if self.rank == 0:
+            from trainyard.runtime.record import run_record
+
+            self.emit("record", **run_record(self.req, self.dataset.describe()))
         last_hb = 0.0
         hb_steps, hb_time = 0, 0.0
         last_ckpt_t = time.monotonic()
@@ -610,12 +671,14 @@ class Trainer:
                 return self._preempted()
             if due and self.step < self.total_steps:
                 self.checkpoint(self.step, blocking=False)
+                self.evaluate(self.step)
                 last_ckpt_t = time.monotonic()
         err = self._settle_pending()
         if err is not None:
             self._checkpoint_failed(err)
         if self.last_ckpt_step != self.step:
             self.checkpoint(self.step, blocking=True)
+        self.evaluate(self.step)
         return self._finish()
 
     def emit_started(self) -> None:

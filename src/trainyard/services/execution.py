@@ -75,6 +75,9 @@ def attempt_cost_usd(
 
 
 class Supervisor:
+    # set by the platform: where the run record of each attempt is stored
+    records: Any = None
+
     def __init__(
         self,
         db: Database,
@@ -273,7 +276,6 @@ class Supervisor:
             self._end_attempt_with_failure(job.id, attempt, f"launch failed: {exc.message}", "user")
             return
         req = LaunchRequest(
-            env=env,
             job_id=job.id,
             attempt=attempt,
             spec=spec,
@@ -289,6 +291,7 @@ class Supervisor:
             tenant=tenant_name,
             storage_roots=roots,
             code_url=(spec.get("entrypoint") or {}).get("code"),
+            env=env,
         )
         try:
             workers = self.executor.launch(req)
@@ -349,6 +352,20 @@ class Supervisor:
             JobRepo(s).update(job.id, workers=workers)
             EventRepo(s).append(job.id, "started", {"attempt": ev.attempt, **ev.data}, ev.time_s)
             self._ensure_running(s, job, "workers started")
+
+    def _on_record(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        if self.records is not None:
+            self.records.store(s, job, ev.attempt, ev.data, ev.time_s)
+        EventRepo(s).append(
+            job.id,
+            "record",
+            {
+                "attempt": ev.attempt,
+                "spec_sha256": ev.data.get("spec_sha256"),
+                "datasets": ev.data.get("datasets"),
+            },
+            ev.time_s,
+        )
 
     def _on_heartbeat(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
         if job.state not in ACTIVE_STATES:

@@ -128,9 +128,12 @@ class JobService:
         clock: Callable[[], float] = time.time,
         with_catalog: bool = True,
         storage_policy: StoragePolicy | None = None,
+        resolve_data: Callable[[Principal, dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.db = db
         self.storage_policy = storage_policy
+        # pins every data reference of a spec to a version the tenant owns, or raises a 4xx (at submit)
+        self.resolve_data = resolve_data
         self.clock = clock
         self._quoter = quoter
         self._live_pools = live_pools
@@ -156,6 +159,8 @@ class JobService:
                 details={"errors": [{"field": "model", "message": "shape fields missing"}]},
             )
         doc = self.check_walls(principal, spec)
+        if self.resolve_data is not None:
+            doc = self.resolve_data(principal, doc)
         digest = spec_digest(doc)
         check_device_quota(principal, spec)
         now = self.clock()

@@ -8,6 +8,7 @@ scheduling and executor polling in a background thread.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -97,6 +98,15 @@ class Platform:
         self.feedback = Feedback(self.db, self.pools.pools, clock, home=self.home)
         if self.options.quoter is None:
             self.options.quoter = self.feedback.quote  # quotes use step times measured here
+        from trainyard.datasets.service import DatasetService
+
+        self.datasets = DatasetService(
+            self.db,
+            storage_url=settings.resolved_storage_url,
+            spool_dir=self.home / "tmp" / "uploads",
+            max_bytes=settings.dataset_max_bytes,
+            clock=clock,
+        )
         self.jobs = JobService(
             self.db,
             quoter=self.options.quoter,
@@ -104,6 +114,7 @@ class Platform:
             clock=clock,
             with_catalog=self.options.with_catalog,
             storage_policy=self.storage_policy,
+            resolve_data=self.datasets.resolve_spec_document,
         )
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
@@ -142,6 +153,18 @@ class Platform:
             placement=self._serving_placement,
         )
         self.serving_gateway = Gateway(self.serving)
+        from trainyard.datasets.records import RunRecords
+
+        self.records = RunRecords(self.db, clock)
+        if self.supervisor is not None:
+            model_env = self.supervisor.launch_env
+            datasets = self.datasets
+
+            def launch_env(job: Job) -> dict[str, str]:  # the base model's weights and the data's manifest
+                return {**(model_env(job) if model_env is not None else {}), **datasets.launch_env(job)}
+
+            self.supervisor.launch_env = launch_env
+            self.supervisor.records = self.records
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = False
@@ -152,13 +175,46 @@ class Platform:
         from trainyard.registry.service import RegistryService, storage_root
 
         self.registry = RegistryService(self.db, root=lambda: storage_root(self.home), clock=clock)
-        self.evaluations = EvaluationService(self.db, self.registry, self._submit_internal, clock=clock)
+        self.evaluations = EvaluationService(
+            self.db,
+            self.registry,
+            self._submit_internal,
+            clock=clock,
+            split_resolver=self._split_resolver(),
+        )
         self.jobs.spec_resolver = lambda principal, spec: self.registry.resolve_spec(
             principal.tenant_id, spec
         )
         if self.supervisor is not None:
             self.supervisor.launch_env = self.registry.launch_env
             self.supervisor.on_job_succeeded = self._on_job_succeeded
+
+    def _split_resolver(self) -> Any:
+        """Evaluation splits: ``ds://NAME@V`` through the dataset service (a local copy of a remote
+        split is cached by its sha256), anything else as the evaluation service's file resolver does."""
+        from trainyard.evaluation.service import file_split_resolver
+
+        files = file_split_resolver(lambda: self.registry.root)
+
+        def resolve(tenant_id: str, tenant_name: str, dataset: str, split: str) -> tuple[Path, str | None]:
+            if not dataset.startswith("ds://"):
+                return files(tenant_id, tenant_name, dataset, split)
+            v = self.datasets.resolve(tenant_id, dataset)
+            side = v.split(split)
+            if side.url.startswith("file://"):
+                return Path(side.url[len("file://") :]), v.format
+            import fsspec
+
+            local = self.home / "cache" / "datasets" / f"{side.sha256}.jsonl"
+            if not local.is_file():
+                local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                tmp = local.with_suffix(".part")
+                with fsspec.open(side.url, "rb") as src, tmp.open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                tmp.rename(local)
+            return local, v.format
+
+        return resolve
 
     def _submit_internal(self, principal: Principal, spec_doc: dict[str, Any]) -> Job:
         from trainyard.spec.loader import spec_from_dict

@@ -1,0 +1,203 @@
+"""`trainyard datasets upload|list|get|rows` (DESIGN §3.7)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+
+from trainyard.cli._remote import client
+from trainyard.cli.common import console, err_console, fail, print_json
+from trainyard.errors import InvalidInputError, TrainyardError
+
+app = typer.Typer(
+    help="Upload, validate and read dataset versions.", no_args_is_help=True, add_completion=False
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+PROGRESS_MIN_BYTES = 4 << 20  # smaller uploads finish before a bar is worth drawing
+
+
+def json_errors(func: F) -> F:
+    """Like ``handle_errors``; with ``--json`` the error is printed as its one JSON document on stdout."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TrainyardError as exc:
+            if kwargs.get("as_json"):
+                print_json({"error": exc.to_dict()})
+                raise SystemExit(exc.exit_code) from None
+            fail(exc)
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise SystemExit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def upload_file(
+    path: Path,
+    *,
+    name: str,
+    format: str = "auto",
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    base: str | None = None,
+    max_tokens: int | None = None,
+    derived_from: str | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Upload one local file (with a progress bar on stderr for large files); also used by `submit`."""
+    if not path.is_file():
+        raise InvalidInputError(
+            f"{path} is not a file", details={"errors": [{"field": "file", "message": "no such file"}]}
+        )
+    size = path.stat().st_size
+    with client() as c:
+        if not show_progress or size < PROGRESS_MIN_BYTES:
+            return c.upload_dataset(
+                path,
+                name=name,
+                format=format,
+                eval_fraction=eval_fraction,
+                seed=seed,
+                base=base,
+                max_tokens=max_tokens,
+                derived_from=derived_from,
+            )
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        with Progress(
+            TextColumn("uploading {task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(path.name, total=size)
+            doc = c.upload_dataset(
+                path,
+                name=name,
+                format=format,
+                eval_fraction=eval_fraction,
+                seed=seed,
+                base=base,
+                max_tokens=max_tokens,
+                derived_from=derived_from,
+                progress=lambda n: bar.advance(task, n),
+            )
+        return doc
+
+
+def _summary(doc: dict[str, Any]) -> None:
+    sp = doc.get("splits") or {}
+    tr, ev = sp.get("train") or {}, sp.get("eval") or {}
+    console.print(
+        f"[green]{doc['id']}[/] {doc['format']}: {doc['rows']} rows "
+        f"(train {tr.get('rows')}, eval {ev.get('rows')}; {doc.get('duplicates_removed', 0)} duplicates "
+        f"removed), sha256 {doc['sha256'][:16]}…",
+        highlight=False,
+    )
+    if doc.get("derived_from"):
+        console.print(f"  derived from {doc['derived_from']}", highlight=False)
+
+
+@app.command("upload")
+@json_errors
+def upload(
+    file: Path = typer.Argument(..., help="JSON Lines file (text, completion or chat rows)."),
+    name: str = typer.Option(..., "--name", help="Dataset name."),
+    format: str = typer.Option("auto", "--format", help="auto | text | completion | chat"),
+    eval_fraction: float = typer.Option(0.1, "--eval-fraction", min=0, max=0.99, help="Held-out share."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the held-out split."),
+    base: str = typer.Option(None, "--base", help="Base model NAME@V whose tokenizer counts tokens."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="Reject rows longer than this."),
+    derived_from: str = typer.Option(None, "--derived-from", help="The version this one was made from."),
+    as_json: bool = typer.Option(False, "--json", help="Print the version document as JSON."),
+) -> None:
+    """Validate a file and store it as an immutable dataset version."""
+    doc = upload_file(
+        file,
+        name=name,
+        format=format,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        base=base,
+        max_tokens=max_tokens,
+        derived_from=derived_from,
+        show_progress=True,
+    )
+    if as_json:
+        print_json(doc)
+    else:
+        _summary(doc)
+
+
+@app.command("list")
+@json_errors
+def list_(
+    name: str = typer.Option(None, "--name", help="Only versions of this dataset."),
+    as_json: bool = typer.Option(False, "--json", help="Print {datasets: [...]} as JSON."),
+) -> None:
+    """The tenant's dataset versions."""
+    with client() as c:
+        doc = c.list_datasets(name=name)
+    if as_json:
+        print_json(doc)
+        return
+    if not doc["datasets"]:
+        console.print("no datasets yet: trainyard datasets upload FILE --name NAME")
+    for d in doc["datasets"]:
+        _summary(d)
+
+
+@app.command("get")
+@json_errors
+def get(
+    ref: str = typer.Argument(..., help="ds://NAME@VERSION"),
+    as_json: bool = typer.Option(False, "--json", help="Print the version document as JSON."),
+) -> None:
+    """One dataset version."""
+    with client() as c:
+        doc = c.get_dataset(ref)
+    if as_json:
+        print_json(doc)
+    else:
+        _summary(doc)
+
+
+@app.command("rows")
+@json_errors
+def rows(
+    ref: str = typer.Argument(..., help="ds://NAME@VERSION"),
+    split: str = typer.Option("train", "--split", help="train | eval"),
+    offset: int = typer.Option(0, "--offset", min=0),
+    limit: int = typer.Option(20, "--limit", min=1, max=1000),
+    as_json: bool = typer.Option(False, "--json", help="Print the page as JSON."),
+) -> None:
+    """A page of one split's normalised rows."""
+    with client() as c:
+        doc = c.dataset_rows(ref, split=split, offset=offset, limit=limit)
+    if as_json:
+        print_json(doc)
+        return
+    import json
+
+    for row in doc["rows"]:
+        console.print(json.dumps(row, ensure_ascii=False), highlight=False, markup=False, soft_wrap=True)
+    if doc.get("next_offset") is not None:
+        err_console.print(f"more: --offset {doc['next_offset']}")
