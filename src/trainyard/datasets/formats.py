@@ -20,11 +20,12 @@ tokens than the base model's context).
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 SCHEMA_VERSION = 1
 FORMATS = ("text", "completion", "chat")
@@ -56,8 +57,15 @@ def nfc(s: str) -> str:
     return s if unicodedata.is_normalized("NFC", s) else unicodedata.normalize("NFC", s)
 
 
+def canonical_bytes(doc: Any) -> bytes:
+    """Canonical JSON: sorted keys, no insignificant whitespace, UTF-8 (non-ASCII unescaped). For rows
+    (strings and small integers only) these are the bytes of ``json.dumps(doc, ensure_ascii=False,
+    sort_keys=True, separators=(",", ":"))``; orjson writes them several times faster."""
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
 def canonical_json(doc: Any) -> str:
-    return json.dumps(doc, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return canonical_bytes(doc).decode("utf-8")
 
 
 def detect_format(obj: Any) -> str | None:
@@ -76,18 +84,21 @@ def detect_format(obj: Any) -> str | None:
 
 
 def parse_line(raw: bytes, fmt: str) -> Any:
-    """Decode and parse one non-blank line; a ``text`` line that is not JSON is its own text."""
+    """Parse one non-blank line; a ``text`` line that is not JSON is its own text."""
+    line = raw.strip()
+    if fmt == "text" and line[:1] not in (b"{", b'"', b"["):
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowError(ErrorKind.BAD_ENCODING, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RowError(ErrorKind.BAD_ENCODING, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    line = line.strip()
-    first = line[:1]
-    if fmt == "text" and first not in ("{", '"', "["):
-        return line
-    try:
-        return json.loads(line)
-    except ValueError as exc:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            msg = f"not UTF-8 ({uexc.reason} at byte {uexc.start})"
+            raise RowError(ErrorKind.BAD_ENCODING, msg) from None
         raise RowError(ErrorKind.BAD_JSON, f"not valid JSON ({exc})") from None
 
 

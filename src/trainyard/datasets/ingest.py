@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from trainyard.datasets import minhash
 from trainyard.datasets.formats import (
@@ -39,7 +40,7 @@ from trainyard.datasets.formats import (
     ErrorKind,
     RowError,
     byte_count,
-    canonical_json,
+    canonical_bytes,
     detect_format,
     normalize,
     parse_line,
@@ -211,8 +212,8 @@ def _auto_format(raw: bytes) -> str:
     """The format of the first non-blank line (raises RowError when it cannot be told)."""
     stripped = raw.strip()
     try:
-        obj = json.loads(stripped)
-    except ValueError:
+        obj = orjson.loads(stripped)
+    except orjson.JSONDecodeError:
         if stripped[:1] in (b"{", b"["):
             raise RowError(ErrorKind.BAD_JSON, "not valid JSON") from None
         return "text"
@@ -274,7 +275,7 @@ def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> I
                     continue
                 if errors.total:
                     continue  # invalid upload: keep validating, store nothing
-                canon = canonical_json(row).encode("utf-8") + b"\n"
+                canon = canonical_bytes(row) + b"\n"
                 digests += sha256(canon).digest()
                 offsets.append(pos)
                 pos += len(canon)
