@@ -89,7 +89,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = home / f"server-{self.port}.log"
 
-    def start(self, timeout_s: float = 60.0) -> ServerProcess:
+    def start(self, timeout_s: float = 180.0) -> ServerProcess:
         import httpx
 
         self.home.mkdir(parents=True, exist_ok=True)
