@@ -118,8 +118,11 @@ def test_own_area_is_accepted_in_canonical_form(walls: Walls) -> None:
     assert job["spec"]["checkpoint"]["storage"] == f"{me['storage_url']}/checkpoints/run-1"
     ds = walls.submit(alice, tiny_spec("own-data", dataset=f"{me['storage_url']}/datasets/d.jsonl"))
     assert ds.status_code == 201, ds.text
-    registered = walls.submit(alice, tiny_spec("by-id", dataset="ds://corpus@1"))
-    assert registered.status_code == 201, registered.text
+    # a dataset id passes the storage policy and is resolved by the dataset registry at submission: an id
+    # nobody uploaded is an invalid spec, not a storage refusal
+    unknown = walls.submit(alice, tiny_spec("by-id", dataset="ds://corpus@1"))
+    assert unknown.status_code == 422, unknown.text
+    assert unknown.json()["error"]["code"] == "invalid_spec", unknown.text
 
 
 def test_user_code_needs_an_admin_allowance(walls: Walls) -> None:
