@@ -76,8 +76,9 @@ def _option_index(options: list[QuoteOption], placed: str | None, option: int) -
     """A placed job exports its own pool unless --option says otherwise."""
     if placed is None or option != 1:
         return option
-    feasible = [o for o in options if o.feasible and o.accelerator != "cpu"]
-    for i, o in enumerate(feasible, 1):
+    from trainyard.interop.launch import exportable
+
+    for i, o in enumerate(exportable(options), 1):
         if o.pool == placed:
             return i
     return option

@@ -26,7 +26,7 @@ from trainyard.catalog.names import family_of
 from trainyard.catalog.pools import Pool
 from trainyard.cost.quote import QuoteOption
 from trainyard.errors import InvalidInputError
-from trainyard.interop.launch import launch_document, launch_env_value, worker_script
+from trainyard.interop.launch import choose_option, launch_document, launch_env_value, worker_script
 from trainyard.spec import JobSpec
 
 API_VERSION = "kueue.x-k8s.io/v1beta1"
@@ -141,20 +141,8 @@ def kueue_manifests(
 ) -> list[dict[str, Any]]:
     """[ResourceFlavor..., ClusterQueue, LocalQueue, Workload] for the job's chosen option and up to
     ``flavors - 1`` runner-ups on the same kind of device resource."""
-    feasible = [o for o in options if o.feasible and o.accelerator != "cpu"]
-    if not feasible:
-        raise InvalidInputError(
-            f"job {spec.name!r} has no feasible accelerator option to export",
-            hint="Run `trainyard quote SPEC` to see why each option was dropped.",
-        )
-    if not 1 <= option_index <= len(feasible):
-        raise InvalidInputError(
-            f"--option {option_index} is out of range: the quote has {len(feasible)} feasible "
-            "accelerator options",
-            hint=f"Choose 1..{len(feasible)}; `trainyard quote SPEC` numbers them in the same order.",
-        )
+    feasible, chosen = choose_option(spec, options, option_index)
     by_name = {p.name: p for p in pools}
-    chosen = feasible[option_index - 1]
     resource = _device_resource(chosen.accelerator)
     picked: list[QuoteOption] = [chosen]
     for o in feasible:

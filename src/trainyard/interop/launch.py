@@ -8,12 +8,38 @@ directory with the rendezvous address filled in, then starts one worker per devi
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from trainyard.cost.quote import QuoteOption
+from trainyard.errors import InvalidInputError
 from trainyard.spec import JobSpec
 
 RUN_DIR = "~/trainyard-run"
+
+
+def exportable(options: Sequence[QuoteOption]) -> list[QuoteOption]:
+    """The feasible options that ask for an accelerator, in the quote's order (what `--option N` counts)."""
+    return [o for o in options if o.feasible and o.accelerator != "cpu"]
+
+
+def choose_option(
+    spec: JobSpec, options: Sequence[QuoteOption], option_index: int
+) -> tuple[list[QuoteOption], QuoteOption]:
+    """(the exportable options, the ``option_index``-th of them), or a clear error."""
+    feasible = exportable(options)
+    if not feasible:
+        raise InvalidInputError(
+            f"job {spec.name!r} has no feasible accelerator option to export",
+            hint="Run `trainyard quote SPEC` to see why each option was dropped.",
+        )
+    if not 1 <= option_index <= len(feasible):
+        raise InvalidInputError(
+            f"--option {option_index} is out of range: the quote has {len(feasible)} feasible "
+            "accelerator options",
+            hint=f"Choose 1..{len(feasible)}; `trainyard quote SPEC` numbers them in the same order.",
+        )
+    return feasible, feasible[option_index - 1]
 
 
 def launch_document(

@@ -29,7 +29,7 @@ from trainyard.catalog.names import family_of
 from trainyard.catalog.offers import Offer
 from trainyard.cost.quote import QuoteOption
 from trainyard.errors import InvalidInputError
-from trainyard.interop.launch import launch_document, launch_env_value, worker_script
+from trainyard.interop.launch import choose_option, launch_document, launch_env_value, worker_script
 from trainyard.spec import JobSpec
 
 # Canonical name -> SkyPilot's accelerator name, for options that do not come from a catalog offer (a
@@ -147,19 +147,7 @@ def skypilot_task(
 ) -> dict[str, Any]:
     """The SkyPilot task for the ``option_index``-th feasible option (1 = the cheapest in the quote's
     order), with up to ``any_of`` runner-ups as alternatives SkyPilot may fall back to."""
-    feasible = [o for o in options if o.feasible and o.accelerator != "cpu"]
-    if not feasible:
-        raise InvalidInputError(
-            f"job {spec.name!r} has no feasible accelerator option to export",
-            hint="Run `trainyard quote SPEC` to see why each option was dropped.",
-        )
-    if not 1 <= option_index <= len(feasible):
-        raise InvalidInputError(
-            f"--option {option_index} is out of range: the quote has {len(feasible)} feasible "
-            "accelerator options",
-            hint=f"Choose 1..{len(feasible)}; `trainyard quote SPEC` numbers them in the same order.",
-        )
-    chosen = feasible[option_index - 1]
+    feasible, chosen = choose_option(spec, options, option_index)
     _, nodes = accelerators_field(chosen, offers)
     devices_per_node = max(1, chosen.devices // nodes)  # one worker per device (per chip on TPU hosts)
     job = job_id or f"sky-{spec.name}"
