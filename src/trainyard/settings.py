@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     # MLflow tracking server the jobs are mirrored to (optional extra trainyard[mlflow]); None: no mirror
     mlflow_tracking_uri: str | None = None
     dataset_max_bytes: int = 2 * 2**30  # upload limit of one dataset file
+    # step metrics at training resolution: every N-th step is logged, at most this many rows a second
+    # per job (0: no bound); the first and last steps always are
+    metrics_every_steps: int = Field(default=1, ge=1)
+    metrics_max_rows_per_s: float = Field(default=100.0, ge=0)
 
     @property
     def resolved_database_url(self) -> str:

@@ -164,6 +164,34 @@ class LogChunk(BaseModel):
     text: str
 
 
+class MetricPoint(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    step: int
+    attempt: int
+    time_s: float
+    loss: float | None = None
+    eval_loss: float | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    learning_rate: float | None = None
+    count: int | None = Field(default=None, description="Logged steps averaged into this point (downsampled)")
+
+
+class MetricsDocument(BaseModel):
+    job_id: str
+    attempt: int | None = Field(description="The attempt asked for; null: per step, the newest attempt's row")
+    attempts: list[int]
+    since_step: int
+    points: list[MetricPoint]
+    total_points: int = Field(description="Logged steps after since_step")
+    first_step: int | None
+    last_step: int | None
+    downsampled: bool
+    bucket_steps: int
+    complete: bool = Field(description="False when more raw points follow (downsample=false): page on")
+    next_since_step: int
+
+
 class PoolDoc(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str

@@ -212,6 +212,25 @@ class TrainyardClient:
             params={"rank": rank, "offset": offset, "limit_bytes": limit_bytes},
         )
 
+    def job_metrics(
+        self,
+        job_id: str,
+        *,
+        since_step: int = 0,
+        max_points: int = 2000,
+        attempt: int | None = None,
+        downsample: bool = True,
+    ) -> dict[str, Any]:
+        """Step metrics (loss, eval_loss, step_time_s, tokens_per_s, learning_rate) after ``since_step``."""
+        params: dict[str, Any] = {
+            "since_step": since_step,
+            "max_points": max_points,
+            "downsample": "true" if downsample else "false",
+        }
+        if attempt is not None:
+            params["attempt"] = attempt
+        return self.request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+
     def wait(self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
         """Poll until the job reaches a terminal state; returns the final job document."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

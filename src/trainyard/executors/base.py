@@ -17,6 +17,8 @@ Event kinds and their ``data``:
 - ``log``: ``{rank, message}`` (also checkpoint skips: ``{message, skipped_step, why}``)
 - ``record``: rank 0's run record of the attempt (data, code, spec hash, environment, seeds)
 - ``evaluation``: ``{step, split, loss, samples, tokens, dataset, final}`` (held-out loss)
+- ``metrics``: ``{rank, steps: [..], time_s: [..], values: {name: [..]}}`` (step metrics at training
+  resolution, packed by column; :mod:`trainyard.runtime.metrics`)
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ EVENT_KINDS = (
     "log",
     "record",
     "evaluation",
+    "metrics",
 )
 TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
 WORKER_TERMINAL_KINDS = ("succeeded", "preempted", "failed")  # what a rank reports itself ("lost" is ours)
 # forwarded from a rank as they are
-PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log", "record", "evaluation")
+PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log", "record", "evaluation", "metrics")
 CLASSIFICATION_USER = "user"
 CLASSIFICATION_INFRA = "infra"
 
@@ -84,6 +87,9 @@ class LaunchRequest:
     # checks its checkpoint location, dataset and base model against them again (DESIGN §3.6)
     storage_roots: list[str] = field(default_factory=list)
     code_url: str | None = None  # the uploaded code archive an entrypoint runs in
+    # step metrics (``metrics`` events): every N-th step, at most this many rows a second
+    metrics_every_steps: int = 1
+    metrics_max_rows_per_s: float = 100.0
 
 
 @dataclass(frozen=True)

@@ -612,12 +612,16 @@ class LocalExecutor:
                     rk.terminal = doc
                     if doc["kind"] == "failed":
                         gang.failures.append({"rank": rk.rank, **(doc.get("data") or {})})
-                elif doc.get("kind") == "checkpoint" and float(doc.get("time_s", 0.0)) >= (
+                elif doc.get("kind") in ("checkpoint", "metrics") and float(doc.get("time_s", 0.0)) >= (
                     gang.adopted_at_s or 0.0
                 ):
                     out.append(
                         ExecutorEvent(
-                            gang.job_id, gang.attempt, "checkpoint", dict(doc["data"]), float(doc["time_s"])
+                            gang.job_id,
+                            gang.attempt,
+                            str(doc["kind"]),
+                            dict(doc["data"]),
+                            float(doc["time_s"]),
                         )
                     )
         self._gangs.pop(gang.job_id, None)

@@ -74,6 +74,14 @@ class Session:
             emit=self.events.emit,
             fallback_url=f"file://{Path(run_dir).resolve()}/checkpoints",
         )
+        from trainyard.runtime.metrics import MetricsStream
+
+        self.metrics = MetricsStream(
+            self.events.emit,
+            rank,
+            every_steps=req.metrics_every_steps,
+            max_rows_per_s=req.metrics_max_rows_per_s,
+        )
         self.interval_s = req.checkpoint_interval_s
         self._last_report: tuple[float, int] | None = None
         self._last_ckpt_t = time.monotonic()
@@ -144,9 +152,22 @@ class Session:
             memory_gib=round(rss_gib(), 4),
             **metrics,
         )
+        if self.rank == 0:  # step metrics at training resolution (GET /v1/jobs/{id}/metrics)
+            row: dict[str, Any] = {
+                k: v
+                for k, v in metrics.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and k != "final"
+            }
+            row.update(
+                loss=loss,
+                step_time_s=step_time,
+                tokens_per_s=(tokens / step_time) if tokens and step_time else None,
+            )
+            self.metrics.record(step, **row)
 
     # ---- endings -------------------------------------------------------------------------------
     def exit_preempted(self, step: int) -> None:
+        self.metrics.flush()
         self.checkpoints.close()
         committed = self.checkpoints.committed()
         self.events.emit(
@@ -157,6 +178,7 @@ class Session:
 
     def finish(self, *, model_path: str | None = None, final_step: int | None = None) -> None:
         """Report success; ``model_path`` (a local file) is hashed into the event."""
+        self.metrics.flush()
         self.checkpoints.close()
         data: dict[str, Any] = {"rank": self.rank, "final_step": final_step}
         if model_path is not None and self.rank == 0:
@@ -167,6 +189,7 @@ class Session:
 
     def _excepthook(self, typ: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         tail = "".join(traceback.format_exception(typ, exc, tb)[-30:])
+        self.metrics.flush()
         self.events.emit(
             "failed",
             rank=self.rank,

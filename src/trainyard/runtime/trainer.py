@@ -37,6 +37,7 @@ from trainyard.runtime.checkpoint import (
 )
 from trainyard.runtime.data import IGNORE_INDEX, Sampler, TokenDataset, build_datasets, mlm_mask
 from trainyard.runtime.determinism import capture_rng_state, restore_rng_state, seed_everything
+from trainyard.runtime.metrics import MetricsStream
 from trainyard.runtime.modeling import BuiltModel, PrecisionPolicy, build_model, forward_loss, policy_for
 from trainyard.spec.models import JobSpec, Method, Optimizer
 
@@ -204,8 +205,10 @@ class Trainer:
         fallback_url: str | None = None,
         device: torch.device | None = None,
         device_info: dict[str, Any] | None = None,
+        metrics: MetricsStream | None = None,
     ):
         self.req = req
+        self.metrics = metrics  # step metrics at training resolution (rank 0's)
         self.device = device if device is not None else torch.device("cpu")
         self.device_info = device_info
         self.rank = rank
@@ -649,7 +652,17 @@ class Trainer:
             self.last_loss = loss
             hb_steps += 1
             hb_time += dt
+            if self.metrics is not None:
+                self.metrics.record(
+                    self.step,
+                    final=self.step == self.total_steps,
+                    loss=loss,
+                    step_time_s=dt,
+                    tokens_per_s=self.tokens_per_rank_step * self.world_size / dt if dt > 0 else None,
+                    learning_rate=self._lr(self.step - 1),
+                )
             if not math.isfinite(loss):
+                self._flush_metrics()
                 raise TrainingDiverged(f"loss became {loss} at step {self.step}")
             now = time.monotonic()
             if hb_steps and (
@@ -668,18 +681,29 @@ class Trainer:
                 )
                 last_hb, hb_steps, hb_time = now, 0, 0.0
             if preempt:
+                self._flush_metrics()
                 return self._preempted()
             if due and self.step < self.total_steps:
+                self._flush_metrics()
                 self.checkpoint(self.step, blocking=False)
-                self.evaluate(self.step)
+                self._eval_metric(self.step, self.evaluate(self.step))
                 last_ckpt_t = time.monotonic()
         err = self._settle_pending()
         if err is not None:
             self._checkpoint_failed(err)
         if self.last_ckpt_step != self.step:
             self.checkpoint(self.step, blocking=True)
-        self.evaluate(self.step)
+        self._eval_metric(self.step, self.evaluate(self.step))
+        self._flush_metrics()
         return self._finish()
+
+    def _eval_metric(self, step: int, value: float | None) -> None:
+        if self.metrics is not None and value is not None:
+            self.metrics.attach(step, eval_loss=value)
+
+    def _flush_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.flush()
 
     def emit_started(self) -> None:
         self.emit(

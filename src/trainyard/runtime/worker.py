@@ -234,6 +234,7 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
 
     notice = PreemptionNotice(req.notice_s, run_dir, attempt)
     notice.install()
+    events.echo = sys.stdout  # the built-in trainer logs readable lines (progress, checkpoints, resume)
     from trainyard.runtime.determinism import configure_determinism
 
     configure_determinism(int(req.env.get("TRAINYARD_NUM_THREADS", "1")))
@@ -251,6 +252,14 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
         check_report(req.accelerator, report)
         pg, ckpt_pg = init_process_groups(req, rank, placed.backend)
         every = req.env.get("TRAINYARD_CHECKPOINT_EVERY_STEPS")
+        from trainyard.runtime.metrics import MetricsStream
+
+        metrics = MetricsStream(
+            events.emit,
+            rank,
+            every_steps=req.metrics_every_steps,
+            max_rows_per_s=req.metrics_max_rows_per_s,
+        )
         trainer = Trainer(
             req,
             rank,
@@ -263,12 +272,16 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
             fallback_url=f"file://{Path(run_dir).resolve()}/checkpoints",
             device=placed.device,
             device_info=report,
+            metrics=metrics if rank == 0 else None,
         )
         try:
             outcome: Outcome = trainer.run()
         except StorageFailure as exc:
             outcome = trainer.fail_to_fallback(str(exc))
     except Exception as exc:
+        if trainer is not None and trainer.metrics is not None:
+            with contextlib.suppress(Exception):
+                trainer.metrics.flush()  # the steps before the failure (a diverging loss, say)
         kind = classify(exc)
         events.emit(
             "failed",

@@ -118,6 +118,9 @@ class Supervisor:
         self._restart_not_before: dict[str, float] = {}
         # set by the platform: budgets (hard-limit stops) and tenant limits (concurrent jobs)
         self.governance: Any = None
+        # step metrics: every N-th step, at most this many rows a second (settings metrics_*)
+        self.metrics_every_steps = 1
+        self.metrics_max_rows_per_s = 100.0
         self.tenant_limits: Callable[[], dict[str, Any]] | None = None
 
     # ---- one tick of the control loop ----------------------------------------------------------
@@ -292,6 +295,8 @@ class Supervisor:
             storage_roots=roots,
             code_url=(spec.get("entrypoint") or {}).get("code"),
             env=env,
+            metrics_every_steps=self.metrics_every_steps,
+            metrics_max_rows_per_s=self.metrics_max_rows_per_s,
         )
         try:
             workers = self.executor.launch(req)
@@ -377,6 +382,12 @@ class Supervisor:
         if ev.time_s - last >= HEARTBEAT_EVENT_EVERY_S:
             self._last_heartbeat_event[job.id] = ev.time_s
             EventRepo(s).append(job.id, "heartbeat", {"attempt": ev.attempt, **ev.data}, ev.time_s)
+
+    def _on_metrics(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        """Step metrics at training resolution: stored as rows, never as job events."""
+        from trainyard.services.training_metrics import ingest
+
+        ingest(s, job.id, ev.attempt, ev.data)
 
     def _on_checkpoint(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
         entry = {"step": ev.data.get("step"), "path": ev.data.get("path"), "attempt": ev.attempt}

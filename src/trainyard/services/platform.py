@@ -116,6 +116,9 @@ class Platform:
             storage_policy=self.storage_policy,
             resolve_data=self.datasets.resolve_spec_document,
         )
+        from trainyard.services.training_metrics import TrainingMetricsService
+
+        self.training_metrics = TrainingMetricsService(self.db, self.jobs)
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self.tenants.invalidate_tenant
@@ -135,6 +138,8 @@ class Platform:
                 storage_policy=self.storage_policy,
             )
             self.supervisor.governance = self.governance
+            self.supervisor.metrics_every_steps = settings.metrics_every_steps
+            self.supervisor.metrics_max_rows_per_s = settings.metrics_max_rows_per_s
             self.supervisor.tenant_limits = self.tenants.all_limits
         self._wire_registry(clock)
         from trainyard.serving.gateway import Gateway

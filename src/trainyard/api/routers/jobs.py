@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, list, get, cancel, preempt, events, logs."""
+"""/v1/jobs: submit, list, get, cancel, preempt, events, step metrics, logs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import ErrorEnvelope, EventList, JobDocument, JobList, LogChunk, SubmitJobRequest
+from trainyard.api.schemas import (
+    ErrorEnvelope,
+    EventList,
+    JobDocument,
+    JobList,
+    LogChunk,
+    MetricsDocument,
+    SubmitJobRequest,
+)
 from trainyard.errors import ConflictError, InvalidInputError
 from trainyard.executors.base import rank_log_name
 from trainyard.services.domain import Job
@@ -187,3 +195,38 @@ async def job_logs(
             details={"errors": [{"field": "query.rank", "message": "no such rank"}]},
         )
     return JSONResponse(await run_in_threadpool(_read_log, job, rank, offset, limit_bytes))
+
+
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricsDocument,
+    responses=ERRORS,
+    summary="Step metrics at training resolution (loss, eval loss, step time, tokens/s, learning rate)",
+)
+def job_metrics(
+    job_id: JobId,
+    request: Request,
+    principal: CurrentPrincipal,
+    since_step: Annotated[
+        int, Query(ge=0, le=2**31, description="Only steps after this one (incremental polling)")
+    ] = 0,
+    max_points: Annotated[
+        int, Query(ge=1, le=10_000, description="At most this many points: more are downsampled")
+    ] = 2000,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=100_000, description="One attempt's rows (default: the newest per step)")
+    ] = None,
+    downsample: Annotated[
+        bool,
+        Query(description="false: raw rows, max_points at a time (page with next_since_step)"),
+    ] = True,
+) -> JSONResponse:
+    doc = _platform(request).training_metrics.curve(
+        principal,
+        job_id,
+        attempt=attempt,
+        since_step=since_step,
+        max_points=max_points,
+        downsample=downsample,
+    )
+    return JSONResponse(doc)
