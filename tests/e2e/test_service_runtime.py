@@ -30,11 +30,6 @@ def _get(srv: ServerProcess, path: str, **params: Any) -> Any:
     return r.json()
 
 
-@pytest.mark.xfail(
-    reason="known failure since workers run in the bubblewrap sandbox: the 2-rank job does not reach a "
-    "committed checkpoint at step 12 within 300 s (issue #11); reported as XFAIL until fixed",
-    strict=False,
-)
 def test_kill9_of_the_server_mid_training_the_job_succeeds_exactly_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     srv = ServerProcess(home, executor="local").start()

@@ -575,6 +575,10 @@ class LocalExecutor:
                 if kind in PASS_THROUGH_KINDS:
                     if gang.adopted_at_s is not None and t < gang.adopted_at_s:
                         continue
+                    if kind == "started" and rk.pid:
+                        # a sandboxed worker sees its own pid namespace (it is pid 2 there): the control
+                        # plane records the host pid it watches, which is what a restart adopts
+                        data = {**data, "pid": rk.pid, "pid_in_sandbox": data.get("pid")}
                     out.append(ExecutorEvent(gang.job_id, gang.attempt, str(kind), data, t))
                 elif kind in WORKER_TERMINAL_KINDS:
                     rk.terminal = doc

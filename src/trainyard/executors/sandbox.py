@@ -107,7 +107,11 @@ def _site_dirs() -> list[Path]:
 def python_paths() -> list[Path]:
     """What the worker's interpreter needs to start, read-only: the interpreter's installation, the
     virtual environment, site-packages and trainyard's source tree."""
-    paths = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix)
+    paths = {Path(p).resolve() for p in prefixes}
+    # a virtual environment reached through a symlink is also mounted where the interpreter sees it, so
+    # the worker finds pyvenv.cfg next to its bin/ and starts inside the same environment
+    paths.update(Path(p).absolute() for p in prefixes)
     paths.add(Path(sys.executable).parent)  # a venv's bin (links to the base interpreter)
     paths.update(_site_dirs())
     src = trainyard_source_dir()
