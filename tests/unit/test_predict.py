@@ -421,6 +421,49 @@ def test_predict_many_equals_one_by_one() -> None:
     assert [p.to_dict() for p in many] == [p.to_dict() for p in one]
 
 
+@pytest.mark.parametrize("min_devices", [1, 2, 4])
+def test_predict_many_with_measured_step_times_equals_one_by_one(min_devices: int) -> None:
+    """A measured step time scales to the other counts from its reference count's prediction; the batch
+    takes that prediction from its own pass (the reference count is among the counts, or is not)."""
+    base = make_spec(global_batch=16)
+    spec = base.model_copy(
+        update={
+            "measured": base.measured.model_copy(update={"step_time_s": {"h100": 0.7, "t4": 4.0}}),
+            "resources": base.resources.model_copy(update={"min_devices": min_devices}),
+        }
+    )
+    accs = [get_accelerator(n) for n in ("h100", "t4", "tpu-v5e")]
+    for counts in ([1, 2, 4, 8, 16], [8, 3, 32]):
+        many = predict_many(spec, accs, counts, devices_per_node=8, inter_node_gbps=100.0)
+        one = [predict(spec, a, n, devices_per_node=8, inter_node_gbps=100.0) for a in accs for n in counts]
+        assert [p.to_dict() for p in many] == [p.to_dict() for p in one]
+        assert any(p.source == "measured" for p in many)
+
+
+def test_plan_enumeration_is_shared_by_models_it_cannot_tell_apart() -> None:
+    """The memo of plan enumeration keys on min(layers, 16) and the power-of-two part of the head count
+    (up to 64) unless pins fix the pipeline or tensor degree; the plans equal the full key's."""
+    from itertools import product
+
+    import numpy as np
+
+    from trainyard.predict.engine import Pins, Topology, _enumerate_candidates, enumerate_candidates
+
+    full = _enumerate_candidates.__wrapped__
+    pins_cases = [Pins(), Pins(pipeline=4), Pins(tensor=2), Pins(fsdp=True), Pins(micro_batch=2)]
+    for devices, per_node, batch, layers, heads, pins in product(
+        [1, 2, 3, 8, 24, 64], [1, 8], [1, 3, 64, 512], [1, 3, 16, 17, 40], [1, 12, 40, 96, 192], pins_cases
+    ):
+        topo = Topology(devices, per_node, per_node, 100.0, 10.0, min(per_node, devices))
+        got = enumerate_candidates(topo, batch, layers, heads, pins)
+        want = full(topo, batch, layers, heads, pins, 1)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
+    deep = Topology(16, 8, 8, 100.0, 10.0, 8)
+    assert enumerate_candidates(deep, 64, 40, 96, Pins()) is enumerate_candidates(deep, 64, 24, 32, Pins())
+
+
 def test_cpu_calibration_from_profiles_recovers_known_parameters() -> None:
     from trainyard.predict.fit import calibrate_from_profiles
     from trainyard.predict.params import PRIORS

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from scheduler_paths import both_pricing_paths  # noqa: F401
 from test_scheduler_round import CFG, job, pool, spec
 
 from trainyard.cost.quote import option_for, pool_accelerator, predict_kwargs
@@ -14,6 +15,9 @@ from trainyard.predict.fit import ingest_measurement
 from trainyard.schedule import CandidateCache, schedule_round
 from trainyard.schedule.candidates import price_option
 from trainyard.services.scheduler_adapter import calibrated_predictions
+
+# every round runs on the vectorised pricing and on the scalar reference, which must decide alike
+pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 A100 = pool("a", "a100-80gb", 2.0)
 H100 = pool("h", "h100-80gb", 3.5, memory_per_device_gib=94.0)

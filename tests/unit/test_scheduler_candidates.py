@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+from scheduler_paths import both_pricing_paths  # noqa: F401
 from test_scheduler_round import CFG, job, pool, spec
 
 from trainyard.cost.quote import option_for
 from trainyard.schedule import CandidateCache, QueuedJob, schedule_round
 from trainyard.schedule.candidates import price_option
+
+# every round runs on the vectorised pricing and on the scalar reference, which must decide alike
+pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 BIG = {
     "model": {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab_size": 32000},

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scheduler_paths import both_pricing_paths  # noqa: F401
 from test_scheduler_round import pool, spec
 
 from trainyard.schedule import (
@@ -18,6 +20,9 @@ from trainyard.schedule import (
     schedule_round,
 )
 from trainyard.schedule.solver import whole_nodes
+
+# every round runs on the vectorised pricing and on the scalar reference, which must decide alike
+pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 ACCS = ["a100-80gb", "h100", "t4", "tpu-v4", "trn1"]
 MARKETS = ["spot", "on_demand", "reserved"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from scheduler_paths import both_pricing_paths  # noqa: F401
 from test_scheduler_round import job, pool, spec
 
 from trainyard.schedule import (
@@ -18,6 +19,9 @@ from trainyard.schedule import (
 )
 from trainyard.schedule.candidates import candidates_for
 from trainyard.schedule.migration import migration_cost, uniform_progress
+
+# every round runs on the vectorised pricing and on the scalar reference, which must decide alike
+pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 CFG = SchedulerConfig(time_limit_s=0.2)
 LONG = {"steps": 20000}

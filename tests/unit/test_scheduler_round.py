@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from scheduler_paths import both_pricing_paths  # noqa: F401
 
 from trainyard.catalog.pools import Pool, load_pools
 from trainyard.schedule import (
@@ -17,6 +18,9 @@ from trainyard.schedule import (
     schedule_round,
 )
 from trainyard.spec import spec_from_dict
+
+# every round runs on the vectorised pricing and on the scalar reference, which must decide alike
+pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 CFG = SchedulerConfig(time_limit_s=0.2)
 

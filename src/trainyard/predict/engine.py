@@ -89,14 +89,30 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-@lru_cache(maxsize=4096)
 def enumerate_candidates(
     topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins, n_experts: int = 1
 ) -> dict[str, np.ndarray]:
-    """All plans for this topology and pins, as parallel integer arrays (possibly empty).
+    """All plans for this topology and pins, as parallel integer arrays (possibly empty; shared between
+    callers: never modify them).
 
     ``n_experts`` > 1 (MoE) adds the expert-parallel degree: powers of two dividing both the data-parallel
-    degree and the expert count (or the pinned degree, when it does)."""
+    degree and the expert count (or the pinned degree, when it does).
+
+    Memoised on what the enumeration reads of the model: without a pipeline pin only ``min(n_layers,
+    16)`` (pipeline degrees are powers of two up to 16 and the layer count), and without a tensor pin only
+    the largest power of two up to 64 that divides ``n_heads`` (tensor degrees are powers of two dividing
+    the heads), so models of different depth or width share their plans."""
+    if pins.pipeline is None:
+        n_layers = min(n_layers, 16)
+    if pins.tensor is None:
+        n_heads = min(n_heads & -n_heads, 64) if n_heads > 0 else n_heads
+    return _enumerate_candidates(topo, global_batch, n_layers, n_heads, pins, n_experts)
+
+
+@lru_cache(maxsize=16384)
+def _enumerate_candidates(
+    topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins, n_experts: int
+) -> dict[str, np.ndarray]:
     n = topo.devices
     rows: list[tuple[int, ...]] = []
     cp = pins.context
@@ -525,9 +541,23 @@ def evaluate(
     )
 
 
+# concat_candidates of recent part lists, by the parts' identities (the parts are kept with the result, so
+# an id is never reused while its entry lives)
+_CONCAT_CACHE: dict[tuple[int, ...], tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]] = {}
+
+
 def concat_candidates(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Candidate sets of several device counts as one set (same topology otherwise)."""
-    return {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+    """Candidate sets of several device counts as one set (same topology otherwise; shared between callers
+    of the same parts, like :func:`enumerate_candidates`'s: never modify it)."""
+    key = tuple(id(c) for c in parts)
+    hit = _CONCAT_CACHE.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], parts, strict=True)):
+        return hit[1]
+    out = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+    if len(_CONCAT_CACHE) >= 4096:
+        _CONCAT_CACHE.clear()
+    _CONCAT_CACHE[key] = (list(parts), out)
+    return out
 
 
 def slice_evaluation(ev: Evaluation, a: int, b: int) -> Evaluation:

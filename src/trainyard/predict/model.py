@@ -384,8 +384,13 @@ def _finalize(
     ev: engine.Evaluation | None,
     kwargs: dict[str, Any],
     search_min_devices: bool,
+    ref_step_s: float | None = None,
 ) -> Prediction:
-    """Pick the fastest fitting plan of an evaluated candidate set and build the prediction."""
+    """Pick the fastest fitting plan of an evaluated candidate set and build the prediction.
+
+    ``ref_step_s``: the step time the predictor gives the spec's measured reference device count on this
+    accelerator and topology (what a measured step time is scaled from), when the caller has it already;
+    otherwise it is predicted here."""
     w = ctx.w
     dtype = compute_dtype(spec.workload.precision)
     model_flops = training_flops_per_step(spec)
@@ -417,15 +422,7 @@ def _finalize(
             calibration_key=key,
         )
     assert ev is not None
-    fit_mask = ev.memory_bytes <= ctx.hw.memory_bytes
-    fits = bool(fit_mask.any())
-    if fits:
-        times = np.where(fit_mask, ev.step_time_s, np.inf)
-        i = int(np.argmin(times))
-    else:
-        i = int(np.argmin(ev.memory_bytes))
-    step = float(ev.step_time_s[i])
-    step *= cal.correction(accelerator.family, st, dtype, accelerator.name)
+    i, fits, step = _chosen_plan(ctx, cal, accelerator, st, dtype, ev)
     lo_f, hi_f = math.exp(ctx.params.log_resid_p10), math.exp(ctx.params.log_resid_p90)
     if w.shape.is_moe:
         # MoE: the wider of the dense band and the held-out MoE residuals' band.
@@ -441,15 +438,16 @@ def _finalize(
         if ref == devices:
             scale = 1.0
         else:
-            ref_pred = predict(
-                spec.model_copy(update={"measured": type(spec.measured)()}),
-                accelerator,
-                ref,
-                calibration=cal,
-                search_min_devices=False,
-                **kwargs,
-            )
-            scale = step / ref_pred.step_time_s if math.isfinite(ref_pred.step_time_s) else 1.0
+            if ref_step_s is None:
+                ref_step_s = predict(
+                    spec.model_copy(update={"measured": type(spec.measured)()}),
+                    accelerator,
+                    ref,
+                    calibration=cal,
+                    search_min_devices=False,
+                    **kwargs,
+                ).step_time_s
+            scale = step / ref_step_s if math.isfinite(ref_step_s) else 1.0
         step = measured * scale
         lo_f, hi_f = 0.95, 1.05
         source = "measured"
@@ -505,6 +503,23 @@ def _finalize(
     )
 
 
+def _chosen_plan(
+    ctx: _Context, cal: Calibration, accelerator: Accelerator, st: str, dtype: str, ev: engine.Evaluation
+) -> tuple[int, bool, float]:
+    """The plan a prediction reports (the fastest that fits, else the leanest), whether it fits, and its
+    calibrated step time before any measured step time replaces it."""
+    fit_mask = ev.memory_bytes <= ctx.hw.memory_bytes
+    fits = bool(fit_mask.any())
+    if fits:
+        times = np.where(fit_mask, ev.step_time_s, np.inf)
+        i = int(np.argmin(times))
+    else:
+        i = int(np.argmin(ev.memory_bytes))
+    step = float(ev.step_time_s[i])
+    step *= cal.correction(accelerator.family, st, dtype, accelerator.name)
+    return i, fits, step
+
+
 def predict_many(
     spec: JobSpec,
     accelerators: list[Accelerator],
@@ -514,7 +529,9 @@ def predict_many(
     """Predictions for every accelerator × device count (same keyword arguments as :func:`predict`).
 
     Evaluates all device counts of one accelerator in a single vectorised pass; results equal
-    :func:`predict` called one by one.
+    :func:`predict` called one by one. Where the spec has a measured step time on an accelerator and its
+    reference device count (``resources.min_devices``) is among ``device_counts``, the other counts scale
+    from that count's step time in the same pass instead of predicting it again.
     """
     search = kwargs.pop("search_min_devices", True)
     cal = kwargs.pop("calibration", None)
@@ -529,6 +546,7 @@ def predict_many(
     if any(n < 1 for n in device_counts):
         raise ValueError("devices must be >= 1")
     out: list[Prediction] = []
+    dtype = compute_dtype(spec.workload.precision)
     for acc in accelerators:
         ctx, notes, source, st = _context(spec, acc, calibration=cal, **opts)
         parts = [(n, *_candidates(ctx, n)) for n in device_counts]
@@ -538,12 +556,28 @@ def predict_many(
             cand_all = engine.concat_candidates(live)
             ev_all = engine.evaluate(ctx.w, cand_all, parts[0][1], ctx.hw, ctx.params, ctx.pins)
         start = 0
-        for n, _topo, cand in parts:
+        evs: list[engine.Evaluation | None] = []
+        for _n, _topo, cand in parts:
             ev = None
             if cand:
                 end = start + len(cand["tp"])
                 assert ev_all is not None
                 ev = engine.slice_evaluation(ev_all, start, end)
                 start = end
-            out.append(_finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search))
+            evs.append(ev)
+        ref_step_s: float | None = None
+        if acc.name in spec.measured.step_time_s:
+            ref = spec.resources.min_devices or 1
+            for (n, _topo, cand), ev in zip(parts, evs, strict=True):
+                if n == ref:
+                    # the step time ``predict`` gives the reference count without the measurement (no plan:
+                    # inf, as there)
+                    ref_step_s = (
+                        _chosen_plan(ctx, cal, acc, st, dtype, ev)[2] if cand and ev is not None else math.inf
+                    )
+                    break
+        for (n, _topo, cand), ev in zip(parts, evs, strict=True):
+            out.append(
+                _finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search, ref_step_s)
+            )
     return out

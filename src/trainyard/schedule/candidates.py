@@ -138,6 +138,8 @@ class CandidateCache:
     _shapes: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     _facts: dict[int, tuple[JobSpec, Any]] = field(default_factory=dict)
     _bases: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
+    _eligibility_keys: dict[int, tuple[JobSpec, tuple[Any, ...]]] = field(default_factory=dict)
+    _markets: dict[int, tuple[Pool, str]] = field(default_factory=dict)
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
     _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
@@ -201,6 +203,7 @@ class CandidateCache:
             self._shapes.clear()
             self._facts.clear()
             self._bases.clear()
+            self._eligibility_keys.clear()
             self.times.clear()
 
 
@@ -352,11 +355,21 @@ def price_option(
     return opt
 
 
+def _eligibility_key(spec: JobSpec) -> tuple[Any, ...]:
+    """What ``cost.quote.eligibility_reason`` reads from a spec: the escape hatches, the allowed markets and
+    the memory per device (specs equal in it are eligible for the same pools, for the same reasons)."""
+    return (
+        spec.requirements.model_dump_json(),
+        tuple(m.value for m in spec.objective.markets),
+        spec.resources.min_memory_per_device_gib,
+    )
+
+
 def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:
-    """Why the pool can never serve the spec ('' when it can), memoised."""
+    """Why the pool can never serve the spec ('' when it can), memoised per what it reads of both."""
     k = (
-        cache.key(spec), pool.name, pool.accelerator, pool.market, pool.region, pool.cloud,
-        pool.memory_per_device_gib,
+        _per_object(cache._eligibility_keys, spec, _eligibility_key), pool.name, pool.accelerator,
+        pool.market, pool.region, pool.cloud, pool.memory_per_device_gib,
     )  # fmt: skip
     hit = cache.eligible.get(k)
     if hit is None:
@@ -367,7 +380,8 @@ def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:
 
 def device_counts(spec: JobSpec, pool: Pool, cache: CandidateCache) -> list[int]:
     # availability and price do not change which sizes make sense, only whether they fit now
-    k = (cache.key(spec), pool.devices_per_node, pool.nodes, pool.whole_nodes_only)
+    r = spec.resources  # ``candidate_device_counts`` reads the device range and the pool's shape
+    k = (r.min_devices, r.max_devices, pool.devices_per_node, pool.nodes, pool.whole_nodes_only)
     hit = cache.device_counts.get(k)
     if hit is None:
         hit = list(candidate_device_counts(spec, pool))

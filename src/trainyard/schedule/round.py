@@ -21,6 +21,7 @@ from trainyard.schedule.candidates import (
     price_option,
     to_candidate,
 )
+from trainyard.schedule.grid import spec_candidates
 from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
 from trainyard.schedule.solver import (
     PoolCapacity,
@@ -239,23 +240,26 @@ def _spec_view(
     and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
     progress = queued_progress(qj)
     skey = (cache.key(qj.spec), qj.spec.objective.minimize, progress, pools_key, cfg.reserved_cost_factor,
-            cfg.time_value_usd_per_hour)  # fmt: skip
+            cfg.time_value_usd_per_hour, cfg.vectorised_pricing)  # fmt: skip
     static = cache.views.get(skey)
     if static is None:
-        cands = [
-            _objective_for_job(c, qj.spec.objective.minimize, cfg)
-            for c in candidates_for(
-                job_id="",
-                tenant="",
-                spec=qj.spec,
-                pools=pools,
-                now_s=0.0,  # finish_s then holds the p90 duration; deadlines are checked per job below
-                deadline_abs_s=None,
-                config=cfg,
-                cache=cache,
-                elapsed_fraction=progress,
-            )
-        ]
+        if cfg.vectorised_pricing:
+            cands = spec_candidates(qj.spec, pools, cfg, cache, progress)
+        else:
+            cands = [
+                _objective_for_job(c, qj.spec.objective.minimize, cfg)
+                for c in candidates_for(
+                    job_id="",
+                    tenant="",
+                    spec=qj.spec,
+                    pools=pools,
+                    now_s=0.0,  # finish_s then holds the p90 duration; deadlines are checked per job below
+                    deadline_abs_s=None,
+                    config=cfg,
+                    cache=cache,
+                    elapsed_fraction=progress,
+                )
+            ]
         feasible_all = sorted((c for c in cands if c.feasible), key=_sort_key)
         fastest = min((c.expected_hours_p90 for c in feasible_all), default=0.0)
         static = (cands, feasible_all, sorted(feasible_all, key=_cost_key), fastest)

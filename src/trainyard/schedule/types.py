@@ -118,6 +118,9 @@ class SchedulerConfig:
     # Deadline-aware spot (Uniform Progress): fall back to on-demand when behind, or when slack is this small.
     deadline_safety_s: float = 1800.0
     uniform_progress_tolerance: float = 0.02
+    # Price each spec's pool × device-count grid as arrays (``schedule.grid``); False: one quote per option
+    # (``candidates.price_option``), the reference the vectorised path equals option for option.
+    vectorised_pricing: bool = True
 
 
 @dataclass(frozen=True)
