@@ -61,6 +61,17 @@ class StorageNotAllowedError(InvalidInputError):
     default_hint = "Use a URL under your tenant's storage, or name the data by id."
 
 
+class UrlNotAllowedError(InvalidInputError):
+    """An outbound URL a tenant gave (a webhook) that the server will not call: not http(s), or one that
+    resolves to a loopback, private, link-local or otherwise internal address."""
+
+    code = "url_not_allowed"
+    default_hint = (
+        "Use a public http(s) URL; an operator can allow internal networks with "
+        "TRAINYARD_WEBHOOK_ALLOWED_NETWORKS (CIDRs, comma-separated)."
+    )
+
+
 class SandboxUnavailableError(TrainyardError):
     """User code and the trainer run only inside the sandbox; it cannot be set up on this machine."""
 

@@ -190,7 +190,17 @@ def test_logs_of_a_job_without_workers_are_empty(api: Api) -> None:
     job = api.submit(tiny_spec("no-logs")).json()
     r = api.c.get(f"/v1/jobs/{job['id']}/logs", headers=api.admin)
     assert r.status_code == 200
-    assert r.json() == {"job_id": job["id"], "rank": 0, "offset": 0, "next_offset": 0, "text": ""}
+    assert r.json() == {
+        "job_id": job["id"],
+        "rank": 0,
+        "attempt": None,
+        "offset": 0,
+        "next_offset": 0,
+        "size": 0,
+        "text": "",
+        "attempts": [],
+        "job_state": "pending",
+    }
 
 
 def test_unknown_job_is_404(api: Api) -> None:

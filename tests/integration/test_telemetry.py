@@ -142,3 +142,77 @@ def test_another_tenants_metrics_are_404(live: Any, finished_job: dict[str, Any]
     assert r.status_code == 404, r.text
     assert r.json()["error"]["code"] == "not_found"
     assert c.get(f"/v1/jobs/{finished_job['id']}/metrics", headers=h).status_code == 200
+
+
+def test_logs_per_rank_and_attempt_with_the_built_in_trainer(live: Any, finished_job: dict[str, Any]) -> None:
+    _platform, c, h = live
+    job_id = finished_job["id"]
+    assert finished_job["doc"]["placement"]["devices"] == 2
+    r0 = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 0, "attempt": 1}, headers=h).json()
+    assert r0["attempt"] == 1 and r0["attempts"] == [1] and r0["job_state"] == "succeeded"
+    text = r0["text"]
+    assert "[rank 0] rank 0 started" in text and "from step 0" in text
+    assert f"step {STEPS}/{STEPS} loss " in text and " s/step " in text
+    assert f"checkpoint of step {STEPS} committed" in text
+    assert f"training finished at step {STEPS}" in text
+    assert "--- attempt" not in text  # one attempt's part: without the header
+    r1 = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 1}, headers=h).json()
+    assert "[rank 1] rank 1 started" in r1["text"] and "[rank 0]" not in r1["text"]
+    # every attempt (the default) keeps the header lines, as the rank log has them
+    whole = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 0}, headers=h).json()
+    assert whole["text"].startswith("--- attempt 1 rank 0 ---\n") and whole["text"].endswith(text)
+    # tail and offsets
+    last2 = c.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 1, "tail": 2}, headers=h).json()
+    assert last2["text"] == "".join(text.splitlines(keepends=True)[-2:])
+    assert last2["next_offset"] == r0["size"] and last2["offset"] == r0["size"] - len(last2["text"].encode())
+    part = c.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 1, "offset": 10, "limit_bytes": 20}, headers=h)
+    assert part.json()["text"] == text.encode()[10:30].decode() and part.json()["next_offset"] == 30
+    # a finished job: following returns at once
+    t0 = time.monotonic()
+    done = c.get(f"/v1/jobs/{job_id}/logs", params={"offset": whole["size"], "wait_s": 10}, headers=h).json()
+    assert done["text"] == "" and time.monotonic() - t0 < 5
+    # no such rank or attempt: 422 naming the parameter
+    for params, name in (({"rank": 5}, "query.rank"), ({"attempt": 7}, "query.attempt")):
+        bad = c.get(f"/v1/jobs/{job_id}/logs", params=params, headers=h)
+        assert bad.status_code == 422 and bad.json()["error"]["details"]["errors"][0]["field"] == name
+
+
+def test_logs_are_kept_in_the_tenants_storage_area(live: Any, finished_job: dict[str, Any]) -> None:
+    import stat
+    from pathlib import Path
+
+    platform, c, h = live
+    job_id = finished_job["id"]
+    storage = Path(platform.storage_policy.area("default", "logs")[len("file://") :])
+    kept = storage / job_id / "attempt-1" / "rank-1.log"
+    assert kept.is_file()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    for d in (kept.parent, kept.parent.parent):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    live_text = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 1}, headers=h).json()["text"]
+    assert kept.read_text() == live_text
+    # the run directory's copy gone (cleaned up, another host): reads come from the storage area
+    with platform.db.session() as s:
+        from trainyard.store.repositories import JobRepo
+
+        job = JobRepo(s).get(job_id)
+        assert job is not None and job.run_dir
+        run_log = Path(job.run_dir) / "rank-1.log"
+    moved = run_log.with_name("rank-1.log.moved")
+    run_log.rename(moved)
+    try:
+        got = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 1}, headers=h).json()
+        assert got["text"] == live_text and got["attempts"] == [1]
+        every = c.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1}, headers=h).json()
+        assert every["text"] == "--- attempt 1 rank 1 ---\n" + live_text
+    finally:
+        moved.rename(run_log)
+
+
+def test_another_tenants_logs_are_404(live: Any, finished_job: dict[str, Any]) -> None:
+    platform, c, _h = live
+    platform.tenants.create("telemetry-logs-other")
+    other = {"Authorization": f"Bearer {platform.tenants.create_key('telemetry-logs-other')}"}
+    for params in ({}, {"attempt": 1}, {"rank": 1, "tail": 5}):
+        r = c.get(f"/v1/jobs/{finished_job['id']}/logs", params=params, headers=other)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

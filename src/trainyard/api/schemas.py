@@ -159,9 +159,15 @@ class EventList(BaseModel):
 class LogChunk(BaseModel):
     job_id: str
     rank: int
+    attempt: int | None = Field(default=None, description="The attempt read; null: every attempt's log")
     offset: int
     next_offset: int
+    size: int | None = Field(
+        default=None, description="Bytes of what is read (the log, or the attempt's part)"
+    )
     text: str
+    attempts: list[int] = Field(default_factory=list, description="Attempts this rank has a log of")
+    job_state: str | None = None
 
 
 class MetricPoint(BaseModel):

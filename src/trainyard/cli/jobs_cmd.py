@@ -181,23 +181,26 @@ def events(
 def logs(
     job_id: str = typer.Argument(..., help="Job id."),
     rank: int = typer.Option(0, "--rank", min=0, help="Worker rank."),
+    attempt: int = typer.Option(None, "--attempt", min=1, help="One attempt's log (default: every attempt)."),
+    tail: int = typer.Option(None, "--tail", min=0, help="Start with the last N lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
-    poll_s: float = typer.Option(1.0, "--poll-s", min=0.05, help="Seconds between polls with --follow."),
+    poll_s: float = typer.Option(1.0, "--poll-s", min=0.05, help="Seconds each follow request may wait."),
 ) -> None:
-    """Print one rank's training log."""
-    offset = 0
+    """Print one rank's log (stdout and stderr of the worker: progress, checkpoints, resumes, errors)."""
     with client() as c:
+        chunk = c.job_logs(job_id, rank=rank, attempt=attempt, tail=tail)
         while True:
-            chunk = c.job_logs(job_id, rank=rank, offset=offset)
             if chunk["text"]:
                 sys.stdout.write(chunk["text"])
                 sys.stdout.flush()
             offset = chunk["next_offset"]
-            if chunk["text"]:
-                continue
-            if not follow or c.get_job(job_id)["state"] in TERMINAL_STATES:
+            ended = chunk.get("job_state") in TERMINAL_STATES
+            if not chunk["text"] and (not follow or ended):
                 return
-            time.sleep(poll_s)
+            # more may follow: the rest of a long log, or (with --follow) what the job prints next
+            chunk = c.job_logs(
+                job_id, rank=rank, attempt=attempt, offset=offset, wait_s=poll_s if follow else 0.0
+            )
 
 
 @app.command("record")

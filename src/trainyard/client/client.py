@@ -204,12 +204,30 @@ class TrainyardClient:
         return self.request("GET", f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit})
 
     def job_logs(
-        self, job_id: str, *, rank: int = 0, offset: int = 0, limit_bytes: int = 65536
+        self,
+        job_id: str,
+        *,
+        rank: int = 0,
+        offset: int = 0,
+        limit_bytes: int = 65536,
+        attempt: int | None = None,
+        tail: int | None = None,
+        wait_s: float = 0.0,
     ) -> dict[str, Any]:
+        """A chunk of one rank's log (of one ``attempt``, or every attempt's); ``tail``: the last N lines;
+        ``wait_s``: wait that long on the server for bytes past ``offset`` (following a running job)."""
+        params: dict[str, Any] = {"rank": rank, "offset": offset, "limit_bytes": limit_bytes}
+        if attempt is not None:
+            params["attempt"] = attempt
+        if tail is not None:
+            params["tail"] = tail
+        if wait_s:
+            params["wait_s"] = wait_s
         return self.request(
             "GET",
             f"/v1/jobs/{job_id}/logs",
-            params={"rank": rank, "offset": offset, "limit_bytes": limit_bytes},
+            params=params,
+            timeout=httpx.Timeout(30.0 + wait_s),
         )
 
     def job_metrics(

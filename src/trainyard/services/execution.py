@@ -26,6 +26,7 @@ from trainyard.errors import (
 )
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
+    TERMINAL_KINDS,
     Executor,
     ExecutorEvent,
     LaunchRequest,
@@ -119,6 +120,7 @@ class Supervisor:
         # set by the platform: budgets (hard-limit stops) and tenant limits (concurrent jobs)
         self.governance: Any = None
         # step metrics: every N-th step, at most this many rows a second (settings metrics_*)
+        self.worker_logs: Any = None  # set by the platform: keeps rank logs of ended attempts
         self.metrics_every_steps = 1
         self.metrics_max_rows_per_s = 100.0
         self.tenant_limits: Callable[[], dict[str, Any]] | None = None
@@ -327,7 +329,21 @@ class Supervisor:
                 self.apply_event(ev)
             except Exception:
                 log.exception("event_apply_failed", job_id=ev.job_id, kind=ev.kind)
+            if ev.kind in TERMINAL_KINDS:  # every rank has exited: its log of the attempt is whole
+                self.archive_logs(ev.job_id, ev.attempt)
         return len(events)
+
+    def archive_logs(self, job_id: str, attempt: int) -> None:
+        """Keep each rank's log of an ended attempt in the tenant's storage area (never fails the loop)."""
+        if self.worker_logs is None:
+            return
+        try:
+            with self.db.session() as s:
+                job = JobRepo(s).get(job_id)
+            if job is not None:
+                self.worker_logs.archive(job, attempt)
+        except Exception:
+            log.exception("log_archive_failed", job_id=job_id, attempt=attempt)
 
     def apply_event(self, ev: ExecutorEvent) -> None:
         with self.db.session() as s:
@@ -723,6 +739,7 @@ class Supervisor:
                     continue
                 closing = self._close_attempt(s, current, self.clock())
                 JobRepo(s).update(job.id, **closing)
+            self.archive_logs(job.id, job.attempt)
         return len(cancelled)
 
     # ---- reconciliation on start ---------------------------------------------------------------

@@ -119,6 +119,9 @@ class Platform:
         from trainyard.services.training_metrics import TrainingMetricsService
 
         self.training_metrics = TrainingMetricsService(self.db, self.jobs)
+        from trainyard.services.worker_logs import WorkerLogs
+
+        self.worker_logs = WorkerLogs(self.storage_policy, self._tenant_name_of)
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self.tenants.invalidate_tenant
@@ -138,6 +141,7 @@ class Platform:
                 storage_policy=self.storage_policy,
             )
             self.supervisor.governance = self.governance
+            self.supervisor.worker_logs = self.worker_logs
             self.supervisor.metrics_every_steps = settings.metrics_every_steps
             self.supervisor.metrics_max_rows_per_s = settings.metrics_max_rows_per_s
             self.supervisor.tenant_limits = self.tenants.all_limits
@@ -253,6 +257,13 @@ class Platform:
             )
             out["evaluation"] = {"id": row.id, "baseline": version.base, "verdict": None, "passed": False}
         return out
+
+    def _tenant_name_of(self, tenant_id: str) -> str | None:
+        from trainyard.store.repositories import TenantRepo
+
+        with self.db.session() as s:
+            tenant = TenantRepo(s).by_id(tenant_id)
+        return tenant.name if tenant is not None else None
 
     def _tenant_id_of(self, name: str) -> str | None:
         try:

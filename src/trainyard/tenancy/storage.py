@@ -1,7 +1,7 @@
 """The storage policy: every path or URL that touches storage goes through here (DESIGN §3.6).
 
 One storage root, ``TRAINYARD_STORAGE_URL``, holds every artifact under
-``tenants/<tenant>/{datasets,code,checkpoints,models,evaluations}/``. A tenant may name storage only
+``tenants/<tenant>/{datasets,code,checkpoints,models,evaluations,logs}/``. A tenant may name storage only
 inside its own namespace there, or under a root an admin granted it. Everything else is refused with
 :class:`~trainyard.errors.StorageNotAllowedError` (422, ``storage_not_allowed``): ``::`` chained URLs,
 ``..`` or ``.`` segments, relative paths, ``http(s)://`` and other non-storage schemes, other tenants'
@@ -10,21 +10,27 @@ areas and the server's own files (``protected_paths``: the database, keys, logs,
 The checks are purely lexical, plus ``realpath`` for local paths so a symbolic link cannot lead out of a
 root. Nothing is ever stat-ed for a refused URL, and the error message is the same whether the path
 exists or not. The server checks at submission; the worker checks again what its launch request names
-(``check_under`` with the roots the server put into the request). This module imports only the
-standard library and :mod:`trainyard.errors`, so the runtime can use it too.
+(``check_under`` with the roots the server put into the request).
+
+Outbound URLs a tenant gives (alert webhooks) go through :func:`check_outbound_url`: http(s) only, no
+credentials in the URL, and every address the host resolves to must be public (not loopback, private,
+link-local, multicast, reserved or unspecified) unless it lies in a network the operator allowed.
+This module imports only the standard library and :mod:`trainyard.errors`, so the runtime can use it too.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
-from urllib.parse import unquote
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import unquote, urlsplit
 
-from trainyard.errors import InvalidInputError, StorageNotAllowedError
+from trainyard.errors import InvalidInputError, StorageNotAllowedError, UrlNotAllowedError
 
-AREAS = ("datasets", "code", "checkpoints", "models", "evaluations")
+AREAS = ("datasets", "code", "checkpoints", "models", "evaluations", "logs")
 # schemes that name storage; anything else (http, https, ftp, ssh, data, ...) is never storage
 STORAGE_SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "abfss", "memory")
 _SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
@@ -168,3 +174,86 @@ def is_registered_dataset(value: str) -> bool:
 def is_model_reference(value: str) -> bool:
     """``NAME@VERSION`` / ``NAME@ALIAS`` / ``NAME``: a registered model named by id, not a path."""
     return "/" not in value and "\\" not in value and ":" not in value and not value.startswith(".")
+
+
+# ---- outbound URLs (webhooks): no server-side request forgery ----------------------------------------
+
+Resolver = Callable[[str, int], list[str]]
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def parse_networks(spec: str | Iterable[str] | None) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``"127.0.0.1/32, 10.0.0.0/8"`` (or a list of CIDRs) as networks; a bad entry is an error."""
+    if spec is None:
+        return []
+    items = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else [str(p).strip() for p in spec]
+    return [ipaddress.ip_network(p, strict=False) for p in items if p]
+
+
+def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return _internal(ip.ipv4_mapped)
+    return bool(
+        ip.is_loopback
+        or ip.is_private
+        or ip.is_link_local
+        or ip.is_multicast
+        or ip.is_reserved
+        or ip.is_unspecified
+        or not ip.is_global
+    )
+
+
+def check_outbound_url(
+    url: str,
+    *,
+    allowed_networks: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network] = (),
+    resolve: Resolver = _resolve,
+    purpose: str = "url",
+) -> list[str]:
+    """The addresses ``url`` may be called at, or :class:`UrlNotAllowedError`: http(s) only, a host and
+    no user:password, and every address the host resolves to public or inside ``allowed_networks``.
+    Called when a webhook is registered and again before every delivery (DNS can change)."""
+
+    def refuse(why: str) -> UrlNotAllowedError:
+        return UrlNotAllowedError(
+            f"{purpose}: {why}", details={"errors": [{"field": purpose, "message": why}]}
+        )
+
+    if not isinstance(url, str) or len(url) > 2000 or any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise refuse("not a valid URL")
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise refuse("not a valid URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise refuse("only http:// and https:// URLs can be called")
+    if parts.username is not None or parts.password is not None:
+        raise refuse("credentials in the URL are not allowed")
+    host = parts.hostname
+    if not host:
+        raise refuse("the URL names no host")
+    try:
+        addresses = [host] if _is_ip(host) else resolve(host, port)
+    except OSError:
+        raise refuse(f"the host {host!r} does not resolve") from None
+    if not addresses:
+        raise refuse(f"the host {host!r} does not resolve")
+    for a in addresses:
+        ip = ipaddress.ip_address(a.split("%", 1)[0])
+        if _internal(ip) and not any(ip in net for net in allowed_networks):
+            raise refuse("the URL resolves to a loopback, private or internal address")
+    return addresses
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

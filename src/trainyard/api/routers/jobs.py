@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path as FsPath
+import asyncio
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -22,8 +22,6 @@ from trainyard.api.schemas import (
     SubmitJobRequest,
 )
 from trainyard.errors import ConflictError, InvalidInputError
-from trainyard.executors.base import rank_log_name
-from trainyard.services.domain import Job
 from trainyard.services.jobs import job_document
 from trainyard.services.lifecycle import JobState
 
@@ -37,6 +35,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 JobId = Annotated[str, Path(min_length=1, max_length=64, description="Job id, e.g. job-3f2a9c1b7d4e")]
 MAX_LOG_CHUNK_BYTES = 1_048_576
+MAX_LOG_WAIT_S = 30.0
+LOG_WAIT_POLL_S = 0.25
+TERMINAL_JOB_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 def _platform(request: Request) -> Any:
@@ -161,31 +162,30 @@ def job_events(
     )
 
 
-def _read_log(job: Job, rank: int, offset: int, limit_bytes: int) -> dict[str, Any]:
-    text, next_offset = "", offset
-    if job.run_dir:
-        path = FsPath(job.run_dir) / rank_log_name(rank)
-        if path.is_file():
-            with path.open("rb") as f:
-                # past the end there is nothing to read; seeking there can fail (EINVAL beyond the file
-                # system's largest file size), so do not
-                chunk = b""
-                if offset < os.fstat(f.fileno()).st_size:
-                    f.seek(offset)
-                    chunk = f.read(limit_bytes)
-            next_offset = offset + len(chunk)
-            text = chunk.decode("utf-8", errors="replace")
-    return {"job_id": job.id, "rank": rank, "offset": offset, "next_offset": next_offset, "text": text}
-
-
-@router.get("/{job_id}/logs", response_model=LogChunk, responses=ERRORS, summary="A chunk of one rank's log")
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogChunk,
+    responses=ERRORS,
+    summary="A chunk of one rank's log (stdout and stderr), of one attempt or of all",
+)
 async def job_logs(
     job_id: JobId,
     request: Request,
     principal: CurrentPrincipal,
     rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=100_000, description="One attempt's log (default: every attempt's)")
+    ] = None,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     limit_bytes: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK_BYTES)] = 65536,
+    tail: Annotated[
+        int | None,
+        Query(ge=0, le=10_000, description="The last N lines (within limit_bytes); ignores offset"),
+    ] = None,
+    wait_s: Annotated[
+        float,
+        Query(ge=0, le=MAX_LOG_WAIT_S, description="Follow: wait up to this long for bytes past offset"),
+    ] = 0.0,
 ) -> JSONResponse:
     platform = _platform(request)
     job = await run_in_threadpool(platform.jobs.get, principal, job_id)
@@ -194,7 +194,35 @@ async def job_logs(
             f"rank {rank} does not exist for this job",
             details={"errors": [{"field": "query.rank", "message": "no such rank"}]},
         )
-    return JSONResponse(await run_in_threadpool(_read_log, job, rank, offset, limit_bytes))
+    if attempt is not None and attempt > max(1, job.attempt):
+        raise InvalidInputError(
+            f"attempt {attempt} does not exist for this job (it has {job.attempt})",
+            details={"errors": [{"field": "query.attempt", "message": "no such attempt"}]},
+        )
+    logs = platform.worker_logs
+    deadline = time.monotonic() + wait_s
+    while True:  # follow: until bytes past offset arrive, the job ends or wait_s passes
+        doc = await run_in_threadpool(
+            logs.read,
+            job,
+            rank=rank,
+            attempt=attempt,
+            offset=offset,
+            limit_bytes=limit_bytes,
+            tail_lines=tail,
+        )
+        if (
+            doc["text"]
+            or tail is not None
+            or job.state in TERMINAL_JOB_STATES
+            or time.monotonic() >= deadline
+        ):
+            break
+        await asyncio.sleep(LOG_WAIT_POLL_S)
+        job = await run_in_threadpool(platform.jobs.get, principal, job_id)
+    doc["attempts"] = await run_in_threadpool(logs.attempts, job, rank)
+    doc["job_state"] = job.state.value
+    return JSONResponse(doc)
 
 
 @router.get(
