@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -261,7 +262,12 @@ def test_unwritable_storage_fails_clearly_without_losing_training_state(
         job.rename(moved)
         job.write_text("not a directory: checkpoint writes under here fail")
 
-    events = harness.drive("readonly", actions={(0, EVERY + 1): break_storage})
+    # no outage budget: the second failed save in a row ends the attempt
+    events = harness.drive(
+        "readonly",
+        actions={(0, EVERY + 1): break_storage},
+        env_for=lambda attempt: {"TRAINYARD_STORAGE_OUTAGE_BUDGET_S": "0"},
+    )
     failed = next(e for e in events if e.kind == "failed")
     assert failed.data["classification"] == "infra"
     assert "checkpoint storage failed" in failed.data["reason"]
@@ -276,6 +282,43 @@ def test_unwritable_storage_fails_clearly_without_losing_training_state(
     rest = harness.ex.wait("readonly", 120)
     assert started(rest, attempt)["resumed_from_step"] == failed.data["step"]
     assert final(rest).data["model_sha256"] == reference
+
+
+def test_storage_outage_is_ridden_out_inside_the_attempt_without_spending_restarts(
+    harness: Harness, reference: str
+) -> None:
+    """Checkpoint storage unwritable for a while (default outage budget): saves go to the local fallback
+    and primary is retried with backoff; the job finishes in its first attempt with the same weights."""
+    job = harness.root / "store" / "outage"
+    moved = harness.root / "store" / "outage.moved"
+    outage_s = 8.0
+    restored: list[float] = []
+
+    def restore() -> None:
+        job.unlink()
+        moved.rename(job)
+        restored.append(time.monotonic())
+
+    def break_storage(workers: list[WorkerInfo]) -> None:
+        job.rename(moved)
+        job.write_text("not a directory: checkpoint writes under here fail")
+        threading.Timer(outage_s, restore).start()
+
+    events = harness.drive("outage", actions={(0, EVERY + 1): break_storage}, timeout_s=150.0)
+    done = final(events)
+    kinds = [e.kind for e in events]
+    story = "\n".join(f"{e.kind} {e.attempt} {str(e.data)[:300]}" for e in events if e.kind != "heartbeat")
+    assert "failed" not in kinds and "lost" not in kinds, story
+    assert {e.attempt for e in events} == {0}  # no restart was spent
+    assert done.data["model_sha256"] == reference
+    assert restored and time.monotonic() - restored[0] < 60  # retried soon after storage came back
+    logs = [str(e.data.get("message")) for e in events if e.kind == "log"]
+    assert any("saving to the local fallback meanwhile" in m for m in logs), logs
+    assert any("writable again" in m for m in logs), logs
+    # work done during the outage was kept on the fallback, and the last step is on primary storage
+    saved = [e.data["path"] for e in events if e.kind == "checkpoint"]
+    assert [p for p in saved if "/runs/outage/checkpoints/" in p], saved
+    assert CheckpointManager.verify(f"file://{job}/step-{STEPS}")[0]
 
 
 def test_two_ranks_bf16_kill_resume_then_convert_to_one_rank_fp32(harness: Harness) -> None:

@@ -116,6 +116,19 @@ def test_unwritable_storage_raises_a_clear_error_and_keeps_old_steps(tmp_path: P
     assert _load(mgr) == (1, 1.0)
 
 
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_write_that_fails_inside_dcp_is_a_checkpoint_write_error(tmp_path: Path, blocking: bool) -> None:
+    """DCP reports a failed write as CheckpointException, a BaseException: it must still surface as the
+    CheckpointWriteError the trainer retries, not escape the worker's error handling."""
+    mgr = _manager(tmp_path)
+    _save(mgr, 1)
+    (tmp_path / "job" / "step-2" / ".metadata.tmp").mkdir(parents=True)  # the metadata file can't be opened
+    with pytest.raises(CheckpointWriteError, match="step-2"):
+        _save(mgr, 2, blocking=blocking)
+        mgr.wait()
+    assert _load(mgr) == (1, 1.0)
+
+
 def test_fallback_root_is_considered_when_loading(tmp_path: Path) -> None:
     mgr = _manager(tmp_path / "primary", fallback_url=f"file://{tmp_path / 'fallback'}")
     _save(mgr, 1)

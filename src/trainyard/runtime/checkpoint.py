@@ -418,6 +418,7 @@ class CheckpointManager:
         ``wait_staged()`` before it modifies any tensor of ``state``.
         """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
         self.wait()
         url = self.step_url(step, root)
@@ -430,7 +431,7 @@ class CheckpointManager:
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
         except CheckpointWriteError:
             raise
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
             raise CheckpointWriteError(f"writing {url} failed: {exc.__class__.__name__}: {exc}") from exc
         self._stall_s = time.perf_counter() - t0
 
@@ -459,7 +460,7 @@ class CheckpointManager:
             fut: Future[SaveResult] = Future()
             try:
                 fut.set_result(commit())
-            except Exception as exc:
+            except (Exception, CheckpointException) as exc:
                 fut.set_exception(exc)
                 raise
             return fut
@@ -477,7 +478,7 @@ class CheckpointManager:
             # 2. write the snapshot, 3. hash and commit
             try:
                 dcp.save(snapshot, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
-            except Exception as exc:
+            except (Exception, CheckpointException) as exc:
                 raise CheckpointWriteError(f"writing {url} failed: {_root_cause(exc)}") from exc
             return commit()
 

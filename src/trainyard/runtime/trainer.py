@@ -46,6 +46,11 @@ EmitFn = Callable[..., Any]
 GRAD_CLIP_NORM = 1.0
 DEFAULT_HEARTBEAT_S = 1.0
 MAX_CHECKPOINT_FAILURES = 2
+# how long checkpoint storage may stay unwritable before the attempt gives up (saving to the local
+# fallback meanwhile); a short outage is ridden out inside the attempt instead of spending restarts
+DEFAULT_STORAGE_OUTAGE_BUDGET_S = 600.0
+STORAGE_RETRY_FIRST_S = 1.0
+STORAGE_RETRY_MAX_S = 30.0
 MAX_EVAL_SAMPLES = 64  # eval-split samples scored at each checkpoint and at the end
 
 
@@ -206,6 +211,7 @@ class Trainer:
         device: torch.device | None = None,
         device_info: dict[str, Any] | None = None,
         metrics: MetricsStream | None = None,
+        storage_outage_budget_s: float = DEFAULT_STORAGE_OUTAGE_BUDGET_S,
     ):
         self.req = req
         self.metrics = metrics  # step metrics at training resolution (rank 0's)
@@ -243,6 +249,13 @@ class Trainer:
         self.ckpt_failures = 0
         self.resumed_from: int | None = None
         self.pending_step: int | None = None
+        self.pending_primary = False  # the in-flight save goes to primary storage (not the fallback)
+        self.fallback_step: int | None = None  # the newest step saved to the fallback by a blocking save
+        # storage outage: when primary writes began failing, and when to try primary again
+        self.storage_outage_budget_s = max(0.0, storage_outage_budget_s)
+        self.outage_since: float | None = None
+        self.retry_primary_at = 0.0
+        self.retry_backoff_s = STORAGE_RETRY_FIRST_S
 
     # ---- set-up --------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -583,9 +596,30 @@ class Trainer:
         if self._any(error is not None):
             return error or "another rank failed to write its shards"
         if pending is not None:
-            self.ckpt_failures = 0
             self.last_ckpt_step = pending
+            if self.pending_primary:
+                self._storage_recovered()
         return None
+
+    def _storage_recovered(self) -> None:
+        if self.outage_since is not None and self.rank == 0:
+            self.emit(
+                "log",
+                message=f"checkpoint storage writable again after "
+                f"{time.monotonic() - self.outage_since:.0f} s; saving there again",
+            )
+        self.ckpt_failures = 0
+        self.outage_since = None
+        self.retry_primary_at = 0.0
+        self.retry_backoff_s = STORAGE_RETRY_FIRST_S
+
+    def _save_root(self, root: str | None) -> str | None:
+        """Where the next save goes: the primary storage, or while it is failing and its next retry is
+        not yet due, the local fallback (so the work is kept). Rank 0 decides for the whole gang."""
+        if root is not None or self.ckpt.fallback_job_url is None:
+            return root
+        waiting = self.outage_since is not None and time.monotonic() < self.retry_primary_at
+        return self.ckpt.fallback_job_url if self._any(self.rank == 0 and waiting) else None
 
     def checkpoint(
         self, step: int, *, blocking: bool, emergency: bool = False, root: str | None = None
@@ -593,6 +627,8 @@ class Trainer:
         err = self._settle_pending()
         if err is not None:
             self._checkpoint_failed(err)
+        root = self._save_root(root)
+        primary = root is None or root == self.ckpt.job_url
         rngs = self._gather_rng()
         try:
             self.ckpt.save(
@@ -609,22 +645,65 @@ class Trainer:
             failed = str(exc)
         if self._any(failed is not None):
             self._checkpoint_failed(failed or "another rank failed to write its shards")
+            fallback = self.ckpt.fallback_job_url
+            if primary and blocking and fallback is not None and self.fallback_step != step:
+                self.checkpoint(step, blocking=True, emergency=emergency, root=fallback)
             return
         if blocking:
-            self.ckpt_failures = 0
             self.last_ckpt_step = step
+            if primary:
+                self._storage_recovered()
+            else:
+                self.fallback_step = step
         else:
             self.pending_step = step
+            self.pending_primary = primary
 
     def _checkpoint_failed(self, error: str) -> None:
+        """A save failed on some rank. Storage errors are retried with exponential backoff inside the
+        attempt (saves go to the local fallback in between); the attempt fails only when storage has
+        been failing for longer than the outage budget (and at least MAX_CHECKPOINT_FAILURES times)."""
+        now = time.monotonic()
         self.ckpt_failures += 1
+        if self.outage_since is None:
+            self.outage_since = now
+        outage_s = now - self.outage_since
+        give_up = self.ckpt_failures >= MAX_CHECKPOINT_FAILURES and outage_s >= self.storage_outage_budget_s
+        if self._any(self.rank == 0 and give_up):
+            raise StorageFailure(error)
+        self.retry_primary_at = now + self.retry_backoff_s
         if self.rank == 0:
             self.emit(
                 "log",
-                message=f"checkpoint save failed ({self.ckpt_failures}/{MAX_CHECKPOINT_FAILURES}): {error}",
+                message=f"checkpoint save failed ({self.ckpt_failures} in a row, storage failing for "
+                f"{outage_s:.0f} s of {self.storage_outage_budget_s:.0f} s allowed; next try in "
+                f"{self.retry_backoff_s:.0f} s, saving to the local fallback meanwhile): {error}",
             )
-        if self.ckpt_failures >= MAX_CHECKPOINT_FAILURES:
-            raise StorageFailure(error)
+        self.retry_backoff_s = min(self.retry_backoff_s * 2, STORAGE_RETRY_MAX_S)
+
+    def _final_checkpoint(self) -> None:
+        """The last step goes to primary storage: during an outage, retry with backoff until storage is
+        back or the outage budget is spent (StorageFailure)."""
+        err = self._settle_pending()
+        if err is not None:
+            self._checkpoint_failed(err)
+        if self.last_ckpt_step == self.step and self.outage_since is None:
+            return
+        while True:
+            self.checkpoint(self.step, blocking=True, root=self.ckpt.job_url)
+            if self.outage_since is None:
+                return
+            wait_s = max(0.0, self.retry_primary_at - time.monotonic())
+            time.sleep(self._agreed_max(wait_s))
+
+    def _agreed_max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.pg)
+        return float(t.item())
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -688,11 +767,7 @@ class Trainer:
                 self.checkpoint(self.step, blocking=False)
                 self._eval_metric(self.step, self.evaluate(self.step))
                 last_ckpt_t = time.monotonic()
-        err = self._settle_pending()
-        if err is not None:
-            self._checkpoint_failed(err)
-        if self.last_ckpt_step != self.step:
-            self.checkpoint(self.step, blocking=True)
+        self._final_checkpoint()
         self._eval_metric(self.step, self.evaluate(self.step))
         self._flush_metrics()
         return self._finish()

@@ -241,7 +241,12 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
     trainer = None
     try:
         from trainyard.runtime.device import check_report, device_report, plan_device
-        from trainyard.runtime.trainer import Outcome, StorageFailure, Trainer
+        from trainyard.runtime.trainer import (
+            DEFAULT_STORAGE_OUTAGE_BUDGET_S,
+            Outcome,
+            StorageFailure,
+            Trainer,
+        )
 
         placed = plan_device(req.accelerator, rank)
         if placed.device.type == "cuda":
@@ -273,6 +278,9 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
             device=placed.device,
             device_info=report,
             metrics=metrics if rank == 0 else None,
+            storage_outage_budget_s=float(
+                req.env.get("TRAINYARD_STORAGE_OUTAGE_BUDGET_S") or DEFAULT_STORAGE_OUTAGE_BUDGET_S
+            ),
         )
         try:
             outcome: Outcome = trainer.run()
