@@ -40,6 +40,22 @@ class Settings(BaseSettings):
     # per job (0: no bound); the first and last steps always are
     metrics_every_steps: int = Field(default=1, ge=1)
     metrics_max_rows_per_s: float = Field(default=100.0, ge=0)
+    # alert webhooks: networks (CIDRs, comma-separated) a webhook may resolve to besides public addresses
+    # (e.g. "127.0.0.1/32" for a receiver on this machine); retries with exponential backoff
+    webhook_allowed_networks: str = ""
+    webhook_max_attempts: int = Field(default=5, ge=1, le=20)
+    webhook_backoff_initial_s: float = Field(default=1.0, gt=0)
+    webhook_backoff_max_s: float = Field(default=60.0, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    # alert rules (docs/observability.md)
+    alert_stalled_after_s: float = Field(default=600.0, gt=0)
+    alert_loss_divergence_factor: float = Field(default=3.0, gt=1)
+    alert_loss_min_steps: int = Field(default=20, ge=1)
+    alert_deployment_window_s: float = Field(default=300.0, gt=0)
+    alert_deployment_min_requests: int = Field(default=20, ge=1)
+    alert_deployment_error_rate: float = Field(default=0.05, ge=0, le=1)
+    alert_deployment_p95_latency_s: float = Field(default=10.0, gt=0)
+    alert_scan_interval_s: float = Field(default=5.0, ge=0)
 
     @property
     def resolved_database_url(self) -> str:

@@ -12,6 +12,7 @@ from trainyard import __version__
 from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
 from trainyard.api.routers import (
+    alerts,
     catalog,
     code,
     datasets,
@@ -93,6 +94,7 @@ def create_app(
         openai.router,
         datasets.router,
         records.router,
+        alerts.router,
     ):
         app.include_router(r)
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts

@@ -678,6 +678,9 @@ class Trainer:
                 message=f"checkpoint save failed ({self.ckpt_failures} in a row, storage failing for "
                 f"{outage_s:.0f} s of {self.storage_outage_budget_s:.0f} s allowed; next try in "
                 f"{self.retry_backoff_s:.0f} s, saving to the local fallback meanwhile): {error}",
+                checkpoint_failed=True,
+                failures=self.ckpt_failures,
+                error=error[:1000],
             )
         self.retry_backoff_s = min(self.retry_backoff_s * 2, STORAGE_RETRY_MAX_S)
 

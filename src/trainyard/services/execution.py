@@ -46,6 +46,7 @@ from trainyard.tenancy.storage import StoragePolicy
 log = structlog.get_logger("trainyard.supervisor")
 
 HEARTBEAT_EVENT_EVERY_S = 10.0
+ALERTING_KINDS = ("failed", "log", "metrics")  # executor events that alert rules look at
 DEFAULT_NOTICE_S = 30.0
 
 
@@ -121,6 +122,7 @@ class Supervisor:
         self.governance: Any = None
         # step metrics: every N-th step, at most this many rows a second (settings metrics_*)
         self.worker_logs: Any = None  # set by the platform: keeps rank logs of ended attempts
+        self.alerts: Any = None  # set by the platform: the alert service (observe(ev, job), scan())
         self.metrics_every_steps = 1
         self.metrics_max_rows_per_s = 100.0
         self.tenant_limits: Callable[[], dict[str, Any]] | None = None
@@ -136,11 +138,16 @@ class Supervisor:
             self.sweep_cancelled,
             self.spot_interruptions,
             self.enforce_budgets,
+            self.scan_alerts,
         ):
             try:
                 phase()
             except Exception:
                 log.exception("control_loop_phase_failed", phase=phase.__name__)
+
+    def scan_alerts(self) -> None:
+        if self.alerts is not None:
+            self.alerts.scan()
 
     # ---- scheduling ----------------------------------------------------------------------------
     def executable(self, pool: Pool) -> bool:
@@ -331,7 +338,19 @@ class Supervisor:
                 log.exception("event_apply_failed", job_id=ev.job_id, kind=ev.kind)
             if ev.kind in TERMINAL_KINDS:  # every rank has exited: its log of the attempt is whole
                 self.archive_logs(ev.job_id, ev.attempt)
+            if self.alerts is not None and ev.kind in ALERTING_KINDS:
+                self._alert_on(ev)
         return len(events)
+
+    def _alert_on(self, ev: ExecutorEvent) -> None:
+        """Conditions an event shows (a NaN loss, a failing checkpoint, ...) become alerts."""
+        try:
+            with self.db.session() as s:
+                job = JobRepo(s).get(ev.job_id)
+            if job is not None and job.attempt == ev.attempt:
+                self.alerts.observe(ev, job)
+        except Exception:
+            log.exception("alert_check_failed", job_id=ev.job_id, kind=ev.kind)
 
     def archive_logs(self, job_id: str, attempt: int) -> None:
         """Keep each rank's log of an ended attempt in the tenant's storage area (never fails the loop)."""

@@ -122,6 +122,11 @@ class Platform:
         from trainyard.services.worker_logs import WorkerLogs
 
         self.worker_logs = WorkerLogs(self.storage_policy, self._tenant_name_of)
+        from trainyard.services.alerting import AlertConfig, AlertService
+
+        self.alerts = AlertService(
+            self.db, AlertConfig.from_settings(settings), tenant_name=self._tenant_name_of, clock=clock
+        )
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self.tenants.invalidate_tenant
@@ -142,6 +147,7 @@ class Platform:
             )
             self.supervisor.governance = self.governance
             self.supervisor.worker_logs = self.worker_logs
+            self.supervisor.alerts = self.alerts
             self.supervisor.metrics_every_steps = settings.metrics_every_steps
             self.supervisor.metrics_max_rows_per_s = settings.metrics_max_rows_per_s
             self.supervisor.tenant_limits = self.tenants.all_limits
@@ -328,6 +334,10 @@ class Platform:
             self.supervisor.tick()
         else:
             self.jobs.admit_pending()
+            try:
+                self.alerts.scan()  # budgets and deployments alert without an executor too
+            except Exception:
+                log.exception("alert_scan_failed")
         try:
             self.evaluations.launch_pending()
         except Exception:
@@ -369,5 +379,6 @@ class Platform:
             self.serving.close(stop_replicas=self.options.stop_replicas_on_close)
         except Exception:
             log.exception("serving_shutdown_failed")
+        self.alerts.close()
         self.db.dispose()
         self.ready = False

@@ -103,6 +103,13 @@ class MetricsRepo:
         )
         return select(_M).where(cond, ~replaced)
 
+    def min_loss(self, job_id: str, attempt: int) -> float | None:
+        """The lowest training loss an attempt logged so far (None before any)."""
+        value = self.s.execute(
+            select(func.min(_M.c.loss)).where(_M.c.job_id == job_id, _M.c.attempt == attempt)
+        ).scalar()
+        return None if value is None else float(value)
+
     def attempts(self, job_id: str) -> list[int]:
         rows = self.s.execute(
             select(_M.c.attempt).where(_M.c.job_id == job_id).group_by(_M.c.attempt).order_by(_M.c.attempt)

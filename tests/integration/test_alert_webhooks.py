@@ -1,0 +1,303 @@
+"""Alerts delivered to webhooks, against real HTTP receivers on 127.0.0.1 and a real tiny CPU job: a
+diverging loss and the tenant's budget thresholds reach the tenant's webhook, signed with its secret;
+a receiver that fails the first attempts gets retries with backoff, each attempt a job event; another
+tenant's webhook never sees them. Stalled jobs, checkpoint failures and deployment error rates fire
+from what the store holds."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane_support import tiny_spec
+from trainyard.api.app import create_app
+from trainyard.executors.base import ExecutorEvent
+from trainyard.executors.local import LocalExecutor
+from trainyard.observability.webhooks import SIGNATURE_HEADER, verify_signature
+from trainyard.services.platform import Platform, PlatformOptions
+from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.settings import Settings
+
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that answers 503 to its first ``fail_first`` requests."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.fail_first = fail_first
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver.lock:
+                    n = len(receiver.requests) + 1
+                    status = 503 if n <= receiver.fail_first else 200
+                    receiver.requests.append(
+                        {"headers": dict(self.headers), "body": body, "status": status, "t": time.monotonic()}
+                    )
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [json.loads(r["body"]) for r in self.requests]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
+    home = tmp_path_factory.mktemp("alerts")
+    executor = LocalExecutor(heartbeat_timeout_s=60.0)
+    settings = Settings(
+        home=home,
+        webhook_allowed_networks="127.0.0.1/32",
+        webhook_backoff_initial_s=0.2,
+        webhook_backoff_max_s=2.0,
+        webhook_max_attempts=4,
+        alert_loss_min_steps=3,
+        alert_scan_interval_s=0.0,
+    )
+    platform = Platform.open(
+        settings,
+        PlatformOptions(
+            executor=executor,
+            schedule_round=GreedyCheapestRound(),
+            cpu_count=2,
+            with_catalog=False,
+            loop_interval_s=0.1,
+        ),
+    )
+    platform.pools.update("local-cpu", {"price_usd_per_device_hour": 36.0})
+    platform.start_loop()
+    client = TestClient(create_app(platform, access_log=False))
+    admin = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
+    with client:
+        yield platform, client, admin
+    platform.stop_loop()
+    executor.shutdown(kill_workers=True)
+    platform.close()
+
+
+def tenant(c: TestClient, admin: dict[str, str], name: str) -> dict[str, str]:
+    r = c.post("/v1/tenants", json={"name": name}, headers=admin)
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['api_key']}"}
+
+
+def wait_for(pred: Any, timeout_s: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met in {timeout_s} s")
+
+
+def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) -> None:
+    platform, c, admin = live
+    ra, rb = Receiver(fail_first=2), Receiver()
+    try:
+        alpha, beta = tenant(c, admin, "alpha"), tenant(c, admin, "beta")
+        wa = c.post("/v1/webhooks", json={"url": ra.url}, headers=alpha)
+        wb = c.post("/v1/webhooks", json={"url": rb.url}, headers=beta)
+        assert wa.status_code == 201 and wb.status_code == 201, (wa.text, wb.text)
+        secret_a, secret_b = wa.json()["signing_secret"], wb.json()["signing_secret"]
+        assert secret_a != secret_b and secret_a.startswith("whsec_")
+        # the webhooks are each tenant's own: listing shows no secret, another tenant's id is a 404
+        assert [w["id"] for w in c.get("/v1/webhooks", headers=alpha).json()["webhooks"]] == [wa.json()["id"]]
+        assert "signing_secret" not in c.get("/v1/webhooks", headers=alpha).json()["webhooks"][0]
+        assert c.delete(f"/v1/webhooks/{wa.json()['id']}", headers=beta).status_code == 404
+        assert c.post(f"/v1/webhooks/{wa.json()['id']}/test", headers=beta).status_code == 404
+        # a budget alpha passes at once, and a job whose loss explodes (learning rate 10)
+        r = c.put("/v1/budgets/alpha", json={"usd": 0.000001}, headers=admin)
+        assert r.status_code == 200, r.text
+        spec = tiny_spec("explodes", steps=12, seed=1, learning_rate=10.0)
+        r = c.post("/v1/jobs", json={"spec": spec}, headers=alpha)
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        wait_for(
+            lambda: c.get(f"/v1/jobs/{job_id}", headers=alpha).json()["state"] in ("succeeded", "failed"),
+            180,
+            "the job ends",
+        )
+
+        def rules_ok() -> set[str]:
+            return {b["rule"] for b, rq in zip(ra.bodies(), ra.requests, strict=True) if rq["status"] == 200}
+
+        got = wait_for(
+            lambda: (r := rules_ok()) >= {"budget_threshold"} and r & {"loss_diverging", "loss_nan"} and r,
+            60,
+            "alpha's alerts delivered",
+        )
+        assert got
+        platform.alerts.wait_idle()
+        # every request alpha's receiver got is signed with alpha's secret, none with beta's
+        for rq in ra.requests:
+            sig = rq["headers"][SIGNATURE_HEADER]
+            assert verify_signature(secret_a, sig, rq["body"])
+            assert not verify_signature(secret_b, sig, rq["body"])
+            assert not verify_signature(secret_a, sig, rq["body"] + b" ")
+        bodies = ra.bodies()
+        assert all(b["tenant"] == "alpha" for b in bodies)
+        # the first two attempts got 503 and were retried, with growing gaps (exponential backoff)
+        first = ra.requests[0]["headers"]["Trainyard-Alert-Id"]
+        tries = [rq for rq in ra.requests if rq["headers"]["Trainyard-Alert-Id"] == first]
+        assert [rq["status"] for rq in tries[:3]] == [503, 503, 200]
+        assert [rq["headers"]["Trainyard-Delivery-Attempt"] for rq in tries[:3]] == ["1", "2", "3"]
+        gaps = [b["t"] - a["t"] for a, b in itertools.pairwise(tries[:3])]
+        assert gaps[0] >= 0.15 and gaps[1] >= gaps[0] * 1.3, gaps
+        # each delivery attempt is an event where alpha sees it: the job's for job alerts
+        events = c.get(f"/v1/jobs/{job_id}/events", headers=alpha).json()["events"]
+        deliveries = [e["data"] for e in events if e["kind"] == "alert_delivery"]
+        assert deliveries and all(d["url"] == ra.url for d in deliveries)
+        assert any(e["kind"] == "alert" for e in events)
+        # and the tenant's events for tenant alerts (budgets)
+        tevents = c.get("/v1/budgets/alpha/events", headers=alpha).json()["events"]
+        tdeliveries = [e["data"] for e in tevents if e["kind"] == "alert_delivery"]
+        assert any(d["rule"] == "budget_threshold" for d in tdeliveries)
+        mine = [d for d in deliveries + tdeliveries if d["alert_id"] == first]
+        assert [(d["attempt"], d["ok"], d["status_code"]) for d in mine[:3]] == [
+            (1, False, 503),
+            (2, False, 503),
+            (3, True, 200),
+        ]
+        assert mine[0]["will_retry"] is True and mine[2]["will_retry"] is False
+        listed = c.get("/v1/alerts", headers=alpha).json()["alerts"]
+        assert {a["rule"] for a in listed} >= {"budget_threshold"}
+        assert c.get("/v1/alerts", headers=beta).json()["alerts"] == []
+        # beta's receiver saw nothing of alpha's; its own test delivery arrives, signed with its secret
+        assert rb.requests == []
+        t = c.post(f"/v1/webhooks/{wb.json()['id']}/test", headers=beta)
+        assert t.status_code == 200, t.text
+        wait_for(lambda: rb.requests, 20, "beta's test delivery")
+        platform.alerts.wait_idle()
+        assert [b["rule"] for b in rb.bodies()] == ["webhook_test"]
+        assert verify_signature(secret_b, rb.requests[0]["headers"][SIGNATURE_HEADER], rb.requests[0]["body"])
+        assert all(b["tenant"] == "alpha" for b in ra.bodies())
+    finally:
+        ra.close()
+        rb.close()
+
+
+def test_webhook_urls_must_not_reach_internal_addresses(live: Any) -> None:
+    _platform, c, admin = live
+    gamma = tenant(c, admin, "gamma")
+    for url in (
+        "http://10.0.0.8/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:8080/x",
+        "http://127.0.0.2:9/x",  # loopback, but only 127.0.0.1/32 is allowed here
+        "http://0.0.0.0/x",
+        "http://[::ffff:10.0.0.1]/x",
+        "ftp://example.com/x",
+        "http://user:pw@127.0.0.1/x",
+        "file:///etc/passwd",
+    ):
+        r = c.post("/v1/webhooks", json={"url": url}, headers=gamma)
+        assert r.status_code == 422, (url, r.text)
+        assert r.json()["error"]["code"] == "url_not_allowed", url
+        assert r.json()["error"]["details"]["errors"][0]["field"] == "url"
+    bad = c.post("/v1/webhooks", json={"url": "http://10.0.0.8/", "rules": ["nope"]}, headers=gamma)
+    assert {e["field"] for e in bad.json()["error"]["details"]["errors"]} == {"url", "rules"}
+    assert c.get("/v1/webhooks", headers=gamma).json()["webhooks"] == []
+
+
+def test_stalled_jobs_checkpoint_failures_and_deployment_errors_fire_once(live: Any) -> None:
+    platform, c, admin = live
+    rd = Receiver()
+    try:
+        delta = tenant(c, admin, "delta")
+        hook = c.post(
+            "/v1/webhooks",
+            json={"url": rd.url, "rules": ["job_stalled", "checkpoint_failed", "deployment_error_rate"]},
+            headers=delta,
+        )
+        assert hook.status_code == 201, hook.text
+        from trainyard.store.repositories import JobRepo, TenantRepo
+
+        platform.stop_loop()  # the job below never starts: the scan and events are this test's own
+        try:
+            r = c.post("/v1/jobs", json={"spec": tiny_spec("stalls", steps=5)}, headers=delta)
+            job_id = r.json()["id"]
+            now = time.time()
+            with platform.db.session() as s:
+                JobRepo(s).update(
+                    job_id, state="running", attempt=1, progress={"step": 3, "time_s": now - 3600}
+                )
+                tenant_id = TenantRepo(s).by_name("delta").id
+                from trainyard.store.serving_models import ServingRequestRow
+
+                for i in range(40):
+                    s.add(
+                        ServingRequestRow(
+                            request_id=f"r{i}",
+                            tenant_id=tenant_id,
+                            tenant="delta",
+                            deployment="chat",
+                            model_version="m@1",
+                            base_version="m@1",
+                            route="primary",
+                            endpoint="chat.completions",
+                            status=500 if i % 4 == 0 else 200,
+                            prompt_tokens=3,
+                            completion_tokens=4,
+                            latency_s=0.05,
+                            stream=False,
+                            created_at_s=now - 10,
+                        )
+                    )
+            assert platform.alerts.scan() >= 2
+            assert platform.alerts.scan() == 0  # each condition fires once
+            with platform.db.session() as s:
+                job = JobRepo(s).get(job_id)
+            assert job is not None
+            ev = ExecutorEvent(
+                job_id,
+                1,
+                "log",
+                {
+                    "message": "checkpoint save failed (1/2): disk full",
+                    "checkpoint_failed": True,
+                    "failures": 1,
+                },
+                now,
+            )
+            platform.alerts.observe(ev, job)
+            platform.alerts.observe(ev, job)  # the same failure again: no second alert
+        finally:
+            platform.start_loop()
+        wait_for(lambda: len(rd.requests) >= 3, 20, "three deliveries")
+        platform.alerts.wait_idle()
+        rules = sorted(b["rule"] for b in rd.bodies())
+        assert rules == ["checkpoint_failed", "deployment_error_rate", "job_stalled"], rules
+        dep = next(b for b in rd.bodies() if b["rule"] == "deployment_error_rate")
+        assert dep["deployment"] == "chat" and dep["data"]["error_rate"] == pytest.approx(0.25)
+        stalled = next(b for b in rd.bodies() if b["rule"] == "job_stalled")
+        assert stalled["job_id"] == job_id and stalled["data"]["silent_s"] >= 3600
+    finally:
+        rd.close()
