@@ -221,6 +221,13 @@ class ServiceUnavailableError(TrainyardError):
     default_hint = "Start the platform with `trainyard up` or set TRAINYARD_URL to a running server."
 
 
+class PortInUseError(ServiceUnavailableError):
+    """`trainyard up` cannot listen: the port is taken (often by another `trainyard up`)."""
+
+    code = "port_in_use"
+    default_hint = "See `trainyard status`, or start on another port with --port N."
+
+
 class StorageError(TrainyardError):
     code = "storage_error"
     http_status = 500

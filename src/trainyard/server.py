@@ -6,16 +6,20 @@ shutdown policy; a restart reconciles them (adopts live ones, requeues the rest)
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-from trainyard.errors import InvalidInputError, ServiceUnavailableError
+from trainyard.errors import InvalidInputError, PortInUseError, ServiceUnavailableError
 from trainyard.settings import Settings
 
 
@@ -178,13 +182,48 @@ def _start_mlflow_mirror(settings: Settings, platform: Any) -> Any:
     return mirror
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts, so a busy port is one clear error (and
+    the port in server.json is the one really bound, also for ``--port 0``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"port {port} on {host} is already in use",
+                hint="Another `trainyard up`? See `trainyard status`; or start on a free port with --port N.",
+                details={"host": host, "port": port},
+            ) from None
+        raise ServiceUnavailableError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", hint="Pick another --host or --port."
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(
-    settings: Settings, *, host: str, port: int, executor: str | None = None, loop_interval_s: float = 0.5
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    executor: str | None = None,
+    loop_interval_s: float = 0.5,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
+    """Serve until SIGINT/SIGTERM. Once it listens, ``$TRAINYARD_HOME/server.json`` records where (url,
+    pid, port, started_at; mode 0600) and ``on_ready`` gets that record; the file is removed on exit."""
+    from trainyard import serverfile
     from trainyard.api.app import create_app
     from trainyard.services.platform import Platform, PlatformOptions
 
     os.umask(0o077)  # everything the server creates under TRAINYARD_HOME is its own (0600 / 0700)
+    sock = bind_socket(host, port)
+    port = sock.getsockname()[1]
     configure_logging()
     log = structlog.get_logger("trainyard.server")
     options = PlatformOptions(
@@ -223,6 +262,18 @@ def serve(
         platform.start_loop()
         _measure_cpu_at_first_start(settings, options.executor, log)
         mirror = _start_mlflow_mirror(settings, platform)
+        url_host = f"[{host}]" if ":" in host else host
+        record = {
+            "url": f"http://{url_host}:{port}",
+            "pid": os.getpid(),
+            "port": port,
+            "host": host,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "home": str(settings.home),
+            "api_key_file": str(settings.api_key_path),
+            "executor": getattr(options.executor, "name", "none"),
+        }
+        serverfile.write(record, settings.home)
         log.info(
             "listening",
             url=f"http://{host}:{port}",
@@ -233,9 +284,13 @@ def serve(
             http=_installed("httptools") or "h11",
             loop=_installed("uvloop") or "asyncio",
         )
-        server.run()
+        if on_ready is not None:
+            on_ready(record)
+        server.run(sockets=[sock])
         if mirror is not None:
             mirror.stop()
     finally:
+        serverfile.remove_if_mine(os.getpid(), settings.home)
+        sock.close()
         platform.close()
         log.info("stopped")

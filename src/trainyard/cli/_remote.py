@@ -4,13 +4,47 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainyard.client import TrainyardClient
+from trainyard.cli.common import as_doc
+from trainyard.serverfile import resolve_url
 
 
-def client() -> TrainyardClient:
-    """A client for TRAINYARD_URL, authenticated by TRAINYARD_API_KEY or $TRAINYARD_HOME/api_key."""
-    return TrainyardClient(retries=3, backoff_s=0.2)
+def root_url() -> str | None:
+    """The root ``--url`` option of this invocation, if given."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    value = root.params.get("url") if root is not None else None
+    return str(value) if value else None
 
 
-def money(v: Any) -> str:
-    return "-" if v is None else f"${float(v):,.4f}"
+class _Documents:
+    """The client, with every answer as plain JSON data (dicts and lists), whatever type it returns."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return as_doc(attr(*args, **kwargs))
+
+        return call
+
+    def __enter__(self) -> _Documents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
+
+def client() -> Any:
+    """A client for the server named by --url, TRAINYARD_URL, $TRAINYARD_HOME/server.json or the default
+    address, authenticated by TRAINYARD_API_KEY or $TRAINYARD_HOME/api_key."""
+    from trainyard.client import TrainyardClient
+
+    url, _ = resolve_url(root_url())
+    return _Documents(TrainyardClient(url=url, retries=3, backoff_s=0.2))

@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import Col, handle_errors, print_json, print_table, usd
 
 app = typer.Typer(help="Dollar budgets per tenant and tag: alerts, hard limits.", no_args_is_help=True)
 
 
-def _row(table: Table, b: dict) -> None:
-    table.add_row(
+COLUMNS = (
+    Col("TENANT", key=True),
+    Col("TAG", key=True),
+    Col("PERIOD"),
+    Col("BUDGET", justify="right"),
+    Col("KIND", priority=2),
+    Col("SPENT", justify="right"),
+    Col("RESERVED", justify="right", priority=1),
+    Col("USED", justify="right"),
+)
+
+
+def _row(b: dict[str, Any]) -> list[str]:
+    return [
         b["tenant"],
         b.get("tag") or "-",
         f"{b['period']} {b['period_key']}",
-        f"${b['usd']:,.2f}",
+        usd(b["usd"]),
         "hard" if b["hard"] else "soft",
-        f"${b['spent_usd']:,.2f}",
-        f"${b['reserved_usd']:,.2f}",
+        usd(b["spent_usd"]),
+        usd(b["reserved_usd"]),
         f"{b['used_pct']:.1f}%",
-    )
-
-
-def _table() -> Table:
-    return Table("TENANT", "TAG", "PERIOD", "BUDGET", "KIND", "SPENT", "RESERVED", "USED")
+    ]
 
 
 @app.command("set")
@@ -46,9 +55,7 @@ def set_budget(
     if as_json:
         print_json(doc)
         return
-    table = _table()
-    _row(table, doc)
-    console.print(table)
+    print_table(COLUMNS, [_row(doc)])
 
 
 @app.command("list")
@@ -63,10 +70,7 @@ def list_budgets(
     if as_json:
         print_json(doc)
         return
-    table = _table()
-    for b in doc["budgets"]:
-        _row(table, b)
-    console.print(table)
+    print_table(COLUMNS, [_row(b) for b in doc["budgets"]])
 
 
 @app.command("get")
@@ -83,9 +87,7 @@ def get_budget(
     if as_json:
         print_json(doc)
         return
-    table = _table()
-    _row(table, doc)
-    console.print(table)
+    print_table(COLUMNS, [_row(doc)])
 
 
 @app.command("events")
@@ -100,9 +102,9 @@ def events(
     if as_json:
         print_json(doc)
         return
-    table = Table("TIME", "KIND", "DETAILS")
+    rows = []
     for e in doc["events"]:
         d = e["data"]
         detail = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("tenant",))
-        table.add_row(e["time"] or "", e["kind"], detail)
-    console.print(table)
+        rows.append([e["time"] or "", e["kind"], detail])
+    print_table((Col("TIME"), Col("KIND", key=True), Col("DETAILS")), rows)

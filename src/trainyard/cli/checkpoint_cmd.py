@@ -1,4 +1,4 @@
-"""`trainyard checkpoint list|verify|convert`: inspect and convert training checkpoints."""
+"""`trainyard checkpoints list|verify|convert` (alias `checkpoint`): inspect and convert checkpoints."""
 
 from __future__ import annotations
 
@@ -12,6 +12,23 @@ from trainyard.errors import CheckpointError
 app = typer.Typer(help="Inspect, verify and convert training checkpoints.", no_args_is_help=True)
 
 
+def _job_dir(target: str) -> tuple[str, list[dict[str, Any]] | None]:
+    """A job id (``job-…``) becomes the job's checkpoint directory as the server reports it, with the
+    server's list of its checkpoints; a URL or path is taken as the directory itself."""
+    import os
+
+    if "://" in target or os.path.exists(target) or not target.startswith("job-"):
+        return _url(target), None
+    from trainyard.cli._remote import client
+
+    with client() as c:
+        doc = c.get_job(target)
+    cks = [ck for ck in doc.get("checkpoints") or [] if ck.get("path")]
+    if not cks:
+        return "", []
+    return str(cks[-1]["path"]).rstrip("/").rsplit("/", 1)[0], cks
+
+
 def _url(path_or_url: str) -> str:
     if "://" in path_or_url:
         return path_or_url
@@ -23,8 +40,8 @@ def _url(path_or_url: str) -> str:
 @app.command("list")
 @handle_errors
 def list_command(
-    job_url: str = typer.Argument(
-        ..., help="A job's checkpoint directory: <storage>/<job_id> (URL or path)."
+    job: str = typer.Argument(
+        ..., metavar="JOB", help="A job id, or a job's checkpoint directory <storage>/<job_id> (URL or path)."
     ),
     verify: bool = typer.Option(False, "--verify", help="Also check every file's sha256."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
@@ -32,8 +49,15 @@ def list_command(
     """List a job's checkpoint steps, newest first, with their commit state."""
     from trainyard.runtime.checkpoint import CheckpointManager
 
+    job_url, reported = _job_dir(job)
+    if reported == []:
+        if as_json:
+            print_json({"checkpoints": []})
+        else:
+            console.print(f"no checkpoints yet for {job}", soft_wrap=True)
+        return
     rows: list[dict[str, Any]] = []
-    for step, url in CheckpointManager.list_step_dirs(_url(job_url)):
+    for step, url in CheckpointManager.list_step_dirs(job_url):
         man = CheckpointManager.read_manifest(url)
         row: dict[str, Any] = {
             "step": step,
@@ -67,7 +91,7 @@ def list_command(
             if r["committed"]
             else ""
         )
-        console.print(f"step {r['step']:>8}  {state}{extra}", highlight=False)
+        console.print(f"step {r['step']:>8}  {state}{extra}  {r['path']}", highlight=False, soft_wrap=True)
 
 
 @app.command("verify")

@@ -1,43 +1,30 @@
-"""`trainyard datasets upload|list|get|rows` (DESIGN §3.7)."""
+"""`trainyard datasets upload|list|get|rows`: immutable, content-addressed dataset versions."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, err_console, fail, print_json
-from trainyard.errors import InvalidInputError, TrainyardError
+from trainyard.cli.common import (
+    WIDE_OPTION_HELP,
+    Col,
+    console,
+    err_console,
+    handle_errors,
+    number,
+    print_json,
+    print_table,
+)
+from trainyard.errors import InvalidInputError
 
 app = typer.Typer(
     help="Upload, validate and read dataset versions.", no_args_is_help=True, add_completion=False
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
 PROGRESS_MIN_BYTES = 4 << 20  # smaller uploads finish before a bar is worth drawing
-
-
-def json_errors(func: F) -> F:
-    """Like ``handle_errors``; with ``--json`` the error is printed as its one JSON document on stdout."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except TrainyardError as exc:
-            if kwargs.get("as_json"):
-                print_json({"error": exc.to_dict()})
-                raise SystemExit(exc.exit_code) from None
-            fail(exc)
-        except KeyboardInterrupt:
-            err_console.print("interrupted")
-            raise SystemExit(130) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def upload_file(
@@ -109,15 +96,15 @@ def _summary(doc: dict[str, Any]) -> None:
     console.print(
         f"[green]{doc['id']}[/] {doc['format']}: {doc['rows']} rows "
         f"(train {tr.get('rows')}, eval {ev.get('rows')}; {doc.get('duplicates_removed', 0)} duplicates "
-        f"removed), sha256 {doc['sha256'][:16]}…",
-        highlight=False,
+        f"removed), sha256 {doc['sha256']}",
+        soft_wrap=True,
     )
     if doc.get("derived_from"):
         console.print(f"  derived from {doc['derived_from']}", highlight=False)
 
 
 @app.command("upload")
-@json_errors
+@handle_errors
 def upload(
     file: Path = typer.Argument(..., help="JSON Lines file (text, completion or chat rows)."),
     name: str = typer.Option(..., "--name", help="Dataset name."),
@@ -148,9 +135,10 @@ def upload(
 
 
 @app.command("list")
-@json_errors
+@handle_errors
 def list_(
     name: str = typer.Option(None, "--name", help="Only versions of this dataset."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print {datasets: [...]} as JSON."),
 ) -> None:
     """The tenant's dataset versions."""
@@ -161,12 +149,37 @@ def list_(
         return
     if not doc["datasets"]:
         console.print("no datasets yet: trainyard datasets upload FILE --name NAME")
+        return
+    cols = (
+        Col("ID", key=True),
+        Col("FORMAT"),
+        Col("ROWS", justify="right"),
+        Col("TRAIN", justify="right", priority=2),
+        Col("EVAL", justify="right", priority=2),
+        Col("DUPLICATES", justify="right", priority=3),
+        Col("DERIVED FROM", key=True, priority=1),
+        Col("CREATED", priority=4),
+    )
+    rows = []
     for d in doc["datasets"]:
-        _summary(d)
+        sp = d.get("splits") or {}
+        rows.append(
+            [
+                d["id"],
+                d["format"],
+                number(d["rows"]),
+                number((sp.get("train") or {}).get("rows")),
+                number((sp.get("eval") or {}).get("rows")),
+                number(d.get("duplicates_removed", 0)),
+                d.get("derived_from") or "-",
+                str(d.get("created_at") or "")[:19].replace("T", " "),
+            ]
+        )
+    print_table(cols, rows, wide=wide)
 
 
 @app.command("get")
-@json_errors
+@handle_errors
 def get(
     ref: str = typer.Argument(..., help="ds://NAME@VERSION"),
     as_json: bool = typer.Option(False, "--json", help="Print the version document as JSON."),
@@ -181,7 +194,7 @@ def get(
 
 
 @app.command("rows")
-@json_errors
+@handle_errors
 def rows(
     ref: str = typer.Argument(..., help="ds://NAME@VERSION"),
     split: str = typer.Option("train", "--split", help="train | eval"),

@@ -5,17 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import Col, console, handle_errors, print_json, print_table
 from trainyard.errors import InvalidInputError
 
 app = typer.Typer(help="Serve model versions behind an OpenAI-compatible API.", no_args_is_help=True)
 
 
 def _contract(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document of DESIGN §3.9 with the additive fields the server adds."""
+    """The deployment document with the additive fields the server adds."""
     return doc
 
 
@@ -98,13 +97,14 @@ def list_(as_json: bool = typer.Option(False, "--json", help="Print {deployments
     if as_json:
         print_json({"deployments": [_contract(d) for d in doc["deployments"]]})
         return
-    table = Table("NAME", "STATE", "MODEL", "ROUTES", "REPLICAS")
+    rows = []
     for d in doc["deployments"]:
         routes = ", ".join(
             f"{r['model']}={r['weight']:g}{'(shadow)' if r['shadow'] else ''}" for r in d["routes"]
         )
-        table.add_row(d["name"], d["state"], d["model"], routes, str(d["replicas"]))
-    console.print(table)
+        rows.append([d["name"], d["state"], d["model"], routes, str(d["replicas"])])
+    cols = (Col("NAME", key=True), Col("STATE"), Col("MODEL", key=True), Col("ROUTES"), Col("REPLICAS"))
+    print_table(cols, rows)
 
 
 @app.command("traffic")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import WIDE_OPTION_HELP, Col, console, handle_errors, print_json, print_table
 
 app = typer.Typer(help="Evaluate a model against a baseline (paired statistics).", no_args_is_help=True)
 
@@ -57,6 +56,7 @@ def get(
 @handle_errors
 def list_(
     model: str = typer.Option(None, "--model", help="Only evaluations of this model version."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print {evaluations} as JSON."),
 ) -> None:
     """List evaluations, newest first."""
@@ -65,13 +65,28 @@ def list_(
     if as_json:
         print_json(doc)
         return
-    table = Table("ID", "MODEL", "BASELINE", "DATASET", "STATE", "VERDICT", "PASSED")
-    for e in doc["evaluations"]:
-        table.add_row(
-            e["id"], e["model"], e["baseline"], e["dataset"], e["state"], e.get("verdict") or "-",
+    cols = (
+        Col("ID", key=True),
+        Col("MODEL", key=True),
+        Col("BASELINE", key=True, priority=2),
+        Col("DATASET", key=True, priority=1),
+        Col("STATE"),
+        Col("VERDICT", priority=3),
+        Col("PASSED"),
+    )
+    rows = [
+        [
+            e["id"],
+            e["model"],
+            e["baseline"],
+            e["dataset"],
+            e["state"],
+            e.get("verdict") or "-",
             "yes" if e.get("passed") else "no",
-        )  # fmt: skip
-    console.print(table)
+        ]
+        for e in doc["evaluations"]
+    ]
+    print_table(cols, rows, wide=wide)
 
 
 def _print(doc: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""`trainyard jobs list|get|cancel|preempt|events|logs|record|reproduce`."""
+"""`trainyard jobs list|get|cancel|preempt|events|logs|record|reproduce` (submit, quote and predict are
+verbs of this group too; they live in their own modules)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,33 @@ import time
 from typing import Any
 
 import typer
-from rich.table import Column, Table
 
-from trainyard.cli._remote import client, money
-from trainyard.cli.common import console, handle_errors, print_json
-from trainyard.client.client import TERMINAL_STATES
+from trainyard.cli._remote import client
+from trainyard.cli.common import (
+    WIDE_OPTION_HELP,
+    Col,
+    console,
+    handle_errors,
+    market,
+    print_json,
+    print_table,
+    usd,
+)
+from trainyard.cli.events_view import event_line, progress_text
 
-app = typer.Typer(help="Follow and control jobs on the platform.", no_args_is_help=True)
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+app = typer.Typer(help="Submit, quote, follow and control training jobs.", no_args_is_help=True)
+
+JOB_COLUMNS = (
+    Col("ID", key=True),
+    Col("NAME", key=True),
+    Col("STATE"),
+    Col("POOL", key=True, priority=1),
+    Col("DEVICES", justify="right", priority=3),
+    Col("COST", justify="right", priority=2),
+    Col("CREATED", priority=4),
+)
 
 
 @app.command("list")
@@ -24,6 +45,7 @@ def list_jobs(
     name: str = typer.Option(None, "--name", help="Only jobs with this name."),
     limit: int = typer.Option(50, "--limit", min=1, max=500, help="Jobs per page."),
     cursor: str = typer.Option(None, "--cursor", help="next_cursor of a previous page."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print {jobs, next_cursor} as JSON."),
 ) -> None:
     """List your jobs, newest first."""
@@ -32,19 +54,25 @@ def list_jobs(
     if as_json:
         print_json(page)
         return
-    table = Table(Column("ID", no_wrap=True), "NAME", "STATE", "POOL", "DEVICES", "COST", "CREATED")
+    rows = []
     for j in page["jobs"]:
         p = j.get("placement") or {}
-        table.add_row(
-            j["id"],
-            j["name"],
-            j["state"],
-            p.get("pool", "-"),
-            str(p.get("devices", "-")),
-            money(j.get("cost_usd")),
-            j.get("created_at") or "",
+        created = str(j.get("created_at") or "")
+        rows.append(
+            [
+                j["id"],
+                j["name"],
+                j["state"],
+                p.get("pool", "-"),
+                str(p.get("devices", "-")),
+                usd(j.get("cost_usd")),
+                created[:19].replace("T", " "),
+            ]
         )
-    console.print(table)
+    if not rows:
+        console.print("no jobs yet: trainyard jobs submit SPEC")
+        return
+    print_table(JOB_COLUMNS, rows, wide=wide)
     if page.get("next_cursor"):
         console.print(f"more: trainyard jobs list --cursor {page['next_cursor']}")
 
@@ -64,43 +92,40 @@ def get_job(
     _print_job(doc)
 
 
+def placement_text(p: dict[str, Any]) -> str:
+    return (
+        f"{p['pool']}: {p['devices']} × {p['accelerator']} {market(p.get('market'))} at "
+        f"{usd(p.get('price_usd_per_device_hour'))}/device-h"
+    )
+
+
 def _print_job(doc: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{doc['id']}[/] {doc['name']}  state [bold]{doc['state']}[/]  attempt {doc.get('attempt', 0)}"
+        f"[bold]{doc['id']}[/] {doc['name']}  state [bold]{doc['state']}[/]  attempt {doc.get('attempt', 0)}",
+        soft_wrap=True,
     )
     if doc.get("reason"):
-        console.print(f"  reason: {doc['reason']}")
+        console.print(f"  reason: {doc['reason']}", markup=False, soft_wrap=True)
     p = doc.get("placement")
     if p:
-        console.print(
-            f"  placement: {p['pool']} x{p['devices']} {p['accelerator']} ({p['market']}, "
-            f"${p['price_usd_per_device_hour']:.4f}/device-h)"
-        )
-    console.print(f"  cost so far: {money(doc.get('cost_usd'))}")
+        console.print(f"  placement: {placement_text(p)}", soft_wrap=True)
+    console.print(f"  cost so far: {usd(doc.get('cost_usd'))}")
     if doc.get("progress"):
-        prog = doc["progress"]
-        console.print(f"  progress: step {prog.get('step')} loss {prog.get('loss')}")
+        console.print(f"  progress: {progress_text(doc['progress'])}")
     for w in doc.get("workers") or []:
         console.print(f"  worker rank {w['rank']} pid {w['pid']} on {w['host']}")
     for ck in doc.get("checkpoints") or []:
-        console.print(f"  checkpoint step {ck['step']}: {ck['path']}")
+        console.print(f"  checkpoint step {ck['step']}: {ck['path']}", soft_wrap=True)
     if doc.get("result"):
         console.print(
-            f"  result: {doc['result'].get('model_version')} sha256 {doc['result'].get('model_sha256')}"
+            f"  result: {doc['result'].get('model_version')} sha256 {doc['result'].get('model_sha256')}",
+            soft_wrap=True,
         )
-    events = doc.get("events") or []
+    events = [e for e in doc.get("events") or [] if e.get("kind") != "heartbeat"]
     if events:
-        table = Table("TIME", "KIND", "DETAIL")
+        console.print("  events:")
         for e in events[-20:]:
-            table.add_row(e.get("time") or "", e["kind"], _detail(e))
-        console.print(table)
-
-
-def _detail(e: dict[str, Any]) -> str:
-    d = e.get("data") or {}
-    if e["kind"] == "state":
-        return f"{d.get('from')} → {d.get('to')}: {d.get('reason', '')}"
-    return json.dumps(d, separators=(",", ":"), default=str)[:160]
+            console.print(f"    {event_line(e)}", markup=False, soft_wrap=True)
 
 
 @app.command("cancel")
@@ -115,7 +140,7 @@ def cancel_job(
     if as_json:
         print_json(doc)
         return
-    console.print(f"{doc['id']}: {doc['state']}")
+    console.print(f"{doc['id']}: {doc['state']}", soft_wrap=True)
 
 
 @app.command("preempt")
@@ -146,34 +171,39 @@ def events(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events until the job ends."),
     poll_s: float = typer.Option(1.0, "--poll-s", min=0.05, help="Seconds between polls with --follow."),
     as_json: bool = typer.Option(
-        False, "--json", help="JSON: one document, or one event per line with --follow."
+        False, "--json", help="JSON: one document, or one event per line (JSON Lines) with --follow."
     ),
 ) -> None:
-    """Print a job's event log (state changes, placements, checkpoints, preemptions, costs)."""
+    """Print a job's event log: state changes, placements, checkpoints, preemptions, resumes, costs."""
     with client() as c:
         page = c.job_events(job_id)
         if as_json and not follow:
             print_json(page)
             return
-        after = 0
-        while True:
-            for e in page["events"]:
-                if as_json:
-                    sys.stdout.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
-                    sys.stdout.flush()
-                else:
-                    console.print(f"{e.get('time')}  [bold]{e['kind']:<10}[/] {_detail(e)}", highlight=False)
-            after = page["next_after"]
-            if not follow:
+        for e in follow_events(c, job_id, page, poll_s=poll_s if follow else None):
+            if as_json:
+                sys.stdout.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(event_line(e), markup=False, soft_wrap=True)
+
+
+def follow_events(c: Any, job_id: str, page: dict[str, Any], *, poll_s: float | None) -> Any:
+    """Yield the events of ``page`` and, with ``poll_s``, every later one until the job has ended and
+    its last events are out."""
+    while True:
+        yield from page["events"]
+        after = page["next_after"]
+        if poll_s is None:
+            return
+        if c.get_job(job_id)["state"] in TERMINAL_STATES:
+            tail = c.job_events(job_id, after=after)
+            if not tail["events"]:
                 return
-            if c.get_job(job_id)["state"] in TERMINAL_STATES:
-                tail = c.job_events(job_id, after=after)
-                if not tail["events"]:
-                    return
-                page = tail
-                continue
-            time.sleep(poll_s)
-            page = c.job_events(job_id, after=after)
+            page = tail
+            continue
+        time.sleep(poll_s)
+        page = c.job_events(job_id, after=after)
 
 
 @app.command("logs")
@@ -185,22 +215,36 @@ def logs(
     tail: int = typer.Option(None, "--tail", min=0, help="Start with the last N lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
     poll_s: float = typer.Option(1.0, "--poll-s", min=0.05, help="Seconds each follow request may wait."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="JSON: {job_id, rank, text, next_offset}, or one chunk per line (JSON Lines) with --follow.",
+    ),
 ) -> None:
     """Print one rank's log (stdout and stderr of the worker: progress, checkpoints, resumes, errors)."""
+    collected: list[str] = []
     with client() as c:
         chunk = c.job_logs(job_id, rank=rank, attempt=attempt, tail=tail)
         while True:
-            if chunk["text"]:
-                sys.stdout.write(chunk["text"])
-                sys.stdout.flush()
+            text = chunk.get("text") or ""
             offset = chunk["next_offset"]
+            if text:
+                if as_json and follow:
+                    print_json({"job_id": job_id, "rank": rank, "text": text, "next_offset": offset})
+                elif as_json:
+                    collected.append(text)
+                else:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
             ended = chunk.get("job_state") in TERMINAL_STATES
-            if not chunk["text"] and (not follow or ended):
-                return
+            if not text and (not follow or ended):
+                break
             # more may follow: the rest of a long log, or (with --follow) what the job prints next
             chunk = c.job_logs(
                 job_id, rank=rank, attempt=attempt, offset=offset, wait_s=poll_s if follow else 0.0
             )
+    if as_json and not follow:
+        print_json({"job_id": job_id, "rank": rank, "text": "".join(collected), "next_offset": offset})
 
 
 @app.command("record")

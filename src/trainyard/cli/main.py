@@ -1,107 +1,310 @@
-"""The `trainyard` command. Each command group lives in its own module; this file only wires them.
+"""The `trainyard` command: one grammar, ``trainyard <noun> <verb>``, with the short forms people type kept
+as aliases (``trainyard submit`` = ``trainyard jobs submit``). This file only wires the command groups.
 
 Command modules are imported lazily, when their command runs: the scheduler pulls in OR-Tools and SciPy,
-the runtime pulls in PyTorch, and `trainyard quote` should not pay for either.
+the runtime pulls in PyTorch, the server FastAPI and SQLAlchemy, and `trainyard --help` or `jobs list`
+should pay for none of them.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from trainyard import __version__
 
-# name -> (module, attribute, one-line help shown in `trainyard --help`). An attribute that is a Typer app
-# becomes a command group; a function becomes a single command.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "spec": ("trainyard.cli.spec_cmd", "app", "Validate job specs and print their JSON Schema."),
-    "catalog": ("trainyard.cli.catalog_cmd", "app", "Accelerators and priced instance offers."),
-    "predict": ("trainyard.cli.predict_cmd", "predict_command", "Predict step time and memory."),
-    "profile": ("trainyard.cli.profile_cmd", "profile_command", "Time real training steps on this machine."),
-    "quote": ("trainyard.cli.quote_cmd", "quote_command", "Rank every priced option for a job."),
-    "schedule": ("trainyard.cli.schedule_cmd", "schedule", "Run one scheduling round over jobs and pools."),
-    "simulate": ("trainyard.cli.simulate_cmd", "simulate", "Simulate a workload trace under a policy."),
-    "trace": ("trainyard.cli.simulate_cmd", "trace_app", "Workload traces for the simulator."),
-    "up": ("trainyard.cli.up_cmd", "up", "Start the platform (API, scheduler, executor, dashboard)."),
-    "submit": ("trainyard.cli.submit_cmd", "submit", "Submit a job spec to the platform."),
-    "jobs": ("trainyard.cli.jobs_cmd", "app", "Follow and control jobs on the platform."),
-    "tenants": ("trainyard.cli.tenants_cmd", "app", "Tenants and their API keys (admin)."),
+# noun -> (module, attribute, one-line help). An attribute that is a Typer app becomes the group.
+GROUPS: dict[str, tuple[str, str, str]] = {
+    "jobs": ("trainyard.cli.jobs_cmd", "app", "Submit, quote, follow and control training jobs."),
     "pools": ("trainyard.cli.pools_cmd", "app", "Live pools: capacity, prices, interruption rates."),
-    "checkpoint": ("trainyard.cli.checkpoint_cmd", "app", "Inspect, verify and convert checkpoints."),
+    "tenants": ("trainyard.cli.tenants_cmd", "app", "Tenants and their API keys (admin)."),
+    "datasets": ("trainyard.cli.datasets_cmd", "app", "Upload, validate and read dataset versions."),
+    "models": ("trainyard.cli.models_cmd", "app", "Model registry: versions, lineage, aliases, promotion."),
+    "evals": ("trainyard.cli.eval_cmd", "app", "Evaluate a model against a baseline (paired statistics)."),
+    "deployments": ("trainyard.cli.deployments_cmd", "app", "Serve model versions (OpenAI-compatible API)."),
     "usage": ("trainyard.cli.usage_cmd", "app", "Usage from the ledger: reports, invoices."),
     "budgets": ("trainyard.cli.budgets_cmd", "app", "Dollar budgets per tenant and tag."),
-    "models": ("trainyard.cli.models_cmd", "app", "Model registry: versions, lineage, aliases, promotion."),
-    "eval": ("trainyard.cli.eval_cmd", "app", "Evaluate a model against a baseline (paired statistics)."),
-    "deployments": ("trainyard.cli.deployments_cmd", "app", "Serve model versions (OpenAI-compatible API)."),
+    "checkpoints": ("trainyard.cli.checkpoint_cmd", "app", "List, verify and convert checkpoints."),
+    "specs": ("trainyard.cli.spec_cmd", "app", "Validate job specs and print their JSON Schema."),
+    "catalog": ("trainyard.cli.catalog_cmd", "app", "Accelerators and priced instance offers."),
     "sweeps": ("trainyard.cli.sweeps_cmd", "app", "Hyperparameter sweeps priced and bounded as a group."),
     "export": ("trainyard.cli.export_cmd", "app", "Export a placement as a SkyPilot task or Kueue objects."),
-    "datasets": ("trainyard.cli.datasets_cmd", "app", "Upload, validate and read dataset versions."),
+    "traces": ("trainyard.cli.simulate_cmd", "trace_app", "Workload traces for the simulator."),
+    "sim": ("", "", "Offline planning: simulate a trace, run one scheduling round."),
+    "server": ("trainyard.cli.up_cmd", "app", "Start, inspect and stop the platform (up, status, down)."),
 }
 
+# verbs of a group that live in modules of their own: noun -> verb -> (module, function, help)
+VERBS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "jobs": {
+        "submit": ("trainyard.cli.submit_cmd", "submit", "Submit a job: placement, cost and time."),
+        "quote": ("trainyard.cli.quote_cmd", "quote_command", "Rank every priced option for a job."),
+        "predict": ("trainyard.cli.predict_cmd", "predict_command", "Predict step time and memory."),
+    },
+    "pools": {
+        "profile": ("trainyard.cli.profile_cmd", "profile_command", "Time real training steps here."),
+    },
+    "sim": {
+        "run": ("trainyard.cli.simulate_cmd", "simulate", "Simulate a workload trace under a policy."),
+        "schedule": ("trainyard.cli.schedule_cmd", "schedule", "Run one scheduling round."),
+    },
+}
 
-def load_command(name: str) -> Any:
-    """Import a command's module and turn its Typer app or function into a click command."""
-    module_name, attribute, _ = COMMANDS[name]
-    obj: Any = getattr(importlib.import_module(module_name), attribute)
-    if isinstance(obj, typer.Typer):
-        command = typer.main.get_command(obj)
-        if not isinstance(command, TyperGroup):
-            # Typer collapses an app with a single command into that command; keep it a group so that
-            # `trainyard trace generate` stays `trace generate`.
-            command = TyperGroup(name=name, commands=[command], help=COMMANDS[name][2], no_args_is_help=True)
-    else:
-        single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
-        single.command(name)(obj)
-        command = typer.main.get_command(single)
-    command.name = name
+# what people type -> (noun, verb or None for the whole group)
+ALIASES: dict[str, tuple[str, str | None]] = {
+    "submit": ("jobs", "submit"),
+    "quote": ("jobs", "quote"),
+    "predict": ("jobs", "predict"),
+    "profile": ("pools", "profile"),
+    "simulate": ("sim", "run"),
+    "schedule": ("sim", "schedule"),
+    "up": ("server", "up"),
+    "down": ("server", "down"),
+    "status": ("server", "status"),
+    "checkpoint": ("checkpoints", None),
+    "eval": ("evals", None),
+    "spec": ("specs", None),
+    "trace": ("traces", None),
+    "job": ("jobs", None),
+    "pool": ("pools", None),
+    "tenant": ("tenants", None),
+    "dataset": ("datasets", None),
+    "model": ("models", None),
+    "deployment": ("deployments", None),
+    "budget": ("budgets", None),
+    "sweep": ("sweeps", None),
+}
+
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
+
+
+def _plain_help(command: Any) -> Any:
+    """Plain help text everywhere (option names are never cut, whatever the width), and -h."""
+    if isinstance(command, TyperCommand | TyperGroup):
+        command.rich_markup_mode = None
+    if getattr(command, "context_settings", None) is not None:
+        command.context_settings = {**CONTEXT_SETTINGS, **command.context_settings}
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
     return command
 
 
+def _function_command(module_name: str, attribute: str, name: str, help_text: str | None = None) -> Any:
+    obj: Any = getattr(importlib.import_module(module_name), attribute)
+    single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+    single.command(name)(obj)
+    command = typer.main.get_command(single)
+    command.name = name
+    return _plain_help(command)
+
+
 class LazyGroup(TyperGroup):
-    """A Typer group whose registered commands are joined by the lazily imported ones."""
+    """A group whose commands are joined by lazily imported ones (``lazy``: verb -> module, attr, help)
+    and aliases (``aliases``: what people type -> the real command)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        lazy: dict[str, tuple[str, str, str]] | None = None,
+        aliases: dict[str, tuple[str, str | None]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+        self.aliases = dict(aliases or {})
+        self.rich_markup_mode = None
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return sorted({*super().list_commands(ctx), *COMMANDS})
+        return sorted({*super().list_commands(ctx), *self.lazy})
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name in COMMANDS:
-            return load_command(cmd_name)
+        if cmd_name in self.lazy:
+            module_name, attribute, help_text = self.lazy[cmd_name]
+            return load_command(cmd_name, module_name, attribute, help_text)
+        if cmd_name in self.aliases:
+            noun, verb = self.aliases[cmd_name]
+            group = self.get_command(ctx, noun)
+            if verb is None:
+                return group
+            return group.get_command(ctx, verb) if group is not None else None
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
-        rows += [(n, c.get_short_help_str()) for n, c in sorted(self.commands.items())]
+        rows = [(name, spec[2]) for name, spec in self.lazy.items()]
+        rows += [(n, c.get_short_help_str(limit=70)) for n, c in self.commands.items() if not c.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(sorted(rows))
+        if self.aliases:
+            shortcuts = [
+                (alias, f"= trainyard {noun}{' ' + verb if verb else ''}")
+                for alias, (noun, verb) in sorted(self.aliases.items())
+                if verb is not None or alias not in _SINGULARS
+            ]
+            with formatter.section("Shortcuts"):
+                formatter.write_dl(shortcuts)
+
+
+_SINGULARS = {"job", "pool", "tenant", "dataset", "model", "deployment", "budget", "sweep"}
+
+
+def load_command(name: str, module_name: str, attribute: str, help_text: str) -> Any:
+    """Import a command's module and turn its Typer app (a group) or function (a command) into a click
+    command; a group with verbs in other modules gets those lazily."""
+    extra = VERBS.get(name, {})
+    if not module_name:
+        return _plain_help(LazyGroup(name=name, lazy=extra, help=help_text, no_args_is_help=True))
+    obj: Any = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(obj, typer.Typer):
+        return _function_command(module_name, attribute, name, help_text)
+    command = typer.main.get_command(obj)
+    if not isinstance(command, TyperGroup):
+        # Typer collapses an app with a single command into that command; keep it a group so that
+        # `trainyard traces generate` stays `traces generate`.
+        command = TyperGroup(name=name, commands=[command], help=help_text, no_args_is_help=True)
+    if extra:
+        group = LazyGroup(
+            name=name,
+            commands=list(command.commands.values()),
+            lazy=extra,
+            help=command.help or help_text,
+            no_args_is_help=True,
+            params=command.params,
+            callback=command.callback,
+            invoke_without_command=command.invoke_without_command,
+        )
+        command = group
+    command.name = name
+    return _plain_help(command)
+
+
+class RootGroup(LazyGroup):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, aliases=ALIASES, **kwargs)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in GROUPS:
+            module_name, attribute, help_text = GROUPS[cmd_name]
+            return load_command(cmd_name, module_name, attribute, help_text)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted({*super().list_commands(ctx), *GROUPS})
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, spec[2]) for name, spec in GROUPS.items()]
+        rows += [(n, c.get_short_help_str(limit=70)) for n, c in self.commands.items() if not c.hidden]
         with formatter.section("Commands"):
             formatter.write_dl(sorted(rows))
+        shortcuts = [
+            (alias, f"= trainyard {noun}{' ' + verb if verb else ''}")
+            for alias, (noun, verb) in sorted(self.aliases.items())
+            if alias not in _SINGULARS
+        ]
+        with formatter.section("Shortcuts"):
+            formatter.write_dl(shortcuts)
+        formatter.write_paragraph()
+        formatter.write_text(
+            "Every command takes --json (one JSON document on stdout; on failure the error document "
+            "{error: {code, message, hint, details}} and a non-zero exit status) and -h for its help. "
+            "The server is found through --url, TRAINYARD_URL, or $TRAINYARD_HOME/server.json written by "
+            "`trainyard up`; the API key through TRAINYARD_API_KEY or $TRAINYARD_HOME/api_key."
+        )
 
 
 app = typer.Typer(
     name="trainyard",
-    cls=LazyGroup,
+    cls=RootGroup,
     help="Train and fine-tune models on heterogeneous accelerators at the lowest expected cost.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
     rich_markup_mode=None,
+    context_settings=CONTEXT_SETTINGS,
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainyard {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    url: str = typer.Option(
+        None, "--url", metavar="URL", help="Server to talk to (default: TRAINYARD_URL, then server.json)."
+    ),
+    version_: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Train and fine-tune models on heterogeneous accelerators at the lowest expected cost."""
 
 
 @app.command("version")
-def version() -> None:
+def version(as_json: bool = typer.Option(False, "--json", help="Print {version, python} as JSON.")) -> None:
     """Print the trainyard version."""
+    if as_json:
+        from trainyard.cli.common import print_json
+
+        print_json({"version": __version__, "python": sys.version.split()[0]})
+        return
     typer.echo(__version__)
 
 
-def main() -> None:
-    app()
+def _json_flag(argv: list[str]) -> bool:
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in head
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click usage errors and unexpected exceptions become one line (and, with --json, an
+    error document on stdout), never a traceback (TRAINYARD_DEBUG=1 shows it)."""
+    from typer._click.exceptions import ClickException
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rv = app(args=args, prog_name="trainyard", standalone_mode=False)
+    except ClickException as exc:
+        if _json_flag(args):
+            from trainyard.cli.common import print_json
+
+            print_json(
+                {
+                    "error": {
+                        "code": "usage",
+                        "message": exc.format_message(),
+                        "hint": "Run the command with -h for its arguments and options.",
+                        "details": {},
+                    }
+                }
+            )
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    except (typer.Abort, EOFError):
+        typer.echo("aborted", err=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise SystemExit(130) from None
+    except SystemExit:
+        raise
+    except Exception as exc:  # a bug: say so in one line, keep the traceback for TRAINYARD_DEBUG
+        if os.environ.get("TRAINYARD_DEBUG"):
+            raise
+        from trainyard.errors import TrainyardError
+
+        err = TrainyardError(f"unexpected {type(exc).__name__}: {exc}")
+        from trainyard.cli.common import fail
+
+        fail(err, as_json=_json_flag(args))
+    raise SystemExit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

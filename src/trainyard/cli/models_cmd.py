@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import WIDE_OPTION_HELP, Col, console, handle_errors, print_json, print_table
 
 app = typer.Typer(help="Model registry: versions, lineage, aliases and promotion.", no_args_is_help=True)
 
@@ -29,7 +28,7 @@ def import_model(
     if as_json:
         print_json(doc)
         return
-    console.print(f"imported [bold]{doc['id']}[/] sha256 {doc['sha256'][:16]}…")
+    console.print(f"imported [bold]{doc['id']}[/] sha256 {doc['sha256']}", soft_wrap=True)
 
 
 @app.command("list")
@@ -37,6 +36,7 @@ def import_model(
 def list_models(
     name: str = typer.Option(None, "--name", help="Only versions of this model."),
     dataset: str = typer.Option(None, "--dataset", help="Only versions trained on this dataset."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print {models} as JSON."),
 ) -> None:
     """List model versions: yours and the public base models."""
@@ -45,17 +45,26 @@ def list_models(
     if as_json:
         print_json(doc)
         return
-    table = Table("ID", "KIND", "BASE", "ALIASES", "SOURCE JOB", "CREATED")
-    for m in doc["models"]:
-        table.add_row(
+    cols = (
+        Col("ID", key=True),
+        Col("KIND", priority=2),
+        Col("BASE", key=True, priority=1),
+        Col("ALIASES"),
+        Col("SOURCE JOB", key=True, priority=3),
+        Col("CREATED", priority=4),
+    )
+    rows = [
+        [
             m["id"],
             m["kind"] + (" (public)" if m.get("public") else ""),
             m.get("base") or "-",
             ",".join(m.get("aliases") or []) or "-",
             m.get("source_job") or "-",
-            m.get("created_at") or "",
-        )
-    console.print(table)
+            str(m.get("created_at") or "")[:19].replace("T", " "),
+        ]
+        for m in doc["models"]
+    ]
+    print_table(cols, rows, wide=wide)
 
 
 @app.command("get")
@@ -125,10 +134,27 @@ def aliases(
         return
     for a, v in doc["aliases"].items():
         console.print(f"{a} -> {v}")
-    table = Table("AT", "ALIAS", "FROM", "TO", "BY", "EVALUATION", "FORCED", "REASON")
-    for h in doc["history"]:
-        table.add_row(
-            h["at"], h["alias"], h["from"] or "-", h["to"], h["actor"], h["evaluation"] or "-",
-            "yes" if h["forced"] else "", h["reason"],
-        )  # fmt: skip
-    console.print(table)
+    cols = (
+        Col("AT", priority=3),
+        Col("ALIAS", key=True),
+        Col("FROM", key=True),
+        Col("TO", key=True),
+        Col("BY", priority=2),
+        Col("EVALUATION", key=True, priority=1),
+        Col("FORCED", priority=4),
+        Col("REASON", priority=5),
+    )
+    rows = [
+        [
+            h["at"],
+            h["alias"],
+            h["from"] or "-",
+            h["to"],
+            h["actor"],
+            h["evaluation"] or "-",
+            "yes" if h["forced"] else "",
+            h["reason"],
+        ]
+        for h in doc["history"]
+    ]
+    print_table(cols, rows)

@@ -6,11 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.table import Column, Table
 
-from trainyard.catalog.pools import load_pools
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import (
+    WIDE_OPTION_HELP,
+    Col,
+    console,
+    handle_errors,
+    market,
+    print_json,
+    print_table,
+    usd,
+)
 from trainyard.errors import InvalidInputError
 
 app = typer.Typer(help="Live pools: capacity, prices, interruption rates.", no_args_is_help=True)
@@ -18,40 +25,46 @@ app = typer.Typer(help="Live pools: capacity, prices, interruption rates.", no_a
 
 @app.command("list")
 @handle_errors
-def list_pools(as_json: bool = typer.Option(False, "--json", help="Print {pools} as JSON.")) -> None:
+def list_pools(
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print {pools} as JSON."),
+) -> None:
     """List the live pools the scheduler places jobs on."""
     with client() as c:
         doc = c.list_pools()
     if as_json:
         print_json(doc)
         return
-    table = Table(
-        Column("NAME", no_wrap=True),
-        "ACCELERATOR",
-        "DEVICES",
-        "IN USE",
-        "MARKET",
-        "$/DEVICE-H",
-        "INTERRUPTS/H",
-        "REGION",
-        "BACKEND",
+    cols = (
+        Col("NAME", key=True),
+        Col("ACCELERATOR", key=True),
+        Col("DEVICES", justify="right"),
+        Col("IN USE", justify="right", priority=3),
+        Col("MARKET"),
+        Col("$/DEVICE-H", justify="right"),
+        Col("INTERRUPTS/H", justify="right", priority=2),
+        Col("REGION", priority=1),
+        Col("BACKEND", priority=4),
     )
+    rows = []
     for p in doc["pools"]:
         total = p["nodes"] * p["devices_per_node"]
         avail = p.get("available_devices")
         price = p.get("price_usd_per_device_hour")
-        table.add_row(
-            p["name"],
-            p["accelerator"],
-            f"{avail if avail is not None else total}/{total}",
-            str(p.get("devices_in_use", 0)),
-            p["market"],
-            "-" if price is None else f"{price:.4f}",
-            str(p.get("interruption_rate_per_hour", "-")),
-            p["region"],
-            f"{p.get('backend', '-')}{'' if p.get('executable', True) else ' (planning only)'}",
+        rows.append(
+            [
+                p["name"],
+                p["accelerator"],
+                f"{avail if avail is not None else total}/{total}",
+                str(p.get("devices_in_use", 0)),
+                market(p["market"]),
+                usd(price),
+                str(p.get("interruption_rate_per_hour", "-")),
+                p["region"],
+                f"{p.get('backend', '-')}{'' if p.get('executable', True) else ' (planning only)'}",
+            ]
         )
-    console.print(table)
+    print_table(cols, rows, wide=wide)
 
 
 @app.command("set")
@@ -82,6 +95,8 @@ def set_pool(
     }
     with client() as c:
         if file is not None:
+            from trainyard.catalog.pools import load_pools
+
             if name is not None or changes:
                 raise InvalidInputError("give either --file or a pool name with changes, not both")
             docs = [c.put_pool(p.model_dump(mode="json", exclude_none=True)) for p in load_pools(file)]
@@ -106,8 +121,14 @@ def set_pool(
 
 @app.command("delete")
 @handle_errors
-def delete_pool(name: str = typer.Argument(..., help="Pool name.")) -> None:
+def delete_pool(
+    name: str = typer.Argument(..., help="Pool name."),
+    as_json: bool = typer.Option(False, "--json", help="Print {name, deleted} as JSON."),
+) -> None:
     """Remove a live pool (admin key)."""
     with client() as c:
         c.delete_pool(name)
+    if as_json:
+        print_json({"name": name, "deleted": True})
+        return
     console.print(f"pool {name} deleted")

@@ -101,7 +101,7 @@ def print_quote(
 def quote_command(
     spec_path: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
     pools_path: Path | None = typer.Option(
-        None, "--pools", help="POOLS file (DESIGN §3.4); without it the packaged catalog is quoted."
+        None, "--pools", help="POOLS file (YAML); without it the packaged catalog is quoted."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print {options: [...]} as one JSON document."),
     limit: int = typer.Option(20, "--limit", min=1, help="Feasible rows shown in the table."),

@@ -165,6 +165,9 @@ def generate(
     gangs: str = typer.Option("1:0.45,2:0.2,4:0.2,8:0.15", "--gangs", help="Gang-size mix, DEVICES:WEIGHT."),
     hours: str = typer.Option("0.5:12", "--hours", help="Job length range in reference hours, LO:HI."),
     out: Path | None = typer.Option(None, "--out", help="Write the TRACE here instead of stdout."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print {jobs, out} (with --out), or {jobs, trace: [...]}, as one JSON document."
+    ),
 ) -> None:
     """Generate a synthetic TRACE: Poisson arrivals, model-size and gang-size mixes, deadline fractions."""
     from trainyard.sim import TraceMix, dump_trace, generate_trace
@@ -204,8 +207,16 @@ def generate(
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     text = dump_trace(trace)
-    if out is None:
+    if out is not None:
+        out.write_text(text, encoding="utf-8")
+    if as_json:
+        import json
+
+        if out is not None:
+            print_json({"jobs": len(trace), "out": str(out)})
+        else:
+            print_json({"jobs": len(trace), "trace": [json.loads(x) for x in text.splitlines() if x.strip()]})
+    elif out is None:
         sys.stdout.write(text)
     else:
-        out.write_text(text, encoding="utf-8")
         console.print(f"wrote {len(trace)} jobs to {out}", highlight=False)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import console, error_document, handle_errors, print_error, print_json
+from trainyard.errors import SpecError
 from trainyard.spec import JobSpec, load_spec
 
 app = typer.Typer(help="Validate job specs and print their JSON Schema.", no_args_is_help=True)
@@ -18,11 +19,19 @@ app = typer.Typer(help="Validate job specs and print their JSON Schema.", no_arg
 def validate(
     path: Path = typer.Argument(..., help="Job spec (YAML or JSON)."),
     as_json: bool = typer.Option(
-        False, "--json", help="Print the normalised spec and derived sizes as JSON."
+        False,
+        "--json",
+        help="Print {valid: true, spec, derived}, or {valid: false, error: {code, message, hint, details}}.",
     ),
 ) -> None:
-    """Check a job spec and show what trainyard derived from it."""
-    spec = load_spec(path)
+    """Check a job spec (every problem is listed) and show what trainyard derived from it."""
+    try:
+        spec = load_spec(path)
+    except SpecError as exc:
+        if as_json:
+            print_json({"valid": False, **error_document(exc)})
+        print_error(exc)
+        raise SystemExit(exc.exit_code) from None
     derived = {
         "params": spec.params,
         "active_params": spec.model.active_params,
@@ -44,9 +53,13 @@ def validate(
 
 
 @app.command("schema")
-def schema() -> None:
+def schema(
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the schema as one compact JSON document (the default is indented)."
+    ),
+) -> None:
     """Print the JSON Schema of trainyard/v1 TrainingJob (for editors and validators)."""
     doc = JobSpec.model_json_schema(by_alias=True)
     doc["$id"] = "https://trainyard.dev/schemas/trainyard-v1-trainingjob.json"
     doc["title"] = "trainyard/v1 TrainingJob"
-    print(json.dumps(doc, indent=2))
+    print(json.dumps(doc, indent=None if as_json else 2))

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import Col, console, handle_errors, print_json, print_table
 from trainyard.errors import InvalidInputError
 
 app = typer.Typer(help="Tenants and their API keys (needs an admin key).", no_args_is_help=True)
@@ -47,16 +46,24 @@ def list_tenants(as_json: bool = typer.Option(False, "--json", help="Print {tena
     if as_json:
         print_json(doc)
         return
-    table = Table("NAME", "ID", "CREATED", "MAX QUEUED", "MAX DEVICES")
-    for t in doc["tenants"]:
-        table.add_row(
+    cols = (
+        Col("NAME", key=True),
+        Col("ID", key=True),
+        Col("CREATED", priority=1),
+        Col("MAX QUEUED", justify="right", priority=2),
+        Col("MAX DEVICES", justify="right", priority=2),
+    )
+    rows = [
+        [
             t["name"],
             t["id"],
-            t.get("created_at") or "",
+            str(t.get("created_at") or "")[:19].replace("T", " "),
             str(t.get("max_queued_jobs") or "-"),
             str(t.get("max_active_devices") or "-"),
-        )
-    console.print(table)
+        ]
+        for t in doc["tenants"]
+    ]
+    print_table(cols, rows)
 
 
 # option name -> field of PATCH /v1/tenants/{name}; `--unset FIELD` removes a limit
@@ -172,10 +179,11 @@ def list_keys(
         print_json(doc)
         return
     expiring = any(k.get("expires_at") for k in doc["keys"])
-    table = Table()
-    table.add_column("ID", no_wrap=True)
-    for col in ("KEY", "ROLE", "CREATED", *(["EXPIRES"] if expiring else []), "REVOKED"):
-        table.add_column(col)
+    cols = [Col("ID", key=True), Col("KEY", key=True), Col("ROLE"), Col("CREATED", priority=1)]
+    if expiring:
+        cols.append(Col("EXPIRES"))
+    cols.append(Col("REVOKED"))
+    rows = []
     for k in doc["keys"]:
         row = [
             k["id"],
@@ -185,8 +193,8 @@ def list_keys(
         ]
         if expiring:
             row.append(k.get("expires_at") or "-")
-        table.add_row(*row, "yes" if k["revoked"] else "no")
-    console.print(table)
+        rows.append([*row, "yes" if k["revoked"] else "no"])
+    print_table(cols, rows)
 
 
 @keys_app.command("create")

@@ -7,10 +7,9 @@ import io
 import sys
 
 import typer
-from rich.table import Table
 
 from trainyard.cli._remote import client
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import Col, console, handle_errors, number, print_json, print_table, usd
 
 app = typer.Typer(
     help="Usage from the ledger: reports, invoices.", no_args_is_help=False, invoke_without_command=True
@@ -50,18 +49,27 @@ def usage(
             w.writerow([r.get(k) for k in CSV_COLUMNS])
         sys.stdout.write(buf.getvalue())
         return
-    table = Table(by.upper(), "USD", "DEVICE-H", "TOKENS", "REQUESTS", "ENTRIES")
-    for r in doc["rows"]:
-        table.add_row(
+    cols = (
+        Col(by.upper(), key=True),
+        Col("USD", justify="right"),
+        Col("DEVICE-H", justify="right"),
+        Col("TOKENS", justify="right", priority=1),
+        Col("REQUESTS", justify="right", priority=2),
+        Col("ENTRIES", justify="right", priority=3),
+    )
+    rows = [
+        [
             r["group"],
-            f"${r['usd']:,.4f}",
-            f"{r['device_hours']:,.3f}",
-            str(r["tokens"]),
-            str(r["requests"]),
-            str(r["entries"]),
-        )
-    console.print(table)
-    console.print(f"total ${doc['total_usd']:,.4f}")
+            usd(r["usd"]),
+            number(r["device_hours"], ",.3f"),
+            number(r["tokens"]),
+            number(r["requests"]),
+            number(r["entries"]),
+        ]
+        for r in doc["rows"]
+    ]
+    print_table(cols, rows)
+    console.print(f"total {usd(doc['total_usd'])}")
 
 
 @app.command("invoice")
@@ -77,20 +85,32 @@ def invoice(
     if as_json:
         print_json(doc)
         return
-    table = Table("KIND", "ACCELERATOR", "MARKET", "QUANTITY", "UNIT", "UNIT PRICE", "USD")
-    for line in doc["lines"]:
-        table.add_row(
+    from trainyard.cli.common import market
+
+    cols = (
+        Col("KIND", key=True),
+        Col("ACCELERATOR"),
+        Col("MARKET"),
+        Col("QUANTITY", justify="right"),
+        Col("UNIT", priority=1),
+        Col("UNIT PRICE", justify="right", priority=2),
+        Col("USD", justify="right"),
+    )
+    rows = [
+        [
             line["kind"],
             line.get("accelerator") or "-",
-            line.get("market") or "-",
-            f"{line['quantity']:,.3f}",
+            market(line.get("market")),
+            number(line["quantity"], ",.3f"),
             line["unit"],
-            f"${line['unit_price_usd']:.8f}",
-            f"${line['usd']:,.4f}",
-        )
+            usd(line["unit_price_usd"], 3),
+            usd(line["usd"]),
+        ]
+        for line in doc["lines"]
+    ]
     console.print(f"invoice for [bold]{doc['tenant']}[/], {doc['month']}")
-    console.print(table)
-    console.print(f"total ${doc['total_usd']:,.2f}")
+    print_table(cols, rows)
+    console.print(f"total {usd(doc['total_usd'])}")
 
 
 @app.command("reconcile")
