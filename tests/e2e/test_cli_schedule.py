@@ -45,9 +45,10 @@ def test_bad_files_exit_2_with_one_line(tmp_path: Path) -> None:
     bad.write_text('{"submit_s": 0, "tenant": "t", "spec": {"name": "x"}}\n')
     out = run("--jobs", str(bad), "--pools", "examples/seed-pools.yaml", "--json")
     assert out.returncode == 2
-    assert out.stdout == ""
+    assert json.loads(out.stdout)["error"]["code"] == "invalid_jobs"
     assert "Traceback" not in out.stderr
     assert out.stderr.splitlines()[0].startswith("error: ") and ":1: spec." in out.stderr
     # a spec file given as POOLS
     out = run("--jobs", "examples/seed-jobs.jsonl", "--pools", "examples/seed-example.yaml", "--json")
-    assert out.returncode == 2 and "Traceback" not in out.stderr and out.stdout == ""
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert json.loads(out.stdout)["error"]["code"].startswith("invalid")

@@ -80,8 +80,10 @@ def test_submit_subprocess_prints_one_json_document(server: ServerProcess, tmp_p
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: {architecture: decoder\n")
     proc = subprocess_cli(["submit", str(bad), "--json"], server.cli_env())
-    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-    assert "malformed YAML" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "malformed YAML" in proc.stderr  # the one line for people, and the document for scripts:
+    err = json.loads(proc.stdout)["error"]
+    assert err["code"] == "invalid_spec" and "malformed YAML" in err["message"] and err["hint"]
 
 
 def test_submit_get_cancel_events(

@@ -90,6 +90,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     for case in cases:
         out = run("simulate", *case, "--json")
         assert out.returncode == 2, (case, out.stderr)
-        assert out.stdout == ""
+        # --json: the error document on stdout (the same envelope the API answers with)
+        assert set(json.loads(out.stdout)["error"]) == {"code", "message", "hint", "details"}
         assert "Traceback" not in out.stderr
         assert out.stderr.splitlines()[0].startswith("error: ")

@@ -165,7 +165,9 @@ class Col:
     justify: str = "left"
 
 
-def _build(cols: Sequence[Col], cells: Sequence[Sequence[str]], keep: Sequence[int], title: str | None) -> Any:
+def _build(
+    cols: Sequence[Col], cells: Sequence[Sequence[str]], keep: Sequence[int], title: str | None
+) -> Any:
     from rich import box
     from rich.table import Table
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainyard.cli.common import duration, market, usd
+from trainyard.cli.common import duration, hours, market, usd
 
 
 def describe(e: dict[str, Any]) -> str:
@@ -68,7 +68,7 @@ def describe(e: dict[str, Any]) -> str:
             text += (
                 f"; best {best.get('pool') or best.get('accelerator')}: {best.get('devices')} × "
                 f"{best.get('accelerator')} {market(best.get('market'))}, "
-                f"{usd(best.get('expected_cost_usd'))} in {duration((best.get('expected_hours') or 0) * 3600)}"
+                f"{usd(best.get('expected_cost_usd'))} in {hours(best.get('expected_hours'))}"
             )
         return text
     if kind == "record":

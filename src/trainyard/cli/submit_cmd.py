@@ -114,7 +114,8 @@ def _await_placement(c: Any, doc: dict[str, Any], *, patience_s: float) -> dict[
     """The job document once the scheduler has placed it (or has said why not), for at most
     ``patience_s``: the placement is what the user wants to see first."""
     deadline = time.monotonic() + patience_s
-    while doc.get("placement") is None and doc["state"] in ("pending", "queued") and time.monotonic() < deadline:
+    waiting = ("pending", "queued")
+    while doc.get("placement") is None and doc["state"] in waiting and time.monotonic() < deadline:
         time.sleep(0.2)
         doc = c.get_job(doc["id"])
     return doc
