@@ -225,12 +225,15 @@ def print_table(
     terminal = out.is_terminal
     keep = list(range(len(cols))) if wide or not terminal else fit_columns(cols, cells, out.width)
     table = _build(cols, cells, keep, title)
-    if terminal:
+    if terminal and not wide:
         out.print(table)
     else:
-        Console(file=out.file, width=max(natural_width(table), 20), no_color=True, highlight=False).print(
-            table
-        )
+        # --wide, or not a terminal: every cell at its natural width (long lines are the terminal's to
+        # wrap), never cut to the console's width
+        width = max(natural_width(table), 20)
+        Console(
+            file=out.file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False
+        ).print(table)
     dropped = len(cols) - len(keep)
     if dropped:
         out.print(f"[dim]{dropped} column(s) hidden to fit the terminal: --wide shows all[/]")
