@@ -184,16 +184,10 @@ def natural_width(table: Any) -> int:
     """The width a table takes when nothing in it wraps."""
     from rich.measure import Measurement
 
-    wide = Console(width=100_000, file=_NullFile())
+    import io
+
+    wide = Console(width=100_000, file=io.StringIO())
     return Measurement.get(wide, wide.options, table).maximum
-
-
-class _NullFile:
-    def write(self, _text: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass
 
 
 def fit_columns(cols: Sequence[Col], cells: Sequence[Sequence[str]], width: int) -> list[int]:
