@@ -180,14 +180,18 @@ def _build(
     return t
 
 
-def natural_width(table: Any) -> int:
-    """The width a table takes when nothing in it wraps."""
-    from rich.measure import Measurement
-
+def _measure(table: Any) -> Any:
     import io
 
+    from rich.measure import Measurement
+
     wide = Console(width=100_000, file=io.StringIO())
-    return Measurement.get(wide, wide.options, table).maximum
+    return Measurement.get(wide, wide.options, table)
+
+
+def natural_width(table: Any) -> int:
+    """The width a table takes when nothing in it wraps."""
+    return int(_measure(table).maximum)
 
 
 def fit_columns(cols: Sequence[Col], cells: Sequence[Sequence[str]], width: int) -> list[int]:
@@ -219,11 +223,11 @@ def print_table(
     terminal = out.is_terminal
     keep = list(range(len(cols))) if wide or not terminal else fit_columns(cols, cells, out.width)
     table = _build(cols, cells, keep, title)
-    if terminal and not wide:
+    if terminal and not wide and _measure(table).minimum <= out.width:
         out.print(table)
     else:
-        # --wide, or not a terminal: every cell at its natural width (long lines are the terminal's to
-        # wrap), never cut to the console's width
+        # --wide, not a terminal, or key cells wider than the terminal: every cell at its natural width
+        # (long lines are the terminal's to wrap), never cut to the console's width
         width = max(natural_width(table), 20)
         Console(
             file=out.file, width=width, force_terminal=terminal, no_color=not terminal, highlight=False
