@@ -4,6 +4,7 @@ rendered by the real app. Login/logout, tenant isolation, friendly 404s, /metric
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,15 @@ class Env:
         assert r.status_code == 303, r.text
         return c
 
+    def checkpoint_url(self, job_id: str, step: int, *, committed: bool = True) -> str:
+        """A step directory in the tenant's checkpoint area; with a manifest when ``committed``."""
+        area = self.p.storage_policy.area("default", "checkpoints")
+        d = Path(area.removeprefix("file://")) / job_id / f"step-{step}"
+        d.mkdir(parents=True, exist_ok=True)
+        if committed:
+            (d / "manifest.json").write_text('{"step": %d}' % step)
+        return f"{area}/{job_id}/step-{step}"
+
     def submit(self, spec: dict[str, Any], key: str | None = None) -> str:
         h = {"Authorization": f"Bearer {key}"} if key else self.h
         r = self.client().post("/v1/jobs", json={"spec": spec}, headers=h)
@@ -82,10 +92,10 @@ def run_job(e: Env, name: str = "dash", preempt: bool = False, **workload: Any) 
         e.event(
             jid, "heartbeat", {"rank": 0, "step": step, "loss": loss, "step_time_s": st, "total_steps": 40}
         )
+        if i == 0:  # written, then removed by retention: its manifest is gone
+            e.event(jid, "checkpoint", {"step": step, "path": e.checkpoint_url(jid, step, committed=False)})
         if i == 1:
-            e.event(
-                jid, "checkpoint", {"step": step, "path": f"file:///ck/{jid}/step-{step}", "stall_s": 2.0}
-            )
+            e.event(jid, "checkpoint", {"step": step, "path": e.checkpoint_url(jid, step), "stall_s": 2.0})
     e.p.tick()
     if preempt:
         e.clock.now += 6
@@ -94,17 +104,23 @@ def run_job(e: Env, name: str = "dash", preempt: bool = False, **workload: Any) 
     return jid
 
 
-def svg(html: str, chart_id: str) -> str:
-    m = re.search(rf'<svg[^>]*id="{chart_id}".*?</svg>', html, re.S)
+def chart(html: str, chart_id: str) -> dict[str, Any]:
+    """The JSON spec the page hands to charts.js for ``chart_id``."""
+    m = re.search(rf'<script type="application/json" id="{chart_id}-data">(.*?)</script>', html, re.S)
     assert m, f"no {chart_id} in page"
-    return m.group(0)
+    assert f'data-chart="{chart_id}-data"' in html
+    doc: dict[str, Any] = json.loads(m.group(1))
+    return doc
 
 
-def points(svg_text: str) -> list[tuple[float, float]]:
-    return [
-        (float(x), float(y))
-        for x, y in re.findall(r'<circle[^>]*data-x="([^"]+)" data-y="([^"]+)"', svg_text)
-    ]
+def points(spec: dict[str, Any], series: int = 0) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in spec["series"][series]["points"]]
+
+
+def csrf(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, "no CSRF token in the page"
+    return m.group(1)
 
 
 def test_pages_need_login_and_render_on_an_empty_database(env: Env) -> None:
@@ -115,13 +131,25 @@ def test_pages_need_login_and_render_on_an_empty_database(env: Env) -> None:
     b = env.browser()
     r = b.get("/")
     assert r.status_code == 200 and "No jobs yet" in r.text
-    assert 'data-state="running"' in r.text and "no data yet" in r.text
+    assert 'data-state="running"' in r.text and chart(r.text, "state-counts")["bars"] == []
+    assert 'http-equiv="refresh"' not in r.text  # no full-page reloads
     r = b.get("/pools")
     assert r.status_code == 200 and "local-cpu" in r.text
     r = b.get("/quote")
     assert r.status_code == 200 and "<textarea" in r.text
     assert b.get("/static/style.css").status_code == 200
     assert b.get("/static/quote.js").status_code == 200
+    for asset in (
+        "charts.js",
+        "job.js",
+        "forms.js",
+        "vendor/uplot/uPlot.iife.min.js",
+        "vendor/uplot/LICENSE",
+    ):
+        assert b.get(f"/static/{asset}").status_code == 200, asset
+    for path in ("/datasets", "/models", "/evaluations", "/deployments", "/usage"):
+        r = b.get(path)
+        assert r.status_code == 200 and '<script src="https://' not in r.text, path
 
 
 def test_login_cookie_is_httponly_strict_and_logout_ends_the_session(
@@ -140,7 +168,8 @@ def test_login_cookie_is_httponly_strict_and_logout_ends_the_session(
     page = c.get("/")
     assert page.status_code == 200 and "tenant <strong>default</strong>" in page.text
     assert c.get("/login", follow_redirects=False).status_code == 303  # already logged in
-    r = c.post("/logout", follow_redirects=False)
+    assert c.post("/logout", follow_redirects=False).status_code == 403  # no CSRF token: still logged in
+    r = c.post("/logout", data={"csrf": csrf(page.text)}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/login"
     c.cookies.clear()
     c.cookies.set(COOKIE_NAME, cookie.split(";")[0].split("=", 1)[1])  # replaying the old token fails
@@ -155,10 +184,10 @@ def test_job_page_plots_heartbeats_against_the_prediction(env: Env) -> None:
     r = b.get(f"/jobs/{jid}")
     assert r.status_code == 200, r.text
     html = r.text
-    loss = points(svg(html, "loss-chart"))
+    loss = points(chart(html, "loss-chart"))
     assert loss == [(float(s), loss_) for s, loss_, _ in HEARTBEATS]
-    step_svg = svg(html, "step-time-chart")
-    assert points(step_svg) == [(float(s), st) for s, _, st in HEARTBEATS]
+    step = chart(html, "step-time-chart")
+    assert points(step) == [(float(s), st) for s, _, st in HEARTBEATS]
     job = env.client().get(f"/v1/jobs/{jid}", headers=env.h).json()
     placed = job["placement"]
     predicted = next(
@@ -166,9 +195,10 @@ def test_job_page_plots_heartbeats_against_the_prediction(env: Env) -> None:
         for o in job["quote"]
         if o["pool"] == placed["pool"] and o["devices"] == placed["devices"]
     )
-    m = re.search(r'class="hline" data-y="([^"]+)"', step_svg)
-    assert m and float(m.group(1)) == pytest.approx(predicted)
-    assert f"file:///ck/{jid}/step-10" in html  # checkpoints list
+    assert step["hlines"][0]["label"] == "predicted"
+    assert step["hlines"][0]["y"] == pytest.approx(predicted)
+    assert f"{jid}/step-10</td>" in html  # the checkpoint that exists
+    assert f"{jid}/step-5</td>" not in html and "1 of 2 written" in html  # the one retention removed
     assert "fakehost" in html and "4242" in html  # workers
     assert "ev-heartbeat" in html and "ev-checkpoint" in html and "ev-placement" in html  # event log
     assert "20/40" in html  # progress from the heartbeats
@@ -178,8 +208,7 @@ def test_preempted_attempt_cost_breakdown(env: Env) -> None:
     jid = run_job(env, "preempt-me", preempt=True)
     b = env.browser()
     html = b.get(f"/jobs/{jid}").text
-    cost = svg(html, "cost-chart")
-    bars = dict(re.findall(r'data-label="([^"]+)" data-value="([^"]+)"', cost))
+    bars = {b["label"]: b["value"] for b in chart(html, "cost-chart")["bars"]}
     devices = env.ex.launches[0].world_size
     rate = devices * PRICE_USD_PER_DEVICE_HOUR / 3600.0
     # attempt 1: placed at t0, started at +4, checkpoint at +24 (stall 2 s), preempted at +50
@@ -231,14 +260,17 @@ def test_quote_page_ranks_options_and_explains_bad_specs(env: Env) -> None:
     import yaml
 
     b = env.browser()
+    token = csrf(b.get("/quote").text)
     r = b.post("/quote", data={"spec": yaml.safe_dump(tiny_spec("q"))})
+    assert r.status_code == 403  # no CSRF token
+    r = b.post("/quote", data={"spec": yaml.safe_dump(tiny_spec("q")), "csrf": token})
     assert r.status_code == 200, r.text
     assert "local-cpu" in r.text and "feasible options" in r.text
     bad = tiny_spec("q")
     bad["workload"] = {**bad["workload"], "seq_len": -1}
-    r = b.post("/quote", data={"spec": yaml.safe_dump(bad)})
+    r = b.post("/quote", data={"spec": yaml.safe_dump(bad), "csrf": token})
     assert r.status_code == 422 and "workload.seq_len" in r.text
-    r = b.post("/quote", data={"spec": "{not yaml: ["})
+    r = b.post("/quote", data={"spec": "{not yaml: [", "csrf": token})
     assert r.status_code == 422
 
 
@@ -251,7 +283,8 @@ def test_quote_form_refuses_a_yaml_alias_bomb(env: Env) -> None:
             f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)
         )
     )
-    r = env.browser().post("/quote", data={"spec": bomb})
+    b = env.browser()
+    r = b.post("/quote", data={"spec": bomb, "csrf": csrf(b.get("/quote").text)})
     assert r.status_code == 422 and "anchors and aliases" in r.text
 
 

@@ -2,60 +2,47 @@
 
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from trainyard.errors import NotFoundError
 from trainyard.services.domain import Principal
 from trainyard.web import charts
-from trainyard.web.routes import safe_next
+from trainyard.web.rendering import fmt_duration_s, fmt_usd, safe_next, to_json_script
 from trainyard.web.session import SessionStore
-from trainyard.web.views import fmt_duration_s, fmt_usd, job_detail
+from trainyard.web.views import job_detail
 
 P = Principal(tenant_id="tn-1", tenant_name="t", key_id="key-1", admin=False)
 
 
-def test_line_chart_keeps_every_point_and_escapes_labels() -> None:
-    pts = [(1.0, 3.5), (2.0, 2.25), (3.0, 1.125)]
-    svg = charts.line_chart(
-        [charts.Series("<loss>", pts)],
-        x_label="step",
-        y_label="loss",
-        title="a & b",
-        hlines=[charts.HLine("predicted", 2.0)],
-        chart_id="c",
+def test_chart_specs_keep_every_finite_point_as_json() -> None:
+    pts = [(3.0, 1.125), (1.0, 3.5), (2.0, float("nan")), (2.5, 2.25)]
+    spec = charts.line(
+        "c", title="a & b", x_label="step", y_label="loss", series=[("<loss>", pts)], hlines=[("p", 2.0)]
     )
-    found = [(float(x), float(y)) for x, y in re.findall(r'data-x="([^"]+)" data-y="([^"]+)"', svg)]
-    assert found == pts
-    assert "&lt;loss&gt;" in svg and "<loss>" not in svg and "a &amp; b" in svg
-    assert 'data-y="2.0"' in svg and svg.startswith("<svg") and svg.endswith("</svg>")
-
-
-def test_empty_and_degenerate_charts_render() -> None:
-    assert "no data yet" in charts.line_chart([], x_label="x", y_label="y", title="t")
-    assert "no data yet" in charts.line_chart([charts.Series("s", [])], x_label="x", y_label="y", title="t")
-    one = charts.line_chart([charts.Series("s", [(5, 5)])], x_label="x", y_label="y", title="t")
-    assert 'data-x="5.0"' in one and "nan" not in one
-    nan = charts.line_chart(
-        [charts.Series("s", [(1, float("nan")), (2, 1)])], x_label="x", y_label="y", title="t"
+    assert spec["series"][0]["points"] == [[1.0, 3.5], [2.5, 2.25], [3.0, 1.125]]  # sorted, NaN dropped
+    assert spec["hlines"] == [{"label": "p", "y": 2.0, "color": "#dc2626"}]
+    empty = charts.line("c", title="t", x_label="x", y_label="y", series=[], hlines=[("p", None)])
+    assert empty["hlines"] == [] and empty["series"] == []
+    json.dumps(spec, allow_nan=False)  # valid JSON
+    bars = charts.bars("b", title="t", unit="USD", values=[("a", 1.0), ("b", -1.0), ("c", float("inf"))])
+    assert [(b["label"], b["value"]) for b in bars["bars"]] == [("a", 1.0), ("b", 0.0)]
+    ci = charts.intervals(
+        "i", title="t", unit="d", rows=[("loss", -0.5, -0.75, -0.25, "better"), ("x", None, None, None, "?")]
     )
-    assert "nan" not in nan.lower().replace("no data", "")
-    assert "no data yet" in charts.bar_chart([], title="t", unit="u")
-    bars = charts.bar_chart([("a", 1.0), ("b", 0.0)], title="t", unit="USD")
-    assert 'data-label="a" data-value="1.0"' in bars and 'data-label="b" data-value="0.0"' in bars
+    assert ci["rows"] == [
+        {"label": "loss", "value": -0.5, "low": -0.75, "high": -0.25, "outcome": "better", "color": "#16a34a"}
+    ]
 
 
-@settings(max_examples=80, deadline=None)
-@given(lo=st.floats(-1e6, 1e6), span=st.floats(1e-6, 1e6), n=st.integers(2, 10))
-def test_nice_ticks_cover_the_range_with_round_steps(lo: float, span: float, n: int) -> None:
-    hi = lo + span
-    ticks = charts.nice_ticks(lo, hi, n)
-    assert ticks and all(lo - 1e-9 * max(1, abs(lo)) <= t <= hi + 1e-9 * max(1, abs(hi)) for t in ticks)
-    assert ticks == sorted(ticks) and len(ticks) <= 4 * n + 2
+def test_json_for_a_script_block_cannot_close_it() -> None:
+    text = str(to_json_script({"label": "</script><script>alert(1)</script>", "amp": "a&b"}))
+    assert "</script>" not in text and "<" not in text and "&" not in text
+    assert json.loads(text) == {"label": "</script><script>alert(1)</script>", "amp": "a&b"}
 
 
 @given(n=st.integers(0, 3000), cap=st.integers(2, 700))
@@ -81,6 +68,8 @@ def test_sessions_expire_and_close() -> None:
     )  # oldest evicted
     store.close(c.token)
     assert store.get(c.token) is None and len(store) == 1
+    assert d.csrf and d.csrf != d.token and d.csrf_ok(d.csrf)
+    assert not d.csrf_ok(b.csrf) and not d.csrf_ok("") and not d.csrf_ok(None)
 
 
 def test_login_redirect_targets_stay_local() -> None:
@@ -89,15 +78,33 @@ def test_login_redirect_targets_stay_local() -> None:
         assert safe_next(bad) == "/"
 
 
-def test_formatting() -> None:
-    assert fmt_usd(None) == "–" and fmt_usd(0) == "$0" and fmt_usd(1234.5) == "$1,234.50"
-    assert fmt_usd(0.00042) == "$0.00042" and fmt_usd(float("nan")) == "–" and fmt_usd(3.25e-7) == "$3.25e-07"
-    assert fmt_duration_s(0.25) == "250 ms" and fmt_duration_s(90) == "90.0 s"
-    assert (
-        fmt_duration_s(900) == "15.0 min"
-        and fmt_duration_s(36000) == "10.0 h"
-        and fmt_duration_s(None) == "–"
-    )
+def test_money_and_times_are_for_people() -> None:
+    assert fmt_usd(None) == "–" and fmt_usd(0) == "$0.00" and fmt_usd(1234.5) == "$1,234"
+    assert fmt_usd(0.00042) == "$0.00042" and fmt_usd(float("nan")) == "–"
+    assert fmt_usd(7.82e-07) == "$0.00000078" and "e" not in fmt_usd(3.25e-7)
+    assert fmt_duration_s(90) == "2 min" and fmt_duration_s(900) == "15 min"
+    assert fmt_duration_s(36000) == "10.0 h" and fmt_duration_s(None) == "–" and fmt_duration_s(-5) == "0 s"
+
+
+def test_events_read_as_sentences_not_reprs() -> None:
+    from trainyard.web.events import describe
+
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom'
+    ev = describe(7, "failed", {"attempt": 2, "message": tb, "exit_codes": {"0": 1}}, 1_800_000_000.0)
+    assert ev.summary == "failed: Traceback (most recent call last):" and ev.text == tb
+    assert ("exit_codes", '{"0": 1}') in ev.fields and ("attempt", "2") in ev.fields
+    assert "{'" not in repr(ev.fields)  # JSON, not a Python repr
+    hb = describe(8, "heartbeat", {"step": 20, "total_steps": 40, "loss": 2.125, "step_time_s": 0.13}, None)
+    assert hb.summary == "step 20 of 40, loss 2.125, 0.13 s/step" and hb.fields == []
+    placed = {
+        "pool": "p",
+        "devices": 2,
+        "accelerator": "cpu",
+        "market": "spot",
+        "price_usd_per_device_hour": 7.82e-7,
+    }
+    pl = describe(9, "placement", placed, None)
+    assert "$0.00000078 per device-hour" in pl.summary and "e-07" not in pl.summary
 
 
 def test_job_detail_reads_all_events_of_a_long_job(tmp_path: Path) -> None:

@@ -4,26 +4,36 @@ page shows only the logged-in tenant's jobs, and a job of another tenant is a 40
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, quote
-
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup
 
 from trainyard.errors import AuthenticationError, NotFoundError, TrainyardError
-from trainyard.services.domain import Principal, iso
+from trainyard.services.domain import iso
 from trainyard.services.lifecycle import TERMINAL_STATES
-from trainyard.web import charts, views
-from trainyard.web.session import COOKIE_NAME, SessionStore
+from trainyard.web import actions, charts, views
+from trainyard.web.events import describe
+from trainyard.web.rendering import (
+    SECURITY_HEADERS,
+    FormTooLarge,
+    csrf_ok,
+    current,
+    error_page,
+    first,
+    json_response,
+    not_found,
+    now_s,
+    read_form,
+    redirect,
+    render,
+    safe_next,
+    sessions,
+    to_login,
+)
+from trainyard.web.session import COOKIE_NAME
 
 log = structlog.get_logger("trainyard.web")
 
-TEMPLATES = Path(__file__).parent / "templates"
 STATE_COLORS = {
     "pending": "#9ca3af",
     "queued": "#d97706",
@@ -35,95 +45,20 @@ STATE_COLORS = {
     "cancelled": "#6b7280",
 }
 MAX_TRACE_ROWS = 300
-REFRESH_S = 15  # pages with live jobs reload themselves
-MAX_FORM_BYTES = 262_144  # a pasted spec is a few kB
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-    "script-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
+MAX_EVENTS_SHOWN = 500
+LIVE_POLL_S = 2.0  # how often an open job page asks for news
+NOTICES = {
+    "cancelled": "The job was cancelled.",
+    "preempted": "A preemption notice was sent; the job checkpoints, goes back in the queue and resumes.",
+    "promoted": "The alias was moved.",
+    "traffic": "The traffic routes were changed.",
 }
 
 router = APIRouter(include_in_schema=False)
 
-env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"]))
-env.filters["usd"] = views.fmt_usd
-env.filters["duration"] = views.fmt_duration_s
-env.filters["iso"] = iso
 
-
-def _num(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "–"
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-env.filters["num"] = _num
-
-
-def sessions(request: Request) -> SessionStore:
-    store: SessionStore = request.app.state.web_sessions
-    return store
-
-
-def render(
-    request: Request, template: str, status: int = 200, principal: Principal | None = None, **ctx: Any
-) -> HTMLResponse:
-    html = env.get_template(template).render(request_path=request.url.path, principal=principal, **ctx)
-    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
-
-
-def not_found(request: Request, principal: Principal | None, message: str) -> HTMLResponse:
-    return render(request, "error.html", 404, principal, title="Not found", message=message)
-
-
-def current(request: Request) -> Principal | None:
-    token = request.cookies.get(COOKIE_NAME)
-    sess = sessions(request).get(token)
-    if sess is None:
-        return None
-    # a session lives only as long as the key it was opened with (revoked → logged out)
-    if not request.app.state.platform.tenants.key_active(sess.principal.key_id):
-        sessions(request).close(token)
-        return None
-    request.state.tenant = sess.principal.tenant_name
-    return sess.principal
-
-
-def to_login(request: Request) -> RedirectResponse:
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return RedirectResponse(
-        f"/login?next={quote(target, safe='')}", status_code=303, headers=SECURITY_HEADERS
-    )
-
-
-class FormTooLarge(Exception):
-    """The browser sent more than MAX_FORM_BYTES."""
-
-
-def safe_next(value: str | None) -> str:
-    """Only a local path may follow the login (no open redirect)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
-        return "/"
-    return value
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        raise FormTooLarge()
-    parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True, max_num_fields=20)
-    return {k: v[0] for k, v in parsed.items() if v}
-
-
-def now_s(request: Request) -> float:
-    return float(request.app.state.platform.options.clock())
+def notice(request: Request) -> str | None:
+    return NOTICES.get(request.query_params.get("done", ""))
 
 
 # ---- login / logout ------------------------------------------------------------------------------
@@ -140,8 +75,8 @@ async def login(request: Request) -> Response:
         form = await read_form(request)
     except FormTooLarge:
         return render(request, "login.html", 413, next="/", error="The form is too large.")
-    target = safe_next(form.get("next"))
-    key = (form.get("api_key") or "").strip()
+    target = safe_next(first(form, "next"))
+    key = first(form, "api_key").strip()
     try:
         principal = request.app.state.platform.tenants.authenticate(key)
     except AuthenticationError:
@@ -164,7 +99,14 @@ async def login(request: Request) -> Response:
 
 
 @router.post("/logout")
-def logout(request: Request) -> Response:
+async def logout(request: Request) -> Response:
+    if current(request) is not None:
+        try:
+            form = await read_form(request)
+        except FormTooLarge:
+            form = {}
+        if not csrf_ok(request, form):
+            return error_page(request, current(request), 403, "The form expired; reload the page and retry.")
     sessions(request).close(request.cookies.get(COOKIE_NAME))
     resp = RedirectResponse("/login", status_code=303, headers=SECURITY_HEADERS)
     resp.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict")
@@ -181,32 +123,60 @@ def jobs_overview(request: Request, state: str | None = None, cursor: str | None
     try:
         data = views.overview(platform, principal, state=state, cursor=cursor, now_s=now_s(request))
     except TrainyardError as exc:
-        return render(
-            request, "error.html", exc.http_status, principal, title="Bad request", message=exc.message
-        )
+        return error_page(request, principal, exc.http_status, exc.message)
     alerts = []
     evaluate = getattr(request.app.state, "evaluate_alerts", None)
     if evaluate is not None:
         alerts = [a for a in evaluate(principal.tenant_id) if a.tenant_id in (None, principal.tenant_id)]
     bars = [(st, float(n)) for st, n in data["counts"].items() if n]
-    counts_svg = Markup(
-        charts.bar_chart(
-            bars,
-            title="Jobs by state",
-            unit="jobs",
-            chart_id="state-counts",
-            colors=[STATE_COLORS.get(st, "#6b7280") for st, _ in bars],
+    counts_chart = charts.bars(
+        "state-counts",
+        title="Jobs by state",
+        unit="jobs",
+        values=bars,
+        colors=[STATE_COLORS.get(st, "#6b7280") for st, _ in bars],
+    )
+    return render(request, "jobs.html", principal=principal, counts_chart=counts_chart, alerts=alerts, **data)
+
+
+def _job_charts(d: views.JobDetail) -> dict[str, dict[str, object]]:
+    loss = [(f"attempt {a}", charts.downsample(pts)) for a, pts in sorted(d.loss_by_attempt.items())]
+    breakdown = {"start-up": 0.0, "checkpoints": 0.0, "lost work": 0.0, "compute": 0.0}
+    for a in d.attempts:
+        breakdown["start-up"] += a.startup_usd
+        breakdown["checkpoints"] += a.checkpoint_usd
+        breakdown["lost work"] += a.lost_work_usd
+        breakdown["compute"] += a.compute_usd
+    return {
+        "loss": charts.line(
+            "loss-chart", title="Training loss", x_label="step", y_label="loss", series=loss or [("loss", [])]
+        ),
+        "step": charts.line(
+            "step-time-chart",
+            title="Step time: predicted vs measured",
+            x_label="step",
+            y_label="step time (s)",
+            y_unit="s",
+            series=[("measured", charts.downsample(d.step_times))],
+            hlines=[("predicted", d.predicted_step_time_s)],
+        ),
+        "cost": charts.bars("cost-chart", title="Cost breakdown", unit="USD", values=list(breakdown.items())),
+    }
+
+
+@router.get("/jobs/{job_id}/live")
+def job_live(request: Request, job_id: str, after: int = 0) -> Response:
+    """What changed on a job page since event ``after`` (JSON, for the page's polling)."""
+    principal = current(request)
+    if principal is None:
+        return json_response({"error": {"code": "unauthenticated", "message": "log in again"}}, 401)
+    try:
+        doc = views.live_update(
+            request.app.state.platform, principal, job_id, after_event=max(0, after), now_s=now_s(request)
         )
-    )
-    return render(
-        request,
-        "jobs.html",
-        principal=principal,
-        counts_svg=counts_svg,
-        alerts=alerts,
-        refresh_s=REFRESH_S if data["open"] else None,
-        **data,
-    )
+    except NotFoundError:
+        return json_response({"error": {"code": "not_found", "message": "no such job"}}, 404)
+    return json_response(doc)
 
 
 @router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
@@ -218,48 +188,18 @@ def job_page(request: Request, job_id: str) -> Response:
         d = views.job_detail(request.app.state.platform, principal, job_id, now_s(request))
     except NotFoundError:
         return not_found(request, principal, f"There is no job {job_id[:64]!r} in your jobs.")
-    loss = [charts.Series(f"attempt {a}", pts) for a, pts in sorted(d.loss_by_attempt.items())] or [
-        charts.Series("loss", [])
-    ]
-    loss_svg = Markup(
-        charts.line_chart(
-            [charts.Series(s.label, charts.downsample(s.points)) for s in loss],
-            x_label="step",
-            y_label="loss",
-            title="Training loss",
-            chart_id="loss-chart",
-        )
-    )
-    hlines = []
-    if d.predicted_step_time_s is not None:
-        hlines.append(charts.HLine("predicted", d.predicted_step_time_s, "#dc2626"))
-    step_svg = Markup(
-        charts.line_chart(
-            [charts.Series("measured", charts.downsample(d.step_times))],
-            x_label="step",
-            y_label="step time (s)",
-            title="Step time: predicted vs measured",
-            hlines=hlines,
-            chart_id="step-time-chart",
-        )
-    )
     ratio = (
         d.measured_step_time_s / d.predicted_step_time_s
         if d.measured_step_time_s and d.predicted_step_time_s
         else None
     )
-    breakdown = {"start-up": 0.0, "checkpoints": 0.0, "lost work": 0.0, "compute": 0.0}
-    for a in d.attempts:
-        breakdown["start-up"] += a.startup_usd
-        breakdown["checkpoints"] += a.checkpoint_usd
-        breakdown["lost work"] += a.lost_work_usd
-        breakdown["compute"] += a.compute_usd
-    cost_svg = Markup(
-        charts.bar_chart(
-            [(k, v) for k, v in breakdown.items()], title="Cost breakdown", unit="USD", chart_id="cost-chart"
-        )
-    )
-    events = d.events[-500:]
+    events = [describe(e.id, e.kind, e.data, e.time_s) for e in reversed(d.events[-MAX_EVENTS_SHOWN:])]
+    live = {
+        "url": f"/jobs/{d.job.id}/live",
+        "after": d.events[-1].id if d.events else 0,
+        "poll_s": LIVE_POLL_S,
+        "terminal": d.job.state in TERMINAL_STATES,
+    }
     return render(
         request,
         "job.html",
@@ -267,15 +207,50 @@ def job_page(request: Request, job_id: str) -> Response:
         d=d,
         job=d.job,
         row=d.row,
-        loss_svg=loss_svg,
-        step_svg=step_svg,
-        cost_svg=cost_svg,
+        charts=_job_charts(d),
         ratio=ratio,
-        breakdown=breakdown,
-        events=list(reversed(events)),
+        events=events,
         events_total=len(d.events),
-        refresh_s=None if d.job.state in TERMINAL_STATES else REFRESH_S,
+        live=live,
+        notice=notice(request),
+        terminal=d.job.state in TERMINAL_STATES,
     )
+
+
+async def _job_action(request: Request, job_id: str, what: str) -> Response:
+    principal = current(request)
+    if principal is None:
+        return to_login(request)
+    try:
+        form = await read_form(request)
+    except FormTooLarge:
+        return error_page(request, principal, 413, "The form is too large.")
+    if not csrf_ok(request, form):
+        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    platform = request.app.state.platform
+    from starlette.concurrency import run_in_threadpool
+
+    try:
+        if what == "cancel":
+            await run_in_threadpool(actions.cancel_job, platform, principal, job_id)
+        else:
+            await run_in_threadpool(actions.preempt_job, platform, principal, job_id)
+    except NotFoundError:
+        return not_found(request, principal, f"There is no job {job_id[:64]!r} in your jobs.")
+    except TrainyardError as exc:
+        return error_page(request, principal, exc.http_status, exc.message)
+    log.info("dashboard_job_action", action=what, job_id=job_id, tenant=principal.tenant_name)
+    return redirect(f"/jobs/{job_id}?done={'cancelled' if what == 'cancel' else 'preempted'}")
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def job_cancel(request: Request, job_id: str) -> Response:
+    return await _job_action(request, job_id, "cancel")
+
+
+@router.post("/jobs/{job_id}/preempt")
+async def job_preempt(request: Request, job_id: str) -> Response:
+    return await _job_action(request, job_id, "preempt")
 
 
 @router.get("/pools", response_class=HTMLResponse)
@@ -284,9 +259,13 @@ def pools_page(request: Request) -> Response:
     if principal is None:
         return to_login(request)
     rows = views.pools_view(request.app.state.platform)
-    util = [(r["name"], float(r["in_use"])) for r in rows]
-    util_svg = Markup(charts.bar_chart(util, title="Devices in use", unit="devices", chart_id="pool-use"))
-    return render(request, "pools.html", principal=principal, pools=rows, util_svg=util_svg)
+    util = charts.bars(
+        "pool-use",
+        title="Devices in use",
+        unit="devices",
+        values=[(r["name"], float(r["in_use"])) for r in rows],
+    )
+    return render(request, "pools.html", principal=principal, pools=rows, util_chart=util)
 
 
 EXAMPLE_SPEC = """\
@@ -318,7 +297,9 @@ async def quote_submit(request: Request) -> Response:
         return render(
             request, "quote.html", 413, principal, spec_text="", result=None, error="The spec is too large."
         )
-    text = form.get("spec", "")
+    if not csrf_ok(request, form):
+        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    text = first(form, "spec")
     from starlette.concurrency import run_in_threadpool
 
     try:
@@ -336,10 +317,6 @@ async def quote_submit(request: Request) -> Response:
             field_errors=exc.details.get("errors") or [],
         )
     return render(request, "quote.html", principal=principal, spec_text=text, result=result, error=None)
-
-
-def dashboard_404(request: Request) -> HTMLResponse:
-    return not_found(request, current(request), "There is no page here.")
 
 
 @router.get("/traces", response_class=HTMLResponse)

@@ -4,6 +4,11 @@ The login form takes an API key, checks it with the tenant service and, when it 
 server-side session: a random token (the cookie's only content, HttpOnly, SameSite=Strict) mapped to the
 principal behind the key. The key itself is neither stored nor logged; only its principal is kept, for a
 limited time. Sessions live in memory, so a restart logs everyone out.
+
+Each session also carries a CSRF token: every form and every ``fetch`` that changes something sends it
+back (a hidden ``csrf`` field or an ``X-CSRF-Token`` header), and the server compares it in constant time
+with the session's own, so a page of another site cannot act for a logged-in user even where the
+browser ignores ``SameSite``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ class Session:
     token: str
     principal: Principal
     expires_at_s: float
+    csrf: str = ""
+
+    def csrf_ok(self, value: str | None) -> bool:
+        """Whether ``value`` is this session's CSRF token (compared in constant time)."""
+        return bool(value) and bool(self.csrf) and secrets.compare_digest(str(value), self.csrf)
 
 
 class SessionStore:
@@ -43,7 +53,9 @@ class SessionStore:
         self._lock = threading.Lock()
 
     def open(self, principal: Principal) -> Session:
-        sess = Session(secrets.token_urlsafe(32), principal, self.clock() + self.ttl_s)
+        sess = Session(
+            secrets.token_urlsafe(32), principal, self.clock() + self.ttl_s, csrf=secrets.token_urlsafe(32)
+        )
         with self._lock:
             self._sessions[sess.token] = sess
             while len(self._sessions) > self.max_sessions:

@@ -11,39 +11,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainyard.errors import NotFoundError, TrainyardError
+from trainyard.errors import NotFoundError, StorageNotAllowedError, TrainyardError
 from trainyard.services.domain import Job, JobEvent, Principal, iso
 from trainyard.services.execution import attempt_cost_usd
 from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
 from trainyard.store.repositories import JobRepo
+from trainyard.web.rendering import fmt_usd
 
 MAX_EVENTS = 200_000  # a job page reads at most this many events (~23 days of heartbeats every 10 s)
 JOBS_PAGE = 50
-
-
-def fmt_usd(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "–"
-    if v == 0:
-        return "$0"
-    if abs(v) < 0.0001:
-        return f"${v:.3g}"  # $/step of small jobs: 3.25e-07
-    if abs(v) < 0.01:
-        return f"${v:.5f}"
-    return f"${v:,.2f}"
-
-
-def fmt_duration_s(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "–"
-    v = max(0.0, v)
-    if v < 1:
-        return f"{v * 1000:.0f} ms"
-    if v < 120:
-        return f"{v:.1f} s"
-    if v < 7200:
-        return f"{v / 60:.1f} min"
-    return f"{v / 3600:.1f} h"
+LIVE_EVENTS_PAGE = 5000  # events one poll of the live endpoint returns at most
+MAX_CHECKPOINTS_CHECKED = 200  # the newest checkpoints whose manifests a job page looks for
 
 
 def total_steps(job: Job) -> int | None:
@@ -175,6 +153,8 @@ class JobDetail:
     measured_step_time_s: float | None = None
     attempts: list[AttemptCost] = field(default_factory=list)
     quote_best: dict[str, Any] | None = None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    runner_ups: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _predicted(job: Job, platform: Any = None) -> tuple[float | None, str, dict[str, Any] | None]:
@@ -306,32 +286,122 @@ def read_events(db: Any, job_id: str, limit: int = MAX_EVENTS) -> list[JobEvent]
         return [JobEvent(id=i, job_id=job_id, kind=k, data=d or {}, time_s=t) for i, k, d, t in s.execute(q)]
 
 
+def _curves(
+    events: list[JobEvent],
+) -> tuple[dict[int, list[tuple[float, float]]], list[tuple[float, float]], dict[int, list[float]]]:
+    """Loss per attempt, step times, and the measured step times per attempt from heartbeats."""
+    loss: dict[int, dict[float, float]] = {}
+    step_times: list[tuple[float, float]] = []
+    measured: dict[int, list[float]] = {}
+    for e in events:
+        if e.kind != "heartbeat":
+            continue
+        a = int(e.data.get("attempt") or 0)
+        step, value, st = e.data.get("step"), e.data.get("loss"), e.data.get("step_time_s")
+        if isinstance(step, int | float) and isinstance(value, int | float) and math.isfinite(value):
+            loss.setdefault(a, {})[float(step)] = float(value)  # a step reported twice keeps its last value
+        if isinstance(step, int | float) and isinstance(st, int | float) and st > 0:
+            step_times.append((float(step), float(st)))
+            measured.setdefault(a, []).append(float(st))
+    return {a: sorted(pts.items()) for a, pts in loss.items()}, sorted(step_times), measured
+
+
+def existing_checkpoints(platform: Any, principal: Principal, job: Job) -> list[dict[str, Any]]:
+    """The job's checkpoints that still exist for loading: their step directory holds a committed
+    ``manifest.json`` (DESIGN §3.4). Retention deletes older steps, so the job's list of written
+    checkpoints says more than there is. Paths outside the tenant's storage are never looked at."""
+    import fsspec
+
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for c in reversed(job.checkpoints[-MAX_CHECKPOINTS_CHECKED:]):
+        path = str(c.get("path") or "").rstrip("/")
+        if not path or path in seen:
+            continue
+        seen.add(path)
+        try:
+            url = platform.storage_policy.check(
+                principal.tenant_name, path, extra_roots=principal.storage_roots, purpose="checkpoint"
+            )
+            fs, root = fsspec.core.url_to_fs(url)
+            if not fs.exists(f"{root.rstrip('/')}/manifest.json"):
+                continue
+        except (StorageNotAllowedError, OSError, ValueError, ImportError):
+            continue
+        out.append({"step": c.get("step"), "attempt": c.get("attempt"), "path": path})
+    return out
+
+
+def runner_ups(job: Job, limit: int = 3) -> list[dict[str, Any]]:
+    """The next-best feasible options of the quote stored at submission (the placement's own pool ×
+    devices left out), with how much more each was expected to cost."""
+    pl = job.placement
+    chosen_cost = pl.expected_cost_usd if pl is not None else None
+    out = []
+    for o in job.quote or []:
+        if not o.get("feasible"):
+            continue
+        if pl is not None and o.get("pool") == pl.pool and int(o.get("devices") or 0) == pl.devices:
+            continue
+        cost = o.get("expected_cost_usd")
+        extra = (
+            float(cost) - float(chosen_cost)
+            if isinstance(cost, int | float) and isinstance(chosen_cost, int | float)
+            else None
+        )
+        out.append({**o, "extra_cost_usd": extra})
+        if len(out) >= limit:
+            break
+    return out
+
+
 def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -> JobDetail:
     if not job_id or len(job_id) > 64:
         raise NotFoundError(f"no job {job_id[:64]!r}")
     job = platform.jobs.get(principal, job_id)  # raises NotFoundError for another tenant's job
     events = read_events(platform.db, job.id)
     detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
-    measured: dict[int, list[float]] = {}  # per attempt: each attempt ran on its own placement
-    for e in events:
-        if e.kind != "heartbeat":
-            continue
-        a = int(e.data.get("attempt") or 0)
-        step, loss, st = e.data.get("step"), e.data.get("loss"), e.data.get("step_time_s")
-        if isinstance(step, int | float) and isinstance(loss, int | float) and math.isfinite(loss):
-            detail.loss_by_attempt.setdefault(a, []).append((float(step), float(loss)))
-        if isinstance(step, int | float) and isinstance(st, int | float) and st > 0:
-            detail.step_times.append((float(step), float(st)))
-            measured.setdefault(a, []).append(float(st))
-    for a, pts in detail.loss_by_attempt.items():
-        dedup = dict(pts)  # a step reported twice (several ranks) keeps its last value
-        detail.loss_by_attempt[a] = sorted(dedup.items())
-    detail.step_times.sort()
+    detail.loss_by_attempt, detail.step_times, measured = _curves(events)
     # the latest attempt's steps, the ones run on the placement the prediction below is for
     detail.measured_step_time_s = statistics.median(measured[max(measured)]) if measured else None
     detail.predicted_step_time_s, detail.predicted_source, detail.quote_best = _predicted(job, platform)
     detail.attempts = _attempt_costs(job, events, now_s)
+    detail.checkpoints = existing_checkpoints(platform, principal, job)
+    detail.runner_ups = runner_ups(job)
     return detail
+
+
+def live_update(
+    platform: Any, principal: Principal, job_id: str, *, after_event: int, now_s: float
+) -> dict[str, Any]:
+    """What changed on a job page since event ``after_event``: state, progress, cost, the new points
+    of the curves, the new events (readable) and the checkpoints that exist now."""
+    from trainyard.web.events import describe
+
+    if not job_id or len(job_id) > 64:
+        raise NotFoundError(f"no job {job_id[:64]!r}")
+    job = platform.jobs.get(principal, job_id)
+    events = platform.jobs.events(principal, job.id, after_id=after_event, limit=LIVE_EVENTS_PAGE)
+    loss, step_times, _ = _curves(events)
+    row = job_row(job, now_s)
+    return {
+        "id": job.id,
+        "state": job.state.value,
+        "reason": job.reason,
+        "terminal": job.state in TERMINAL_STATES,
+        "attempt": job.attempt,
+        "step": row.step,
+        "total_steps": row.total_steps,
+        "progress": row.progress_fraction,
+        "cost_usd": row.cost_usd,
+        "cost_text": fmt_usd(row.cost_usd),
+        "loss": {str(a): [[x, y] for x, y in pts] for a, pts in loss.items()},
+        "step_times": [[x, y] for x, y in step_times],
+        "events": [describe(e.id, e.kind, e.data, e.time_s).to_dict() for e in reversed(events)],
+        "checkpoints": existing_checkpoints(platform, principal, job),
+        "next_after": events[-1].id if events else after_event,
+        "more": len(events) >= LIVE_EVENTS_PAGE,
+    }
 
 
 # ---- pools ---------------------------------------------------------------------------------------
