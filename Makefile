@@ -11,7 +11,7 @@ SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.installed
 SKYPILOT := skypilot==0.14.1
 
-.PHONY: run test lint format bench clean sandbox
+.PHONY: run test lint format bench clean sandbox browser
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,17 @@ sandbox:
 		(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)))
 
+# the dashboard's browser tests drive Debian's Chromium through Playwright (no browser download);
+# installed here when missing (Debian/Ubuntu, as root)
+browser:
+	@test -x /usr/bin/chromium || (echo "installing chromium (the dashboard's browser tests)..." && \
+		(apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null)))
+
 run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-test: $(STAMP) $(SKY_STAMP) sandbox
+test: $(STAMP) $(SKY_STAMP) sandbox browser
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)

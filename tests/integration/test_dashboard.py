@@ -58,7 +58,7 @@ class Env:
         d = Path(area.removeprefix("file://")) / job_id / f"step-{step}"
         d.mkdir(parents=True, exist_ok=True)
         if committed:
-            (d / "manifest.json").write_text('{"step": %d}' % step)
+            (d / "manifest.json").write_text(json.dumps({"step": step}))
         return f"{area}/{job_id}/step-{step}"
 
     def submit(self, spec: dict[str, Any], key: str | None = None) -> str:

@@ -47,7 +47,11 @@ def line(
             {"label": label, "color": PALETTE[i % len(PALETTE)], "points": points(pts)}
             for i, (label, pts) in enumerate(series)
         ],
-        "hlines": [{"label": label, "y": float(y), "color": "#dc2626"} for label, y in hlines if _finite(y)],
+        "hlines": [
+            {"label": label, "y": float(y), "color": "#dc2626"}
+            for label, y in hlines
+            if y is not None and _finite(y)
+        ],
     }
 
 

@@ -112,9 +112,7 @@ async def model_promote(request: Request, ref: str) -> Response:
     except NotFoundError:
         return not_found(request, principal, f"There is no model {ref[:200]!r} in your models.")
     except TrainyardError as exc:
-        return error_page(
-            request, principal, exc.http_status, exc.message + (f" {exc.hint}" if exc.hint else "")
-        )
+        return error_page(request, principal, exc.http_status, exc.message, exc.hint or "")
     log.info("dashboard_promote", model=doc.get("id"), alias=alias, tenant=principal.tenant_name)
     return redirect(f"/models/{doc.get('id', ref)}?done=promoted")
 

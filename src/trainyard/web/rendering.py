@@ -145,10 +145,18 @@ def not_found(request: Request, principal: Principal | None, message: str) -> HT
     return render(request, "error.html", 404, principal, title="Not found", message=message)
 
 
-def error_page(request: Request, principal: Principal | None, status: int, message: str) -> HTMLResponse:
+def error_page(
+    request: Request, principal: Principal | None, status: int, message: str, hint: str = ""
+) -> HTMLResponse:
     titles = {400: "Bad request", 403: "Not allowed", 409: "Conflict", 413: "Too large", 422: "Bad request"}
     return render(
-        request, "error.html", status, principal, title=titles.get(status, "Error"), message=message
+        request,
+        "error.html",
+        status,
+        principal,
+        title=titles.get(status, "Error"),
+        message=message,
+        hint=hint,
     )
 
 
