@@ -242,3 +242,39 @@ def test_evaluation_and_usage_pages(env: Env, tiny_model: Path) -> None:
     assert r.status_code == 200, r.text
     usage = b.get("/usage")
     assert usage.status_code == 200 and 'id="budgets"' in usage.text and "$50.00" in usage.text
+
+
+def test_job_page_curves_come_from_step_metrics_when_the_workers_send_them(env: Env) -> None:
+    jid = run_job(env, "per-step")
+    steps = list(range(1, 301))
+    env.event(
+        jid,
+        "metrics",
+        {
+            "rank": 0,
+            "steps": steps,
+            "time_s": [env.clock.now + 0.1 * s for s in steps],
+            "values": {
+                "loss": [4.0 / s for s in steps],
+                "step_time_s": [0.25 for _ in steps],
+                "eval_loss": [4.5 / s if s % 100 == 0 else None for s in steps],
+            },
+        },
+    )
+    env.p.tick()
+    b = env.browser()
+    html = b.get(f"/jobs/{jid}").text
+    loss = chart(html, "loss-chart")
+    assert len(loss["series"][0]["points"]) == 300  # every logged step, not one per heartbeat
+    assert loss["series"][0]["points"][-1] == [300.0, 4.0 / 300]
+    assert [s["label"] for s in loss["series"]] == ["attempt 1", "eval loss"]
+    assert loss["series"][1]["points"] == [[100.0, 0.045], [200.0, 0.0225], [300.0, 0.015]]
+    assert "step metrics" in html
+    live = json.loads(html.split('id="job-live">', 1)[1].split("</script>", 1)[0])
+    assert live["since_step"] == 300
+    env.event(
+        jid, "metrics", {"rank": 0, "steps": [301], "time_s": [env.clock.now], "values": {"loss": [0.01]}}
+    )
+    env.p.tick()
+    news = b.get(f"{live['url']}?after={live['after']}&since_step={live['since_step']}").json()
+    assert news["loss"] == {"1": [[301.0, 0.01]]} and news["next_since_step"] == 301

@@ -141,6 +141,8 @@ def jobs_overview(request: Request, state: str | None = None, cursor: str | None
 
 def _job_charts(d: views.JobDetail) -> dict[str, dict[str, object]]:
     loss = [(f"attempt {a}", charts.downsample(pts)) for a, pts in sorted(d.loss_by_attempt.items())]
+    if d.eval_loss:
+        loss.append(("eval loss", charts.downsample(d.eval_loss)))
     breakdown = {"start-up": 0.0, "checkpoints": 0.0, "lost work": 0.0, "compute": 0.0}
     for a in d.attempts:
         breakdown["start-up"] += a.startup_usd
@@ -165,14 +167,19 @@ def _job_charts(d: views.JobDetail) -> dict[str, dict[str, object]]:
 
 
 @router.get("/jobs/{job_id}/live")
-def job_live(request: Request, job_id: str, after: int = 0) -> Response:
+def job_live(request: Request, job_id: str, after: int = 0, since_step: int = 0) -> Response:
     """What changed on a job page since event ``after`` (JSON, for the page's polling)."""
     principal = current(request)
     if principal is None:
         return json_response({"error": {"code": "unauthenticated", "message": "log in again"}}, 401)
     try:
         doc = views.live_update(
-            request.app.state.platform, principal, job_id, after_event=max(0, after), now_s=now_s(request)
+            request.app.state.platform,
+            principal,
+            job_id,
+            after_event=max(0, after),
+            since_step=max(0, min(since_step, 2**31)),
+            now_s=now_s(request),
         )
     except NotFoundError:
         return json_response({"error": {"code": "not_found", "message": "no such job"}}, 404)
@@ -197,6 +204,7 @@ def job_page(request: Request, job_id: str) -> Response:
     live = {
         "url": f"/jobs/{d.job.id}/live",
         "after": d.events[-1].id if d.events else 0,
+        "since_step": d.since_step,
         "poll_s": LIVE_POLL_S,
         "terminal": d.job.state in TERMINAL_STATES,
     }

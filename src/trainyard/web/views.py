@@ -22,6 +22,7 @@ MAX_EVENTS = 200_000  # a job page reads at most this many events (~23 days of h
 JOBS_PAGE = 50
 LIVE_EVENTS_PAGE = 5000  # events one poll of the live endpoint returns at most
 MAX_CHECKPOINTS_CHECKED = 200  # the newest checkpoints whose manifests a job page looks for
+MAX_CURVE_POINTS = 2000  # step metrics per curve on a page (downsampled by the database beyond)
 
 
 def total_steps(job: Job) -> int | None:
@@ -155,6 +156,9 @@ class JobDetail:
     quote_best: dict[str, Any] | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     runner_ups: list[dict[str, Any]] = field(default_factory=list)
+    eval_loss: list[tuple[float, float]] = field(default_factory=list)
+    curve_source: str = ""
+    since_step: int = 0  # the step metrics a live page has (poll for later ones)
 
 
 def _predicted(job: Job, platform: Any = None) -> tuple[float | None, str, dict[str, Any] | None]:
@@ -306,6 +310,41 @@ def _curves(
     return {a: sorted(pts.items()) for a, pts in loss.items()}, sorted(step_times), measured
 
 
+def _metric_curves(
+    points: list[dict[str, Any]],
+) -> tuple[
+    dict[int, list[tuple[float, float]]],
+    list[tuple[float, float]],
+    dict[int, list[float]],
+    list[tuple[float, float]],
+]:
+    """Loss per attempt, step times, measured step times per attempt and eval loss from the step
+    metrics of ``GET /v1/jobs/{id}/metrics`` (``TrainingMetricsService.curve``)."""
+    loss: dict[int, list[tuple[float, float]]] = {}
+    step_times: list[tuple[float, float]] = []
+    measured: dict[int, list[float]] = {}
+    eval_loss: list[tuple[float, float]] = []
+    for p in points:
+        step, a = float(p["step"]), int(p.get("attempt") or 0)
+        if isinstance(p.get("loss"), float) and math.isfinite(p["loss"]):
+            loss.setdefault(a, []).append((step, p["loss"]))
+        st = p.get("step_time_s")
+        if isinstance(st, float) and st > 0:
+            step_times.append((step, st))
+            measured.setdefault(a, []).append(st)
+        if isinstance(p.get("eval_loss"), float) and math.isfinite(p["eval_loss"]):
+            eval_loss.append((step, p["eval_loss"]))
+    return loss, step_times, measured, eval_loss
+
+
+def step_metrics(platform: Any, principal: Principal, job_id: str, since_step: int = 0) -> dict[str, Any]:
+    """The job's step metrics after ``since_step`` (downsampled to MAX_CURVE_POINTS)."""
+    doc: dict[str, Any] = platform.training_metrics.curve(
+        principal, job_id, since_step=since_step, max_points=MAX_CURVE_POINTS
+    )
+    return doc
+
+
 def existing_checkpoints(platform: Any, principal: Principal, job: Job) -> list[dict[str, Any]]:
     """The job's checkpoints that still exist for loading: their step directory holds a committed
     ``manifest.json`` (DESIGN §3.4). Retention deletes older steps, so the job's list of written
@@ -361,7 +400,18 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
     job = platform.jobs.get(principal, job_id)  # raises NotFoundError for another tenant's job
     events = read_events(platform.db, job.id)
     detail = JobDetail(job=job, row=job_row(job, now_s), events=events)
-    detail.loss_by_attempt, detail.step_times, measured = _curves(events)
+    metrics = step_metrics(platform, principal, job.id)
+    if metrics["points"]:  # step metrics at training resolution
+        detail.loss_by_attempt, detail.step_times, measured, detail.eval_loss = _metric_curves(
+            metrics["points"]
+        )
+        detail.curve_source = "step metrics" + (
+            f" (averaged over {metrics['bucket_steps']} steps per point)" if metrics["downsampled"] else ""
+        )
+    else:  # workers that report heartbeats only
+        detail.loss_by_attempt, detail.step_times, measured = _curves(events)
+        detail.curve_source = "heartbeats"
+    detail.since_step = int(metrics["next_since_step"] or 0)
     # the latest attempt's steps, the ones run on the placement the prediction below is for
     detail.measured_step_time_s = statistics.median(measured[max(measured)]) if measured else None
     detail.predicted_step_time_s, detail.predicted_source, detail.quote_best = _predicted(job, platform)
@@ -372,17 +422,23 @@ def job_detail(platform: Any, principal: Principal, job_id: str, now_s: float) -
 
 
 def live_update(
-    platform: Any, principal: Principal, job_id: str, *, after_event: int, now_s: float
+    platform: Any, principal: Principal, job_id: str, *, after_event: int, since_step: int, now_s: float
 ) -> dict[str, Any]:
-    """What changed on a job page since event ``after_event``: state, progress, cost, the new points
-    of the curves, the new events (readable) and the checkpoints that exist now."""
+    """What changed on a job page since event ``after_event`` and step ``since_step``: state, progress,
+    cost, the new points of the curves (step metrics, or heartbeats from workers that send no step
+    metrics), the new events (readable) and the checkpoints that exist now."""
     from trainyard.web.events import describe
 
     if not job_id or len(job_id) > 64:
         raise NotFoundError(f"no job {job_id[:64]!r}")
     job = platform.jobs.get(principal, job_id)
     events = platform.jobs.events(principal, job.id, after_id=after_event, limit=LIVE_EVENTS_PAGE)
-    loss, step_times, _ = _curves(events)
+    metrics = step_metrics(platform, principal, job.id, since_step)
+    eval_loss: list[tuple[float, float]] = []
+    if metrics["points"] or metrics["attempts"]:
+        loss, step_times, _, eval_loss = _metric_curves(metrics["points"])
+    else:
+        loss, step_times, _ = _curves(events)
     row = job_row(job, now_s)
     return {
         "id": job.id,
@@ -397,10 +453,12 @@ def live_update(
         "cost_text": fmt_usd(row.cost_usd),
         "loss": {str(a): [[x, y] for x, y in pts] for a, pts in loss.items()},
         "step_times": [[x, y] for x, y in step_times],
+        "eval_loss": [[x, y] for x, y in eval_loss],
+        "next_since_step": int(metrics["next_since_step"] or since_step),
         "events": [describe(e.id, e.kind, e.data, e.time_s).to_dict() for e in reversed(events)],
         "checkpoints": existing_checkpoints(platform, principal, job),
         "next_after": events[-1].id if events else after_event,
-        "more": len(events) >= LIVE_EVENTS_PAGE,
+        "more": len(events) >= LIVE_EVENTS_PAGE or not metrics["complete"],
     }
 
 

@@ -7,6 +7,7 @@
   if (!cfgEl) return;
   var cfg = JSON.parse(cfgEl.textContent);
   var after = cfg.after;
+  var sinceStep = cfg.since_step || 0;
   var status = document.getElementById("live-status");
   var stopped = cfg.terminal;
   var failures = 0;
@@ -40,6 +41,7 @@
     var attempts = Object.keys(doc.loss);
     if (loss && attempts.length) {
       attempts.forEach(function (a) { mergeSeries(loss, "attempt " + a, doc.loss[a]); });
+      if (doc.eval_loss && doc.eval_loss.length) mergeSeries(loss, "eval loss", doc.eval_loss);
       loss.series.forEach(function (s, i) { if (!s.color) s.color = palette[i % palette.length]; });
       C.update("loss-chart", loss);
     }
@@ -126,6 +128,7 @@
     addEvents(doc.events);
     updateCheckpoints(doc.checkpoints);
     after = doc.next_after;
+    sinceStep = doc.next_since_step;
     if (doc.terminal) {
       stopped = true;
       if (status) status.textContent = "This job has finished (" + doc.state + ").";
@@ -138,7 +141,7 @@
 
   function poll() {
     if (stopped) return;
-    fetch(cfg.url + "?after=" + encodeURIComponent(after), { credentials: "same-origin", headers: { Accept: "application/json" } })
+    fetch(cfg.url + "?after=" + encodeURIComponent(after) + "&since_step=" + encodeURIComponent(sinceStep), { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) {
         if (r.status === 401) { stopped = true; if (status) status.textContent = "Logged out; reload to log in again."; return null; }
         if (!r.ok) throw new Error("HTTP " + r.status);
