@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from trainyard.catalog.accelerators import get_accelerator, load_accelerators
-from trainyard.predict import Calibration, default_calibration, predict, predict_many
+from trainyard.predict import Calibration, default_calibration, predict, predict_grouped, predict_many
 from trainyard.predict.calib_data import maxtext_training_flops, packaged_rows
 from trainyard.predict.fit import fit_calibration, ingest_measurement
 from trainyard.predict.workload import (
@@ -462,6 +462,43 @@ def test_plan_enumeration_is_shared_by_models_it_cannot_tell_apart() -> None:
             assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
     deep = Topology(16, 8, 8, 100.0, 10.0, 8)
     assert enumerate_candidates(deep, 64, 40, 96, Pins()) is enumerate_candidates(deep, 64, 24, 32, Pins())
+
+
+def test_predict_grouped_equals_predict_many_per_spec() -> None:
+    """Many specs' plans in one pass (dense models of one method and precision share it; MoE, FP8 and
+    pinned replays go alone) give each spec's own predictions."""
+    moe = {"n_layers": 8, "d_model": 1024, "n_heads": 8, "vocab_size": 32000, "n_experts": 8,
+           "experts_per_token": 2}  # fmt: skip
+    specs = [
+        make_spec(global_batch=16),
+        make_spec(global_batch=64, seq_len=1024),
+        make_spec({"architecture": "custom", "params_b": 0.7}, global_batch=32),
+        make_spec({"architecture": "custom", "params_b": 7.0}, global_batch=8, method="lora"),
+        make_spec({"architecture": "custom", "params_b": 2.0}, global_batch=32, precision="fp32"),
+        make_spec({"architecture": "custom", "params_b": 2.0}, global_batch=32, precision="fp8-mixed"),
+        make_spec(moe, global_batch=32),
+        make_spec(global_batch=32, parallelism={"fsdp": True, "tensor": 2, "pipeline": 1}),
+        make_spec({"architecture": "custom", "params_b": 40.0}, global_batch=8),
+    ]
+    measured = specs[2].model_copy(
+        update={
+            "measured": specs[2].measured.model_copy(update={"step_time_s": {"h100": 0.3, "tpu-v5e": 0.9}}),
+            "resources": specs[2].resources.model_copy(update={"min_devices": 2}),
+        }
+    )
+    specs.append(measured)
+    for name, topology in (
+        ("h100", {"devices_per_node": 8, "inter_node_gbps": 100.0}),
+        ("tpu-v5e", {"fast_domain_devices": 8, "inter_node_gbps": None}),
+        ("t4", {"devices_per_node": 4}),
+    ):
+        acc = get_accelerator(name)
+        items = [(s, [1, 2, 4, 8, 16][i % 3 :]) for i, s in enumerate(specs)]
+        grouped = predict_grouped(items, acc, **topology)
+        for (s, counts), got in zip(items, grouped, strict=True):
+            want = predict_many(s, [acc], counts, **topology)
+            assert [p.to_dict() for p in got] == [p.to_dict() for p in want]
+        assert any(p.fits for g in grouped for p in g) and any(not p.fits for g in grouped for p in g)
 
 
 def test_cpu_calibration_from_profiles_recovers_known_parameters() -> None:

@@ -273,6 +273,134 @@ def _a2a_copies(
     return intra, inter
 
 
+@dataclass(frozen=True)
+class ShapeRows:
+    """The block structure of several dense models, one value per candidate row (:class:`WorkloadRows`)."""
+
+    n_blocks: np.ndarray
+    d_model: np.ndarray
+    vocab_size: np.ndarray
+    is_moe: bool = False
+
+
+@dataclass(frozen=True)
+class WorkloadRows:
+    """Several workloads evaluated in one pass: each field holds one value per candidate row (the row's
+    workload's), so :func:`evaluate` prices the plans of many models at once, row for row the numbers it
+    gives each model alone. Only what such a batch keeps equal is a scalar: dense models (no experts), one
+    method, one precision (activation and weight bytes) and no context parallel or FP8 recipe; callers
+    group workloads accordingly (``predict.model.predict_grouped``)."""
+
+    shape: ShapeRows
+    params: np.ndarray
+    trainable: np.ndarray
+    seq_len: np.ndarray
+    method: Method
+    act_bytes: float
+    weight_bytes: float  # 4 without a master copy (fp32 training), else 2
+    states: Any  # weights, grads, master, optimizer: arrays
+    layer_params: np.ndarray
+    expert_params: float  # 0.0: dense models only
+    embed_params: np.ndarray
+    elementwise_bytes_per_token: np.ndarray
+    fp8_cast_bytes_per_token: np.ndarray
+    optimizer_bytes_per_trainable: np.ndarray
+    act_per_token_layer: np.ndarray
+    act_scores_per_token_layer: np.ndarray
+    act_matmul_outputs_per_token_layer: np.ndarray
+    flops_by_policy: tuple[np.ndarray, np.ndarray, np.ndarray]  # (rows x 4) each: matmul, attention, experts
+
+
+@dataclass(frozen=True)
+class _StateRows:
+    weights: np.ndarray
+    grads: np.ndarray
+    master: np.ndarray
+    optimizer: np.ndarray
+
+
+def batch_key(w: Workload) -> tuple[Any, ...] | None:
+    """Workloads with equal keys can share one :class:`WorkloadRows` pass (None: this one cannot)."""
+    if w.shape.is_moe or w.expert_params or w.fp8_cast_bytes_per_token:
+        return None
+    return (w.method, w.act_bytes, 4.0 if w.states.master == 0 else 2.0)
+
+
+def workload_rows(workloads: list[Workload], rows: list[int]) -> WorkloadRows:
+    """The :class:`WorkloadRows` of ``workloads`` (equal :func:`batch_key`), ``rows[i]`` rows each."""
+    reps = np.asarray(rows, dtype=np.int64)
+
+    def col(values: list[Any]) -> np.ndarray:
+        return np.repeat(np.asarray(values), reps)
+
+    w0 = workloads[0]
+    flops = [_flops_by_policy(w) for w in workloads]
+    return WorkloadRows(
+        shape=ShapeRows(
+            n_blocks=col([w.shape.n_blocks for w in workloads]),
+            d_model=col([w.shape.d_model for w in workloads]),
+            vocab_size=col([w.shape.vocab_size for w in workloads]),
+        ),
+        params=col([w.params for w in workloads]),
+        trainable=col([w.trainable for w in workloads]),
+        seq_len=col([w.seq_len for w in workloads]),
+        method=w0.method,
+        act_bytes=w0.act_bytes,
+        weight_bytes=4.0 if w0.states.master == 0 else 2.0,
+        states=_StateRows(
+            weights=col([w.states.weights for w in workloads]),
+            grads=col([w.states.grads for w in workloads]),
+            master=col([w.states.master for w in workloads]),
+            optimizer=col([w.states.optimizer for w in workloads]),
+        ),
+        layer_params=col([w.layer_params for w in workloads]),
+        expert_params=0.0,
+        embed_params=col([w.embed_params for w in workloads]),
+        elementwise_bytes_per_token=col([w.elementwise_bytes_per_token for w in workloads]),
+        fp8_cast_bytes_per_token=col([w.fp8_cast_bytes_per_token for w in workloads]),
+        optimizer_bytes_per_trainable=col([w.optimizer_bytes_per_trainable for w in workloads]),
+        act_per_token_layer=col([w.act_per_token_layer for w in workloads]),
+        act_scores_per_token_layer=col([w.act_scores_per_token_layer for w in workloads]),
+        act_matmul_outputs_per_token_layer=col([w.act_matmul_outputs_per_token_layer for w in workloads]),
+        flops_by_policy=(
+            np.repeat(np.stack([f[0] for f in flops]), reps, axis=0),
+            np.repeat(np.stack([f[1] for f in flops]), reps, axis=0),
+            np.repeat(np.stack([f[2] for f in flops]), reps, axis=0),
+        ),
+    )
+
+
+def _as_float(x: Any) -> Any:
+    return x.astype(float) if isinstance(x, np.ndarray) else float(x)
+
+
+def _at_least_1(x: Any) -> Any:
+    return np.maximum(x, 1) if isinstance(x, np.ndarray) else max(x, 1)
+
+
+def _weight_bytes(w: Any) -> float:
+    if isinstance(w, WorkloadRows):
+        return w.weight_bytes
+    return 4.0 if w.states.master == 0 else 2.0
+
+
+def _policy_flops(w: Any, ck: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Matmul, attention and expert FLOPs per token of every row's checkpointing policy."""
+    if isinstance(w, WorkloadRows):
+        rows = np.arange(ck.shape[0])
+        mm, at, ex = w.flops_by_policy
+        return mm[rows, ck], at[rows, ck], ex[rows, ck]
+    mm_tok, at_tok, ex_tok = _flops_by_policy(w)
+    return mm_tok[ck], at_tok[ck], ex_tok[ck]
+
+
+def _by_policy(values: list[Any], ck: np.ndarray) -> np.ndarray:
+    table = np.array(values)
+    if table.ndim == 1:
+        return table[ck]
+    return table[ck, np.arange(ck.shape[0])]
+
+
 # The loss is computed in chunks of this many tokens in fp32 (see ``memory_terms``).
 LOSS_CHUNK_TOKENS = 1024
 MEMORY_TERMS = ("states", "fsdp_buffers", "activations", "logits", "loss_chunk")
@@ -304,20 +432,20 @@ def memory_terms(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> dict[s
     n_micro = np.ceil(cand["b_local_f"] / mb)
     tokens_mb = mb * w.seq_len / float(pins.context)
     sh = w.shape
-    L = float(sh.n_blocks)
+    L = _as_float(sh.n_blocks)
     ab = w.act_bytes
     full = (ck == 2).astype(float)
-    wb = 4.0 if w.states.master == 0 else 2.0
+    wb = _weight_bytes(w)
     st = w.states
     weights, grads, master, moments = st.weights, st.grads, st.master, st.optimizer
     if pins.bf16_states and master:
         master, moments = 0.0, moments / 2.0  # everything in bf16: no fp32 master, bf16 Adam moments
-    per_w = weights / max(w.params, 1)
+    per_w = weights / _at_least_1(w.params)
     if pins.fp8_params:
         # FP8 working weights for the blocks' linear layers; embeddings and output layer stay bf16.
         weights = (w.params - w.embed_params) * 1.0 + w.embed_params * per_w
-        per_w = weights / max(w.params, 1)
-    per_t = 1.0 / max(w.trainable, 1)
+        per_w = weights / _at_least_1(w.params)
+    per_t = 1.0 / _at_least_1(w.trainable)
     trained_exp = w.expert_params if w.method == Method.FULL else 0.0
     # Routed experts' share: their weights, and their gradients/master/moments when trained.
     exp_wg = w.expert_params * per_w + trained_exp * grads * per_t
@@ -340,15 +468,13 @@ def memory_terms(w: Workload, cand: dict[str, np.ndarray], pins: Pins) -> dict[s
         cand["scope"] != FSDP_NONE, 2.0 * (w.layer_params - layer_exp + layer_exp / ep) * wb / tp, 0.0
     )
     held = np.minimum(pp, n_micro)
-    by_policy = np.array(
-        [
-            w.act_per_token_layer + w.act_scores_per_token_layer,  # none
-            w.act_per_token_layer,  # selective (flash attention: no score matrix either way)
-            sh.d_model * ab,  # full: the layer input
-            w.act_matmul_outputs_per_token_layer,  # minimal (replays)
-        ]
-    )
-    per_tok_layer = by_policy[ck] / tp
+    by_policy = [
+        w.act_per_token_layer + w.act_scores_per_token_layer,  # none
+        w.act_per_token_layer,  # selective (flash attention: no score matrix either way)
+        sh.d_model * ab,  # full: the layer input
+        w.act_matmul_outputs_per_token_layer,  # minimal (replays)
+    ]
+    per_tok_layer = _by_policy(by_policy, ck) / tp
     act = tokens_mb * per_tok_layer * (L / pp) * held
     act = act + full * tokens_mb * w.act_per_token_layer / tp  # one layer re-materialised in backward
     logits = tokens_mb * sh.vocab_size / tp * ab
@@ -392,17 +518,17 @@ def evaluate(
     cp = float(pins.context)
     vp = float(pins.virtual_stages)
     sh = w.shape
-    L = float(sh.n_blocks)
-    d = float(sh.d_model)
+    L = _as_float(sh.n_blocks)
+    d = _as_float(sh.d_model)
     ab = w.act_bytes
 
     n_micro = np.ceil(b_local / mb)
     tokens_mb = mb * w.seq_len / cp
 
     # --- FLOPs per token by checkpointing policy ---
-    mm_tok, at_tok, ex_tok = _flops_by_policy(w)
-    mm_flops = tokens_mb * mm_tok[ck] / (tp * pp)
-    at_flops = tokens_mb * at_tok[ck] / (tp * pp)
+    mm_ck, at_ck, ex_ck = _policy_flops(w, ck)
+    mm_flops = tokens_mb * mm_ck / (tp * pp)
+    at_flops = tokens_mb * at_ck / (tp * pp)
 
     width = d / tp
     e_mm = p.mm_max / (1.0 + p.dim_knee / width + p.token_knee / tokens_mb)
@@ -419,7 +545,7 @@ def evaluate(
     if moe:
         # Routed experts run as grouped matmuls over the tokens each local expert receives (balanced
         # routing: tokens x k x ep / n_experts), as narrow as the smaller of d_model and the expert width.
-        ex_flops = tokens_mb * ex_tok[ck] / (tp * pp)
+        ex_flops = tokens_mb * ex_ck / (tp * pp)
         tok_e = np.maximum(1.0, tokens_mb * sh.experts_active * ep / sh.experts_total)
         width_e = min(d, float(sh.d_ff)) / tp
         e_ex = p.moe_eff * p.mm_max / (1.0 + p.dim_knee / width_e + p.token_knee / tok_e)
@@ -465,7 +591,7 @@ def evaluate(
 
     # Data-parallel traffic. Routed-expert weights (MoE) are split by expert parallelism: a rank holds
     # 1/ep of them and shards or all-reduces them only with the ranks holding the same experts.
-    wb = 4.0 if w.states.master == 0 else 2.0
+    wb = _weight_bytes(w)
     exp_w = w.expert_params * wb / (tp * pp)
     exp_g = exp_w if w.method == Method.FULL else 0.0
     weights_b = w.params * wb / (tp * pp) - exp_w

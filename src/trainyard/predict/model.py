@@ -34,7 +34,7 @@ from trainyard.predict.params import (
 from trainyard.predict.workload import Workload, compute_dtype, training_flops_per_step, workload_of
 from trainyard.spec.models import ActivationCheckpointing, JobSpec, ParallelismPin
 
-__all__ = ["Prediction", "predict", "predict_many", "training_flops_per_step"]
+__all__ = ["Prediction", "predict", "predict_grouped", "predict_many", "training_flops_per_step"]
 
 MAX_SEARCH_DEVICES = 1 << 20
 
@@ -533,6 +533,26 @@ def predict_many(
     reference device count (``resources.min_devices``) is among ``device_counts``, the other counts scale
     from that count's step time in the same pass instead of predicting it again.
     """
+    search, cal, opts = _many_options(kwargs, device_counts)
+    out: list[Prediction] = []
+    dtype = compute_dtype(spec.workload.precision)
+    for acc in accelerators:
+        ctx, notes, source, st = _context(spec, acc, calibration=cal, **opts)
+        parts = [(n, *_candidates(ctx, n)) for n in device_counts]
+        live = [c for _, _, c in parts if c]
+        ev_all = None
+        if live:
+            cand_all = engine.concat_candidates(live)
+            ev_all = engine.evaluate(ctx.w, cand_all, parts[0][1], ctx.hw, ctx.params, ctx.pins)
+        out.extend(
+            _predictions(spec, acc, ctx, notes, source, st, dtype, parts, ev_all, 0, cal, opts, search)
+        )
+    return out
+
+
+def _many_options(
+    kwargs: dict[str, Any], device_counts: Sequence[int]
+) -> tuple[bool, Calibration, dict[str, Any]]:
     search = kwargs.pop("search_min_devices", True)
     cal = kwargs.pop("calibration", None)
     cal = cal if cal is not None else default_calibration()
@@ -545,39 +565,95 @@ def predict_many(
         raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
     if any(n < 1 for n in device_counts):
         raise ValueError("devices must be >= 1")
-    out: list[Prediction] = []
-    dtype = compute_dtype(spec.workload.precision)
-    for acc in accelerators:
-        ctx, notes, source, st = _context(spec, acc, calibration=cal, **opts)
-        parts = [(n, *_candidates(ctx, n)) for n in device_counts]
-        live = [c for _, _, c in parts if c]
-        ev_all = None
-        if live:
-            cand_all = engine.concat_candidates(live)
-            ev_all = engine.evaluate(ctx.w, cand_all, parts[0][1], ctx.hw, ctx.params, ctx.pins)
-        start = 0
-        evs: list[engine.Evaluation | None] = []
-        for _n, _topo, cand in parts:
-            ev = None
-            if cand:
-                end = start + len(cand["tp"])
-                assert ev_all is not None
-                ev = engine.slice_evaluation(ev_all, start, end)
-                start = end
-            evs.append(ev)
-        ref_step_s: float | None = None
-        if acc.name in spec.measured.step_time_s:
-            ref = spec.resources.min_devices or 1
-            for (n, _topo, cand), ev in zip(parts, evs, strict=True):
-                if n == ref:
-                    # the step time ``predict`` gives the reference count without the measurement (no plan:
-                    # inf, as there)
-                    ref_step_s = (
-                        _chosen_plan(ctx, cal, acc, st, dtype, ev)[2] if cand and ev is not None else math.inf
-                    )
-                    break
+    return search, cal, opts
+
+
+def _predictions(
+    spec: JobSpec,
+    acc: Accelerator,
+    ctx: _Context,
+    notes: list[str],
+    source: str,
+    st: str,
+    dtype: str,
+    parts: list[tuple[int, Topology, dict[str, np.ndarray]]],
+    ev_all: engine.Evaluation | None,
+    start: int,
+    cal: Calibration,
+    opts: dict[str, Any],
+    search: bool,
+) -> list[Prediction]:
+    """The predictions of ``parts`` (device count, topology, plans) from their evaluation: rows ``start``
+    onwards of ``ev_all``, the parts' plans one after the other."""
+    evs: list[engine.Evaluation | None] = []
+    for _n, _topo, cand in parts:
+        ev = None
+        if cand:
+            end = start + len(cand["tp"])
+            assert ev_all is not None
+            ev = engine.slice_evaluation(ev_all, start, end)
+            start = end
+        evs.append(ev)
+    ref_step_s: float | None = None
+    if acc.name in spec.measured.step_time_s:
+        ref = spec.resources.min_devices or 1
         for (n, _topo, cand), ev in zip(parts, evs, strict=True):
-            out.append(
-                _finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search, ref_step_s)
+            if n == ref:
+                # the step time ``predict`` gives the reference count without the measurement (no plan:
+                # inf, as there)
+                ref_step_s = (
+                    _chosen_plan(ctx, cal, acc, st, dtype, ev)[2] if cand and ev is not None else math.inf
+                )
+                break
+    return [
+        _finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search, ref_step_s)
+        for (n, _topo, cand), ev in zip(parts, evs, strict=True)
+    ]
+
+
+def predict_grouped(
+    items: Sequence[tuple[JobSpec, Sequence[int]]],
+    accelerator: Accelerator,
+    **kwargs: Any,
+) -> list[list[Prediction]]:
+    """``predict_many(spec, [accelerator], counts, **kwargs)`` of every ``(spec, counts)``, with the plans
+    of many specs evaluated in one vectorised pass: dense models of one method and precision without
+    context parallel or replay pins share a pass (``engine.WorkloadRows``); the rest are evaluated one spec
+    at a time. Results equal ``predict_many``'s (and so :func:`predict`'s one by one)."""
+    search, cal, opts = _many_options(kwargs, [n for _, counts in items for n in counts])
+    prepared = []
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (spec, counts) in enumerate(items):
+        ctx, notes, source, st = _context(spec, accelerator, calibration=cal, **opts)
+        parts = [(n, *_candidates(ctx, n)) for n in counts]
+        prepared.append((spec, ctx, notes, source, st, compute_dtype(spec.workload.precision), parts))
+        key = engine.batch_key(ctx.w)
+        pins = ctx.pins
+        if key is None or pins.context != 1 or pins.fp8_params or pins.bf16_states:
+            key = ("alone", i)
+        else:
+            key = (*key, pins, ctx.hw, ctx.params)
+        groups.setdefault(key, []).append(i)
+    out: list[list[Prediction]] = [[] for _ in items]
+    for key, members in groups.items():
+        lives = [[c for _, _, c in prepared[i][6] if c] for i in members]
+        flat = [c for live in lives for c in live]
+        ev_all = None
+        if flat:
+            ctx0 = prepared[members[0]][1]
+            topo0 = next(p[1] for i in members for p in prepared[i][6])
+            cand_all = engine.concat_candidates(flat)
+            if key[0] == "alone":
+                w: Any = ctx0.w
+            else:
+                rows = [sum(len(c["tp"]) for c in live) for live in lives]
+                w = engine.workload_rows([prepared[i][1].w for i in members], rows)
+            ev_all = engine.evaluate(w, cand_all, topo0, ctx0.hw, ctx0.params, ctx0.pins)
+        start = 0
+        for i, live in zip(members, lives, strict=True):
+            spec, ctx, notes, source, st, dtype, parts = prepared[i]
+            out[i] = _predictions(
+                spec, accelerator, ctx, notes, source, st, dtype, parts, ev_all, start, cal, opts, search
             )
+            start += sum(len(c["tp"]) for c in live)
     return out

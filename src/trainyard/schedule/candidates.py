@@ -46,7 +46,7 @@ from trainyard.cost.quote import (
     priced_option,
     screen_option,
 )
-from trainyard.predict import Prediction, predict, predict_many
+from trainyard.predict import Prediction, predict, predict_grouped, predict_many
 from trainyard.schedule.types import Candidate, SchedulerConfig
 from trainyard.spec.models import JobSpec
 
@@ -253,6 +253,52 @@ def prefetch_predictions(
     predictor rejects (``ValueError``) are left to the one-by-one path, which turns the error into the
     option's reason, as ``option_for`` does.
     """
+    for acc, topology, missing in _missing_predictions(spec, pools_counts, cache).values():
+        _predict_one_spec(spec, acc, topology, missing, cache)
+
+
+def prefetch_predictions_many(
+    work: Sequence[tuple[JobSpec, Sequence[tuple[Pool, Sequence[int]]]]], cache: CandidateCache
+) -> None:
+    """:func:`prefetch_predictions` of many specs at once: per accelerator, device memory and topology, one
+    ``trainyard.predict.predict_grouped`` call evaluates the plans of every spec that needs predictions
+    there in one vectorised pass (equal to ``predict_many`` per spec). A group the predictor rejects is
+    predicted spec by spec, as :func:`prefetch_predictions` does."""
+    groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], list[tuple[JobSpec, dict[int, Any]]]]] = {}
+    requested: set[tuple[Any, ...]] = set()  # asked for by an earlier spec of the same shape
+    for spec, pools_counts in work:
+        for gk, (acc, topology, missing) in _missing_predictions(
+            spec, pools_counts, cache, requested
+        ).items():
+            if not missing:
+                continue
+            group = groups.get(gk)
+            if group is None:
+                group = groups[gk] = (acc, topology, [])
+            group[2].append((spec, missing))
+            requested.update(missing.values())
+    for acc, topology, members in groups.values():
+        items = [(spec, sorted(missing)) for spec, missing in members]
+        try:
+            preds = predict_grouped(items, acc, **topology)
+        except ValueError:
+            for spec, missing in members:
+                _predict_one_spec(spec, acc, topology, missing, cache)
+            continue
+        for (_spec, missing), (_s, counts), got in zip(members, items, preds, strict=True):
+            for d, p in zip(counts, got, strict=True):
+                cache.predictions[missing[d]] = p
+
+
+def _missing_predictions(
+    spec: JobSpec,
+    pools_counts: Sequence[tuple[Pool, Sequence[int]]],
+    cache: CandidateCache,
+    requested: set[tuple[Any, ...]] | None = None,
+) -> dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]]:
+    """Per accelerator, device memory and topology: the device counts ``spec`` still needs predicted there
+    (with their memo keys; none already memoised or in ``requested``), after the calibration hook answered
+    what it could."""
     shape = cache.shape(spec)
     groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]] = {}
     for pool, counts in pools_counts:
@@ -269,10 +315,10 @@ def prefetch_predictions(
         for d in wanted:
             if d not in missing:
                 pk = _prediction_key(shape, acc, d, topology)
-                if pk not in cache.predictions:
+                if pk not in cache.predictions and (requested is None or pk not in requested):
                     missing[d] = pk
-    for acc, topology, missing in groups.values():
-        if cache.calibrated is not None:
+    if cache.calibrated is not None:
+        for acc, topology, missing in groups.values():
             for d, pk in list(missing.items()):
                 try:
                     hit = cache.calibrated(spec, acc, d, topology)
@@ -282,15 +328,25 @@ def prefetch_predictions(
                 if hit is not None:
                     cache.predictions[pk] = hit
                     del missing[d]
-        if not missing:
-            continue
-        counts = sorted(missing)
-        try:
-            preds = predict_many(spec, [acc], counts, **topology)
-        except ValueError:
-            continue
-        for d, p in zip(counts, preds, strict=True):
-            cache.predictions[missing[d]] = p
+    return groups
+
+
+def _predict_one_spec(
+    spec: JobSpec,
+    acc: Any,
+    topology: dict[str, Any],
+    missing: dict[int, tuple[Any, ...]],
+    cache: CandidateCache,
+) -> None:
+    if not missing:
+        return
+    counts = sorted(missing)
+    try:
+        preds = predict_many(spec, [acc], counts, **topology)
+    except ValueError:
+        return
+    for d, p in zip(counts, preds, strict=True):
+        cache.predictions[missing[d]] = p
 
 
 def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[JobSpec, Any, int], Any]:

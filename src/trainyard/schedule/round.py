@@ -16,8 +16,11 @@ from trainyard.schedule.candidates import (
     CandidateCache,
     candidates_for,
     capacity_reason,
+    device_counts,
+    eligibility,
     fits_now,
     pool_price_key,
+    prefetch_predictions_many,
     price_option,
     to_candidate,
 )
@@ -239,8 +242,7 @@ def _spec_view(
     """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
     and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
     progress = queued_progress(qj)
-    skey = (cache.key(qj.spec), qj.spec.objective.minimize, progress, pools_key, cfg.reserved_cost_factor,
-            cfg.time_value_usd_per_hour, cfg.vectorised_pricing)  # fmt: skip
+    skey = _view_key(qj, pools_key, cfg, cache)
     static = cache.views.get(skey)
     if static is None:
         if cfg.vectorised_pricing:
@@ -274,6 +276,36 @@ def _spec_view(
             if (c.nodes <= room[c.pool][0] if c.nodes > 1 else c.devices <= room[c.pool][1])
         ]
     return _SpecView(cands, feasible, fitting, prune(fitting, cfg), by_cost, fastest, _seed(fitting, cfg))
+
+
+def _view_key(
+    qj: QueuedJob, pools_key: tuple[Any, ...], cfg: SchedulerConfig, cache: CandidateCache
+) -> tuple[Any, ...]:
+    """What a spec's memoised candidate list depends on (``CandidateCache.views``)."""
+    return (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj), pools_key,
+            cfg.reserved_cost_factor, cfg.time_value_usd_per_hour, cfg.vectorised_pricing)  # fmt: skip
+
+
+def _prefetch_queue(
+    jobs: Sequence[QueuedJob],
+    pools: Sequence[Pool],
+    pools_key: tuple[Any, ...],
+    cfg: SchedulerConfig,
+    cache: CandidateCache,
+) -> None:
+    """Predict, in one vectorised pass per accelerator and topology (``prefetch_predictions_many``), what
+    the queue's specs without a memoised candidate list will be priced on."""
+    work = []
+    seen: set[str] = set()
+    for qj in jobs:
+        key = cache.key(qj.spec)
+        if key in seen or _view_key(qj, pools_key, cfg, cache) in cache.views:
+            continue
+        seen.add(key)
+        screened = [(p, device_counts(qj.spec, p, cache), eligibility(qj.spec, p, cache)) for p in pools]
+        work.append((qj.spec, [(p, counts) for p, counts, why in screened if counts and not why]))
+    if work:
+        prefetch_predictions_many(work, cache)
 
 
 def free_room(pool: Pool) -> tuple[int, int]:
@@ -343,6 +375,8 @@ def schedule_round(
     full: list[tuple[ProblemJob, list[Candidate]]] = []
     pools_key = tuple(pool_price_key(p) for p in pools)
     room = {p.name: free_room(p) for p in pools}
+    if cfg.vectorised_pricing:
+        _prefetch_queue(jobs, pools, pools_key, cfg, cache)
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
