@@ -140,6 +140,7 @@ class CandidateCache:
     _bases: dict[int, tuple[JobSpec, str]] = field(default_factory=dict)
     _eligibility_keys: dict[int, tuple[JobSpec, tuple[Any, ...]]] = field(default_factory=dict)
     _markets: dict[int, tuple[Pool, str]] = field(default_factory=dict)
+    _nevers: dict[tuple[Any, ...], tuple[Pool, Candidate]] = field(default_factory=dict)
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
     _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
@@ -387,7 +388,7 @@ def price_option(
     """
     key = cache.key(spec)
     pkey = cache.pool_key(pool)
-    ok = (key, pkey, devices, round(elapsed_fraction, 6))
+    ok = (key, pkey, devices, float(elapsed_fraction))  # exact: a rounded progress would price other work
     hit = cache.options.get(ok)
     if hit is not None:
         return hit

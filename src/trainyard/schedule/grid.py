@@ -107,16 +107,22 @@ def spec_candidates(
     config: SchedulerConfig,
     cache: CandidateCache,
     elapsed_fraction: float = 0.0,
+    *,
+    prefetched: bool = False,
 ) -> list[Candidate]:
     """Every (pool, device count) candidate of ``spec`` with its objective, as the per-spec view of a
     round builds it: ``candidates_for(job_id="", tenant="", now_s=0, deadline_abs_s=None)`` with
-    ``objective.minimize: time`` adding the time value, priced as arrays (see the module docstring)."""
+    ``objective.minimize: time`` adding the time value, priced as arrays (see the module docstring).
+
+    ``prefetched``: the round has already asked for the spec's predictions on ``pools``
+    (``candidates.prefetch_predictions_many``); any it could not make are predicted one by one."""
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
     screened = [(pool, device_counts(spec, pool, cache), eligibility(spec, pool, cache)) for pool in pools]
-    prefetch_predictions(
-        spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache
-    )
+    if not prefetched:
+        prefetch_predictions(
+            spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache
+        )
     time_value = config.time_value_usd_per_hour if spec.objective.minimize == Minimize.TIME else None
     slots: list[Candidate | None] = []  # in output order; None: a vectorised row
     # the vectorised rows' inputs, one entry per row
@@ -126,8 +132,7 @@ def spec_candidates(
     interconnect = spec.resources.min_interconnect_gbps is not None
     for pool, counts, why in screened:
         if why or not counts:
-            devices = counts[0] if counts else pool.devices_per_node
-            slots.append(_never("", "", pool, devices, why or _no_counts(spec, pool)))
+            slots.append(_never_memo(spec, pool, counts, why, cache))
             continue
         try:
             # counts lie inside the spec's device range and the pool's shape (``candidate_device_counts``),
@@ -163,6 +168,21 @@ def spec_candidates(
             c = _with_time_value(c, time_value)
         out.append(c)
     return out
+
+
+def _never_memo(spec: JobSpec, pool: Pool, counts: list[int], why: str, cache: CandidateCache) -> Candidate:
+    """``candidates._never`` for a pool the spec can never use, memoised per (pool, device count, reason):
+    such candidates carry no job (``job_id`` and ``tenant`` are empty in a spec's list) and are immutable,
+    so specs refused by a pool for the same reason share one."""
+    devices = counts[0] if counts else pool.devices_per_node
+    reason = why or _no_counts(spec, pool)
+    key = (id(pool), devices, reason)
+    hit = cache._nevers.get(key)
+    if hit is None or hit[0] is not pool:
+        if len(cache._nevers) > 65536:
+            cache._nevers.clear()
+        hit = cache._nevers[key] = (pool, _never("", "", pool, devices, reason))
+    return hit[1]
 
 
 def _market(cache: CandidateCache, pool: Pool) -> str:

@@ -246,7 +246,7 @@ def _spec_view(
     static = cache.views.get(skey)
     if static is None:
         if cfg.vectorised_pricing:
-            cands = spec_candidates(qj.spec, pools, cfg, cache, progress)
+            cands = spec_candidates(qj.spec, pools, cfg, cache, progress, prefetched=True)
         else:
             cands = [
                 _objective_for_job(c, qj.spec.objective.minimize, cfg)
