@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,7 +180,6 @@ def test_logs_per_rank_and_attempt_with_the_built_in_trainer(live: Any, finished
 
 def test_logs_are_kept_in_the_tenants_storage_area(live: Any, finished_job: dict[str, Any]) -> None:
     import stat
-    from pathlib import Path
 
     platform, c, h = live
     job_id = finished_job["id"]
@@ -216,3 +216,47 @@ def test_another_tenants_logs_are_404(live: Any, finished_job: dict[str, Any]) -
     for params in ({}, {"attempt": 1}, {"rank": 1, "tail": 5}):
         r = c.get(f"/v1/jobs/{finished_job['id']}/logs", params=params, headers=other)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+SDK_SCRIPT = """
+import torch
+import trainyard.runtime as ty
+
+session = ty.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x = torch.linspace(-1, 1, 32).unsqueeze(1).repeat(1, 4)
+y = x.sum(1, keepdim=True)
+for step in range(12):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    extra = {"eval_loss": 0.5} if step + 1 == 12 else {}
+    session.report(step + 1, loss=float(loss), tokens=128, learning_rate=0.05, grad_norm=1.5, **extra)
+session.finish(final_step=12)
+"""
+
+
+def test_user_code_reports_metrics_through_the_sdk(live: Any, tmp_path: Path) -> None:
+    import sys
+
+    _platform, c, h = live
+    script = tmp_path / "train.py"
+    script.write_text(SDK_SCRIPT)
+    spec = tiny_spec("sdk-metrics", steps=12)
+    spec["resources"] = {"min_devices": 1, "max_devices": 1}
+    spec["entrypoint"] = {"command": [sys.executable, str(script)]}
+    r = c.post("/v1/jobs", json={"spec": spec}, headers=h)
+    assert r.status_code == 201, r.text
+    doc = wait_done(c, h, r.json()["id"])
+    assert doc["state"] == "succeeded", doc.get("reason")
+    points = c.get(f"/v1/jobs/{doc['id']}/metrics", headers=h).json()["points"]
+    assert [p["step"] for p in points] == list(range(1, 13))
+    assert all(p["loss"] is not None and p["learning_rate"] == 0.05 for p in points)
+    assert all(p["extra"] == {"grad_norm": 1.5} for p in points)
+    assert [p["eval_loss"] for p in points] == [None] * 11 + [0.5]
+    assert points[0]["step_time_s"] is None and points[1]["tokens_per_s"] > 0  # measured between reports
+    losses = [p["loss"] for p in points]
+    assert losses[-1] < losses[0]
