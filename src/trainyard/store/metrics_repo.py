@@ -111,10 +111,23 @@ class MetricsRepo:
         return None if value is None else float(value)
 
     def attempts(self, job_id: str) -> list[int]:
-        rows = self.s.execute(
-            select(_M.c.attempt).where(_M.c.job_id == job_id).group_by(_M.c.attempt).order_by(_M.c.attempt)
-        )
-        return [int(r[0]) for r in rows]
+        """The attempts with rows: the lowest and highest from the (job, attempt) index, and an index
+        probe for each one between (a job has a handful), never a scan of its rows."""
+        # one aggregate a statement: SQLite (and PostgreSQL) answer a lone MIN or MAX from the index
+        low = self.s.execute(select(func.min(_M.c.attempt)).where(_M.c.job_id == job_id)).scalar()
+        high = self.s.execute(select(func.max(_M.c.attempt)).where(_M.c.job_id == job_id)).scalar()
+        if low is None or high is None:
+            return []
+        found = [int(low)]
+        for a in range(int(low) + 1, int(high)):
+            hit = self.s.execute(
+                select(_M.c.step).where(_M.c.job_id == job_id, _M.c.attempt == a).limit(1)
+            ).first()
+            if hit is not None:
+                found.append(a)
+        if int(high) != int(low):
+            found.append(int(high))
+        return found
 
     def curve(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from trainyard.store.models import Base
@@ -18,6 +18,7 @@ class JobMetricRow(Base):
     megabytes. The primary key (job, step, attempt) is the order curves are read in."""
 
     __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_attempt", "job_id", "attempt", "step"),)
 
     job_id: Mapped[str] = mapped_column(
         String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
