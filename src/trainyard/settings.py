@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     alert_deployment_error_rate: float = Field(default=0.05, ge=0, le=1)
     alert_deployment_p95_latency_s: float = Field(default=10.0, gt=0)
     alert_scan_interval_s: float = Field(default=5.0, ge=0)
+    # log level of the server's structured logs (debug, info, warning, error)
+    log_level: str = "info"
+    # running jobs that get per-job training series on /metrics (newest first; the rest are counted)
+    metrics_max_job_series: int = 500
 
     @property
     def resolved_database_url(self) -> str:

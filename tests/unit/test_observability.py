@@ -12,13 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from trainyard.errors import ServiceUnavailableError
 from trainyard.observability.alerts import CRITICAL, RULES, WARNING, AlertThresholds, JobHealth, evaluate
+from trainyard.observability.jobtrace import TracedExecutor, TracedRound
 from trainyard.observability.metrics import ControlLoopMetrics
-from trainyard.observability.tracing import (
-    ObservabilitySettings,
-    TracedExecutor,
-    TracedRound,
-    make_tracer_provider,
-)
+from trainyard.observability.tracing import ObservabilitySettings, make_tracer_provider
 
 
 def health(**kw: Any) -> JobHealth:

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from opentelemetry import trace
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
@@ -31,6 +32,7 @@ async def current_principal(
     if principal is None:
         principal = await run_in_threadpool(tenants.authenticate, creds.credentials)
     request.state.tenant = principal.tenant_name
+    trace.get_current_span().set_attribute("trainyard.tenant", principal.tenant_name)
     if principal.tenant_rps_or_key_rps:
         await _rate_limit(request, platform, principal)
     if principal.effective_role == "viewer" and request.method not in READ_METHODS:

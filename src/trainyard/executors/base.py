@@ -19,6 +19,9 @@ Event kinds and their ``data``:
 - ``evaluation``: ``{step, split, loss, samples, tokens, dataset, final}`` (held-out loss)
 - ``metrics``: ``{rank, steps: [..], time_s: [..], values: {name: [..]}}`` (step metrics at training
   resolution, packed by column; :mod:`trainyard.runtime.metrics`)
+- ``span``: a finished OpenTelemetry span the worker recorded under the attempt's ``TRACEPARENT``:
+  ``{name, trace_id, span_id, parent_span_id, start_ns, end_ns, attributes, status, status_message,
+  host}`` (ids in hex); the server exports it into the job's trace and never stores it as a job event
 """
 
 from __future__ import annotations
@@ -46,11 +49,12 @@ EVENT_KINDS = (
     "record",
     "evaluation",
     "metrics",
+    "span",
 )
 TERMINAL_KINDS = ("preempted", "succeeded", "failed", "lost")
 WORKER_TERMINAL_KINDS = ("succeeded", "preempted", "failed")  # what a rank reports itself ("lost" is ours)
 # forwarded from a rank as they are
-PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log", "record", "evaluation", "metrics")
+PASS_THROUGH_KINDS = ("started", "heartbeat", "checkpoint", "log", "record", "evaluation", "metrics", "span")
 CLASSIFICATION_USER = "user"
 CLASSIFICATION_INFRA = "infra"
 

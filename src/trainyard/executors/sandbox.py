@@ -55,6 +55,7 @@ JOB_ENV = (
     "TRAINYARD_BASE_MODEL_PATH",
     "TRAINYARD_CHECKPOINT_COMMIT_DELAY_S",
     "TRAINYARD_CHECKPOINT_INTERVAL_S",
+    "TRAINYARD_TRACEPARENT",  # the attempt's W3C trace context (also as TRACEPARENT): worker spans join it
 )
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "DATABASE", "DSN")
 ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "ld.so.cache", "localtime", "resolv.conf")

@@ -12,7 +12,8 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 WARNING = "warning"
 CRITICAL = "critical"
@@ -42,6 +43,8 @@ class JobHealth:
     last_report_age_s: float | None  # since the last heartbeat (or the attempt start when none came)
     cost_usd: float  # closed attempts plus the running attempt so far
     budget_usd: float | None
+    restarts: int = 0  # restarts after failures
+    progress: dict[str, Any] = field(default_factory=dict)  # the latest heartbeat (step, loss, ...)
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,10 @@ def take(platform: Any, now_s: float, tenant_id: str | None = None) -> PlatformS
         if ids:
             rows = s.execute(
                 select(JobEventRow.job_id, JobEventRow.kind, func.count())
-                .where(JobEventRow.job_id.in_(ids), JobEventRow.kind.in_(["failed", "lost", "preempted"]))
+                .where(
+                    JobEventRow.job_id.in_(ids),
+                    JobEventRow.kind.in_(["failed", "lost", "preempted", "restart"]),
+                )
                 .group_by(JobEventRow.job_id, JobEventRow.kind)
             )
             counts = {(jid, kind): int(n) for jid, kind, n in rows}
@@ -135,6 +138,8 @@ def take(platform: Any, now_s: float, tenant_id: str | None = None) -> PlatformS
                 attempt=j.attempt,
                 failures=counts.get((j.id, "failed"), 0) + counts.get((j.id, "lost"), 0),
                 preemptions=counts.get((j.id, "preempted"), 0),
+                restarts=counts.get((j.id, "restart"), 0),
+                progress=j.progress if j.state in ACTIVE_STATES else {},
                 last_report_age_s=age,
                 cost_usd=j.cost_usd + running_usd,
                 budget_usd=j.budget_usd,

@@ -1,22 +1,34 @@
-"""OpenTelemetry tracing: spans around API requests, scheduling rounds and gang launches.
+"""OpenTelemetry tracing: the tracer provider, its exporters and sampler, and OpenTelemetry's own
+instrumentation of the API (FastAPI), the database (SQLAlchemy) and outgoing HTTP (httpx).
 
-Spans go to an in-process ring buffer by default (the latest ``trace_buffer_spans`` finished spans, read
-with :meth:`RingBufferExporter.spans`); ``TRAINYARD_TRACE_EXPORTER=console`` prints them and ``otlp``
-ships them to ``TRAINYARD_TRACE_OTLP_ENDPOINT`` (needs ``opentelemetry-exporter-otlp-proto-http``);
-``none`` turns tracing off. Span attributes never carry request headers or API keys.
+Configuration (read once when the app is built): ``TRAINYARD_TRACE_EXPORTER`` (``memory`` | ``console``
+| ``otlp`` | ``none``) wins when set; otherwise the standard ``OTEL_TRACES_EXPORTER`` (a comma list of
+``otlp``, ``console``, ``none``; ``memory`` too), otherwise ``memory``. ``memory`` keeps the latest
+``TRAINYARD_TRACE_BUFFER_SPANS`` finished spans in process for the dashboard. ``otlp`` ships spans over
+OTLP/HTTP (protobuf) to ``TRAINYARD_TRACE_OTLP_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
+else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else ``http://127.0.0.1:4318/v1/traces``; the
+exporter itself reads ``OTEL_EXPORTER_OTLP_HEADERS``, ``..._TIMEOUT`` and ``..._COMPRESSION`` and the
+batch processor ``OTEL_BSP_*``. ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the service
+(default ``trainyard``), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` choose the sampler
+(default ``parentbased_always_on``) and ``OTEL_SDK_DISABLED=true`` turns tracing off.
+
+Whatever the sampler, a CLIENT span without a parent is dropped: the control loop's database queries and
+background HTTP calls are traced only inside a traced operation (a request, a job's span), so an idle
+loop exports nothing. Span attributes never carry request headers or API keys.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
-from contextlib import nullcontext
-from typing import Any, Literal
+from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -24,22 +36,151 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.util.types import Attributes
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard import __version__
-from trainyard.errors import ServiceUnavailableError
-from trainyard.observability.metrics import ControlLoopMetrics
+from trainyard.errors import InvalidInputError, ServiceUnavailableError
+
+DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
+EXPORTERS = ("memory", "console", "otlp", "none")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+# requests not worth a trace: scrapes and probes
+DEFAULT_EXCLUDED_URLS = "/metrics,/healthz,/readyz,/static/"
 
 
 class ObservabilitySettings(BaseSettings):
-    """``TRAINYARD_TRACE_*`` settings (read once when the app is built)."""
+    """``TRAINYARD_TRACE_*`` settings and the standard ``OTEL_*`` variables they take precedence over."""
 
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore", populate_by_name=True)
 
-    trace_exporter: Literal["memory", "console", "otlp", "none"] = "memory"
-    trace_otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    trace_exporter: str | None = None  # memory | console | otlp | none; None: OTEL_TRACES_EXPORTER
+    trace_otlp_endpoint: str | None = None
     trace_buffer_spans: int = 2048
+    otel_sdk_disabled: bool = Field(False, validation_alias=AliasChoices("OTEL_SDK_DISABLED"))
+    otel_traces_exporter: str | None = Field(None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER"))
+    otel_traces_endpoint: str | None = Field(
+        None, validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    otel_endpoint: str | None = Field(None, validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    otel_protocol: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    )
+    otel_service_name: str | None = Field(None, validation_alias=AliasChoices("OTEL_SERVICE_NAME"))
+    otel_traces_sampler: str | None = Field(None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER"))
+    otel_traces_sampler_arg: str | None = Field(
+        None, validation_alias=AliasChoices("OTEL_TRACES_SAMPLER_ARG")
+    )
+    otel_fastapi_excluded_urls: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS"),
+    )
+
+    def exporters(self) -> list[str]:
+        """The exporters in force, validated (``[]`` when tracing is off)."""
+        if self.otel_sdk_disabled:
+            return []
+        if self.trace_exporter is not None:
+            raw, source = self.trace_exporter, "TRAINYARD_TRACE_EXPORTER"
+        elif self.otel_traces_exporter is not None:
+            raw, source = self.otel_traces_exporter, "OTEL_TRACES_EXPORTER"
+        else:
+            return ["memory"]
+        names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+        bad = [n for n in names if n not in EXPORTERS]
+        if bad:
+            raise InvalidInputError(
+                f"{source}: unknown trace exporter {', '.join(map(repr, bad))}",
+                hint=f"Use one of: {', '.join(EXPORTERS)}.",
+                details={"errors": [{"field": source, "message": f"unknown exporter {n!r}"} for n in bad]},
+            )
+        if not names or "none" in names:
+            return []
+        return list(dict.fromkeys(names))
+
+    def otlp_endpoint(self) -> str:
+        if self.trace_otlp_endpoint:
+            return self.trace_otlp_endpoint
+        if self.otel_traces_endpoint:
+            return self.otel_traces_endpoint
+        if self.otel_endpoint:
+            return self.otel_endpoint.rstrip("/") + "/v1/traces"
+        return DEFAULT_OTLP_ENDPOINT
+
+    def service_name(self) -> str:
+        return self.otel_service_name or "trainyard"
+
+
+class NoOrphanClientSpans(Sampler):
+    """Drops CLIENT spans that have no parent (database queries and HTTP calls made outside any traced
+    operation, such as the control loop's polling); everything else goes to the configured sampler."""
+
+    def __init__(self, delegate: Sampler) -> None:
+        self.delegate = delegate
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        if kind == SpanKind.CLIENT and not trace.get_current_span(parent_context).get_span_context().is_valid:
+            return SamplingResult(Decision.DROP)
+        return self.delegate.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"NoOrphanClientSpans{{{self.delegate.get_description()}}}"
+
+
+def make_sampler(name: str | None, arg: str | None) -> Sampler:
+    """The sampler ``OTEL_TRACES_SAMPLER`` names (default ``parentbased_always_on``)."""
+    key = (name or "parentbased_always_on").strip().lower()
+    if key not in SAMPLERS:
+        raise InvalidInputError(
+            f"OTEL_TRACES_SAMPLER: unknown sampler {key!r}", hint=f"Use one of: {', '.join(SAMPLERS)}."
+        )
+    ratio = 1.0
+    if key.endswith("traceidratio"):
+        try:
+            ratio = float(arg) if arg not in (None, "") else 1.0
+        except ValueError:
+            raise InvalidInputError(
+                f"OTEL_TRACES_SAMPLER_ARG: {arg!r} is not a number",
+                hint="Give the sampling ratio between 0 and 1, e.g. 0.1.",
+            ) from None
+        if not 0.0 <= ratio <= 1.0:
+            raise InvalidInputError(
+                f"OTEL_TRACES_SAMPLER_ARG: {ratio} is not between 0 and 1", hint="e.g. 0.1"
+            )
+    root: Sampler = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF}.get(
+        key.removeprefix("parentbased_"), TraceIdRatioBased(ratio)
+    )
+    return ParentBased(root) if key.startswith("parentbased_") else root
 
 
 class RingBufferExporter(SpanExporter):
@@ -70,133 +211,113 @@ class RingBufferExporter(SpanExporter):
         return True
 
 
+class TrainyardTracerProvider(TracerProvider):
+    """A tracer provider whose exporting processors are also reachable for spans that were recorded
+    elsewhere: the workers' spans, which arrive through their event files (:meth:`replay`)."""
+
+    def __init__(self, *, resource: Resource, sampler: Sampler) -> None:
+        super().__init__(resource=resource, sampler=sampler)
+        self.exporting = SynchronousMultiSpanProcessor()
+        self.add_span_processor(self.exporting)
+
+    def add_exporting_processor(self, processor: Any) -> None:
+        self.exporting.add_span_processor(processor)
+
+    def replay(self, spans: Sequence[ReadableSpan]) -> None:
+        """Hand finished spans recorded by another process to this provider's exporters."""
+        for span in spans:
+            self.exporting.on_end(span)
+
+
+def _otlp_exporter(cfg: ObservabilitySettings) -> SpanExporter:
+    protocol = (cfg.otel_protocol or "http/protobuf").strip().lower()
+    if protocol != "http/protobuf":
+        raise ServiceUnavailableError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported",
+            hint="trainyard ships the OTLP/HTTP exporter: use http/protobuf (port 4318).",
+        )
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:  # pragma: no cover - a pinned dependency
+        raise ServiceUnavailableError(
+            "TRAINYARD_TRACE_EXPORTER=otlp needs the OTLP exporter package",
+            hint="pip install opentelemetry-exporter-otlp-proto-http, or use memory/console/none.",
+        ) from exc
+    return OTLPSpanExporter(endpoint=cfg.otlp_endpoint())
+
+
 def make_tracer_provider(
     settings: ObservabilitySettings | None = None,
-) -> tuple[TracerProvider | None, RingBufferExporter | None]:
+) -> tuple[TrainyardTracerProvider | None, RingBufferExporter | None]:
     """A tracer provider of its own (not the process-global one) and, for ``memory``, its buffer."""
     cfg = settings or ObservabilitySettings()
-    if cfg.trace_exporter == "none":
+    exporters = cfg.exporters()
+    if not exporters:
         return None, None
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": "trainyard", "service.version": __version__})
-    )
+    resource = Resource.create({"service.version": __version__})
+    named = str(resource.attributes.get("service.name", ""))
+    if cfg.otel_service_name or not named or named.startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": cfg.service_name()}))
+    sampler = NoOrphanClientSpans(make_sampler(cfg.otel_traces_sampler, cfg.otel_traces_sampler_arg))
+    provider = TrainyardTracerProvider(resource=resource, sampler=sampler)
     buffer = None
-    if cfg.trace_exporter == "memory":
-        buffer = RingBufferExporter(cfg.trace_buffer_spans)
-        provider.add_span_processor(SimpleSpanProcessor(buffer))
-    elif cfg.trace_exporter == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    else:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-                OTLPSpanExporter,
-            )
-        except ImportError as exc:
-            raise ServiceUnavailableError(
-                "TRAINYARD_TRACE_EXPORTER=otlp needs the OTLP exporter package",
-                hint="pip install opentelemetry-exporter-otlp-proto-http, or use memory/console/none.",
-            ) from exc
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=cfg.trace_otlp_endpoint)))
+    for name in exporters:
+        if name == "memory":
+            buffer = RingBufferExporter(cfg.trace_buffer_spans)
+            provider.add_exporting_processor(SimpleSpanProcessor(buffer))
+        elif name == "console":
+            provider.add_exporting_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        else:
+            provider.add_exporting_processor(BatchSpanProcessor(_otlp_exporter(cfg)))
     return provider, buffer
 
 
-class TracingMiddleware:
-    """ASGI middleware: one SERVER span per HTTP request, named ``METHOD /route/{template}``."""
+# ---- OpenTelemetry's instrumentation, bound to this provider (never the global one) --------------------
 
-    def __init__(self, app: Any, tracer: Tracer) -> None:
-        self.app = app
-        self.tracer = tracer
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = {"code": 500}
-
-        async def tracking_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
-            await send(message)
-
-        method = scope.get("method", "")
-        with self.tracer.start_as_current_span(f"{method} request", kind=SpanKind.SERVER) as span:
-            span.set_attribute("http.request.method", method)
-            try:
-                await self.app(scope, receive, tracking_send)
-            finally:
-                route = getattr(scope.get("route"), "path", None) or "(unmatched)"
-                span.update_name(f"{method} {route}")
-                span.set_attribute("http.route", route)
-                span.set_attribute("http.response.status_code", status["code"])
-                tenant = (scope.get("state") or {}).get("tenant")
-                if tenant:
-                    span.set_attribute("trainyard.tenant", str(tenant))
-                if status["code"] >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
+SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 
 
-class TracedRound:
-    """Wraps a ScheduleRound: a ``scheduler.round`` span plus round metrics."""
-
-    def __init__(self, inner: Any, tracer: Tracer | None, metrics: ControlLoopMetrics) -> None:
-        self.inner = inner
-        self.tracer = tracer
-        self.metrics = metrics
-
-    def __call__(self, jobs: Sequence[Any], pools: Sequence[Any], now_s: float) -> Any:
-        started = time.perf_counter()
-        cm = self.tracer.start_as_current_span("scheduler.round") if self.tracer else nullcontext(None)
-        with cm as span:
-            try:
-                result = self.inner(jobs, pools, now_s)
-            except BaseException:
-                self.metrics.round_errors.inc()
-                raise
-            finally:
-                self.metrics.rounds.inc()
-                self.metrics.round_duration.observe(time.perf_counter() - started)
-            self.metrics.placed.inc(len(result.placements))
-            self.metrics.last_queued.set(len(jobs))
-            self.metrics.last_unplaced.set(len(result.unplaced))
-            if span is not None:
-                span.set_attribute("trainyard.jobs", len(jobs))
-                span.set_attribute("trainyard.pools", len(pools))
-                span.set_attribute("trainyard.placed", len(result.placements))
-                span.set_attribute("trainyard.unplaced", len(result.unplaced))
-        return result
+def _stable_semconv() -> None:
+    """The stable HTTP and database attribute names (``http.response.status_code``, ``db.query.text``)
+    unless the operator chose otherwise; read once, when the first instrumentation starts."""
+    os.environ.setdefault(SEMCONV_OPT_IN, "http,database")
 
 
-class TracedExecutor:
-    """Wraps an Executor: ``executor.launch`` spans and launch metrics; everything else passes through."""
+def instrument_app(app: Any, provider: TracerProvider, cfg: ObservabilitySettings | None = None) -> None:
+    """One SERVER span per HTTP request (``METHOD /route/{template}``), W3C context from the caller."""
+    _stable_semconv()
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-    def __init__(self, inner: Any, tracer: Tracer | None, metrics: ControlLoopMetrics) -> None:
-        self.inner = inner
-        self.tracer = tracer
-        self.metrics = metrics
+    cfg = cfg or ObservabilitySettings()
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=provider,
+        excluded_urls=cfg.otel_fastapi_excluded_urls or DEFAULT_EXCLUDED_URLS,
+        exclude_spans=["receive", "send"],  # one span per request, not one per ASGI message
+    )
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
-    def launch(self, req: Any) -> Any:
-        started = time.perf_counter()
-        attrs = {
-            "trainyard.job_id": req.job_id,
-            "trainyard.attempt": req.attempt,
-            "trainyard.world_size": req.world_size,
-            "trainyard.pool": req.pool,
-            "trainyard.market": req.market,
-        }
-        try:
-            if self.tracer is None:
-                workers = self.inner.launch(req)
-            else:
-                with self.tracer.start_as_current_span("executor.launch", attributes=attrs) as span:
-                    workers = self.inner.launch(req)
-                    span.set_attribute("trainyard.workers", len(workers))
-        except BaseException:
-            self.metrics.launches.labels("error").inc()
-            raise
-        finally:
-            self.metrics.launch_duration.observe(time.perf_counter() - started)
-        self.metrics.launches.labels("ok").inc()
-        return workers
+def instrument_engine(db: Any, provider: TracerProvider) -> None:
+    """CLIENT spans for the statements of ``db``'s engine; a second app over the same database moves the
+    spans to its provider instead of adding listeners again."""
+    _stable_semconv()
+    from opentelemetry.instrumentation.sqlalchemy import __name__ as scope
+    from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
+    from opentelemetry.instrumentation.sqlalchemy.version import __version__ as version
+    from opentelemetry.metrics import NoOpMeter
+
+    tracer = provider.get_tracer(scope, version)
+    existing = getattr(db, "otel_engine_tracer", None)
+    if existing is not None:
+        existing.tracer = tracer
+        return
+    usage = NoOpMeter(scope).create_up_down_counter("db.client.connections.usage")
+    db.otel_engine_tracer = EngineTracer(tracer, db.engine, usage)
+
+
+def instrument_httpx(client: Any, provider: TracerProvider) -> None:
+    """CLIENT spans (and ``traceparent`` headers) for the requests of one httpx client."""
+    _stable_semconv()
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    HTTPXClientInstrumentor.instrument_client(client, tracer_provider=provider)

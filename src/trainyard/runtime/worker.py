@@ -238,6 +238,10 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
     from trainyard.runtime.determinism import configure_determinism
 
     configure_determinism(int(req.env.get("TRAINYARD_NUM_THREADS", "1")))
+    from trainyard.runtime.tracing import WorkerTrace
+
+    spans = WorkerTrace.from_env(req.env, req.job_id, attempt, rank, events.emit)
+    emit = spans.emit if spans is not None else events.emit
     trainer = None
     try:
         from trainyard.runtime.device import check_report, device_report, plan_device
@@ -268,7 +272,7 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
         trainer = Trainer(
             req,
             rank,
-            emit=events.emit,
+            emit=emit,
             notice=notice,
             process_group=pg,
             checkpoint_group=ckpt_pg,
@@ -282,6 +286,8 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
                 req.env.get("TRAINYARD_STORAGE_OUTAGE_BUDGET_S") or DEFAULT_STORAGE_OUTAGE_BUDGET_S
             ),
         )
+        if spans is not None:
+            spans.start_training()
         try:
             outcome: Outcome = trainer.run()
         except StorageFailure as exc:
@@ -291,6 +297,8 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
             with contextlib.suppress(Exception):
                 trainer.metrics.flush()  # the steps before the failure (a diverging loss, say)
         kind = classify(exc)
+        if spans is not None:
+            spans.finish("failed", {"reason": f"{exc.__class__.__name__}: {exc}"})
         events.emit(
             "failed",
             rank=rank,
@@ -302,6 +310,8 @@ def run(run_dir: str, attempt: int, rank: int) -> int:
         events.close()
         return EXIT_USER_ERROR if kind == CLASSIFICATION_USER else EXIT_INFRA_ERROR
     data = {"rank": rank, **outcome.data}
+    if spans is not None:
+        spans.finish(outcome.kind, data)
     events.emit(outcome.kind, **data)
     events.close()
     if outcome.kind == "succeeded":

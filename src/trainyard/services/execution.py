@@ -126,11 +126,13 @@ class Supervisor:
         self.metrics_every_steps = 1
         self.metrics_max_rows_per_s = 100.0
         self.tenant_limits: Callable[[], dict[str, Any]] | None = None
+        # run after the phases of every tick (observability: job spans and counters from the new events)
+        self.observers: list[Callable[[], Any]] = []
 
     # ---- one tick of the control loop ----------------------------------------------------------
     def tick(self) -> None:
         """One pass of the control loop; a failing phase is logged and does not stop the others."""
-        for phase in (
+        phases: list[Callable[[], Any]] = [
             self.jobs.admit_pending,
             self.release_restarts,
             self.schedule_once,
@@ -139,7 +141,9 @@ class Supervisor:
             self.spot_interruptions,
             self.enforce_budgets,
             self.scan_alerts,
-        ):
+            *self.observers,
+        ]
+        for phase in phases:
             try:
                 phase()
             except Exception:
@@ -374,6 +378,10 @@ class Supervisor:
                 EventRepo(s).append(job.id, ev.kind, {"attempt": ev.attempt, **ev.data}, ev.time_s)
                 return
             handler(s, job, ev)
+
+    def _on_span(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
+        """A worker's trace span is telemetry, not a job event (observability exports it)."""
+        return None
 
     def _ensure_running(self, s: Session, job: Job, reason: str) -> Job:
         if job.state == JobState.STARTING:

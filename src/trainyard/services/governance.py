@@ -208,6 +208,15 @@ class GovernanceService:
         )
         return sum(float(u) for u, tags in rows if float(u) > 0 and b.applies_to(tags))
 
+    def all_budgets(self, limit: int = 1_000) -> builtins.list[dict[str, Any]]:
+        """Every tenant's budgets (for the metrics scrape), at most ``limit``."""
+        with self.db.session() as s:
+            ids = [
+                str(r[0])
+                for r in s.connection().execute(select(_BUDGETS.c.id).order_by(_BUDGETS.c.id).limit(limit))
+            ]
+        return [self.budget_document(b) for b in ids]
+
     def list_budgets(
         self, principal: Principal, tenant_name: str | None = None
     ) -> builtins.list[dict[str, Any]]:

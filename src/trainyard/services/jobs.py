@@ -40,6 +40,7 @@ from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_
 from trainyard.tenancy import ledger
 from trainyard.tenancy.quotas import check_queue_quota
 from trainyard.tenancy.storage import StoragePolicy, is_model_reference, is_registered_dataset
+from trainyard.tracecontext import current_traceparent
 
 log = structlog.get_logger("trainyard.jobs")
 
@@ -144,13 +145,29 @@ class JobService:
         self._quote_lock = threading.Lock()
         # submission-time resolution of registry references (model.base), set by the platform
         self.spec_resolver: Callable[[Principal, JobSpec], JobSpec] | None = None
+        # OpenTelemetry tracer for the ``job.submit`` span (set by observability.install_observability)
+        self.tracer: Any = None
 
     # ---- submission ----------------------------------------------------------------------------
     def submit(
         self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
     ) -> tuple[Job, bool]:
         """Store a new job in ``pending``; returns (job, created). A repeated Idempotency-Key with the same
-        spec returns the first job; with a different spec it is a conflict."""
+        spec returns the first job; with a different spec it is a conflict. With a tracer, the submission
+        is the ``job.submit`` span, the root of the job's trace (its context is kept in the first event)."""
+        if self.tracer is None:
+            return self._submit(principal, spec, idempotency_key)
+        with self.tracer.start_as_current_span(
+            "job.submit", attributes={"trainyard.tenant": principal.tenant_name}
+        ) as span:
+            job, created = self._submit(principal, spec, idempotency_key)
+            span.set_attribute("trainyard.job_id", job.id)
+            span.set_attribute("trainyard.created", created)
+            return job, created
+
+    def _submit(
+        self, principal: Principal, spec: JobSpec, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]:
         if self.spec_resolver is not None:
             spec = self.spec_resolver(principal, spec)
         elif spec.model.needs_base_shape:
@@ -178,7 +195,14 @@ class JobService:
         )
         # One transaction on the common path: insert, and let the (tenant, Idempotency-Key) unique
         # constraint detect a replay, which is then answered with the first job.
-        first_event = ("state", {"from": None, "to": "pending", "reason": "submitted"}, now)
+        first_event: tuple[str, dict[str, Any], float] = (
+            "state",
+            {"from": None, "to": "pending", "reason": "submitted"},
+            now,
+        )
+        traceparent = current_traceparent()
+        if traceparent is not None:  # later spans of the job join this trace (observability.jobtrace)
+            first_event[1]["traceparent"] = traceparent
         try:
             if principal.max_queued_jobs is None and not principal.governed:
                 # no quota or budget to check: the job and its first event are the only write (on

@@ -17,15 +17,17 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import structlog
+from opentelemetry import trace
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from trainyard.serving import genai
 from trainyard.serving.openai_schemas import ChatCompletionRequest, CompletionRequest
 from trainyard.serving.replica import MODEL_HEADER
 from trainyard.serving.service import DeploymentView, ReplicaView, RouteView, ServingService
@@ -137,6 +139,10 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shadow_q: asyncio.Queue[_Shadow] | None = None
         self._workers: list[asyncio.Task[None]] = []
+        # set by observability.install_observability: GenAI spans, serving metrics, httpx client spans
+        self.tracer: Any = None
+        self.observe: Callable[[dict[str, Any]], None] | None = None
+        self.instrument_client: Callable[[httpx.AsyncClient], None] | None = None
 
     def _ensure(self) -> tuple[httpx.AsyncClient, asyncio.Queue[_Shadow]]:
         loop = asyncio.get_running_loop()
@@ -146,6 +152,8 @@ class Gateway:
                 timeout=httpx.Timeout(REPLICA_TIMEOUT_S, connect=5.0),
                 limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
             )
+            if self.instrument_client is not None:
+                self.instrument_client(self._client)
             self._shadow_q = asyncio.Queue(maxsize=self.shadow_queue_size)
             self._workers = [loop.create_task(self._shadow_worker()) for _ in range(SHADOW_WORKERS)]
         return self._client, self._shadow_q
@@ -234,7 +242,17 @@ class Gateway:
         tags = {**dep.tags, **(req.metadata or {})}
         request_id = uuid.uuid4().hex
         client, shadow_q = self._ensure()
-        replica = await self._acquire(dep, rv)
+        span = (
+            genai.start_span(self.tracer, endpoint, req, dep.name, rv.resolved.version_id)
+            if self.tracer is not None
+            else None
+        )
+        try:
+            replica = await self._acquire(dep, rv)
+        except GatewayError as exc:
+            if span is not None:
+                genai.end_span(span, exc.status, None, "primary")
+            raise
         path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
         fwd_headers = {MODEL_HEADER: dep.name}
         route_kind = "canary" if rv.route.canary else "primary"
@@ -244,6 +262,8 @@ class Gateway:
 
         def finish(status: int, usage: dict[str, Any] | None, text: str, ttft_s: float | None) -> None:
             latency = time.perf_counter() - started
+            if span is not None:
+                genai.end_span(span, status, usage, route_kind, replica.url, ttft_s)
             self.service.release(rv.pool_key, replica)
             ok = status < 500
             self.service.record_outcome(dep.id, rv.route.model, ok, latency)
@@ -283,7 +303,8 @@ class Gateway:
 
         if not stream:
             try:
-                resp = await client.post(f"{replica.url}{path}", json=body, headers=fwd_headers)
+                with trace.use_span(span, end_on_exit=False) if span is not None else _no_span():
+                    resp = await client.post(f"{replica.url}{path}", json=body, headers=fwd_headers)
             except httpx.HTTPError as exc:
                 finish(502, None, "", None)
                 raise GatewayError(
@@ -298,6 +319,8 @@ class Gateway:
                 try:
                     out = resp.json()
                     usage = out.get("usage")
+                    if span is not None:
+                        genai.record_response(span, out)
                     if shadows:
                         ch = out["choices"][0]
                         text = ch.get("text") or (ch.get("message") or {}).get("content") or ""
@@ -307,10 +330,11 @@ class Gateway:
             return Response(content=resp.content, status_code=resp.status_code, media_type="application/json")
 
         try:
-            upstream = await client.send(
-                client.build_request("POST", f"{replica.url}{path}", json=body, headers=fwd_headers),
-                stream=True,
-            )
+            with trace.use_span(span, end_on_exit=False) if span is not None else _no_span():
+                upstream = await client.send(
+                    client.build_request("POST", f"{replica.url}{path}", json=body, headers=fwd_headers),
+                    stream=True,
+                )
         except httpx.HTTPError as exc:
             finish(502, None, "", None)
             raise GatewayError(
@@ -391,28 +415,29 @@ class Gateway:
         route_kind: str,
     ) -> None:
         u = usage or {}
-        self.service.meter(
-            {
-                "request_id": request_id,
-                "tenant_id": dep.tenant_id,
-                "tenant": dep.tenant,
-                "deployment": dep.name,
-                "model_version": rv.resolved.version_id,
-                "base_version": rv.resolved.base_version,
-                "adapter": rv.resolved.version_id if rv.resolved.adapter_path else None,
-                "route": route_kind,
-                "endpoint": endpoint,
-                "status": status,
-                "prompt_tokens": int(u.get("prompt_tokens", 0)),
-                "completion_tokens": int(u.get("completion_tokens", 0)),
-                "latency_s": latency_s,
-                "ttft_s": ttft_s,
-                "stream": stream,
-                "replica_id": replica_id,
-                "tags": tags,
-                "created_at_s": self.service.clock(),
-            }
-        )
+        record: dict[str, Any] = {
+            "request_id": request_id,
+            "tenant_id": dep.tenant_id,
+            "tenant": dep.tenant,
+            "deployment": dep.name,
+            "model_version": rv.resolved.version_id,
+            "base_version": rv.resolved.base_version,
+            "adapter": rv.resolved.version_id if rv.resolved.adapter_path else None,
+            "route": route_kind,
+            "endpoint": endpoint,
+            "status": status,
+            "prompt_tokens": int(u.get("prompt_tokens", 0)),
+            "completion_tokens": int(u.get("completion_tokens", 0)),
+            "latency_s": latency_s,
+            "ttft_s": ttft_s,
+            "stream": stream,
+            "replica_id": replica_id,
+            "tags": tags,
+            "created_at_s": self.service.clock(),
+        }
+        self.service.meter(record)
+        if self.observe is not None:
+            self.observe(record)
 
     # ---- shadows --------------------------------------------------------------------------
     async def _shadow_worker(self) -> None:
@@ -503,3 +528,9 @@ def _scan(
             if piece:
                 parts.append(piece)
     return usage, status
+
+
+def _no_span() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
