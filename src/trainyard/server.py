@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import errno
 import gc
-import logging
 import os
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -23,40 +21,11 @@ from trainyard.errors import InvalidInputError, PortInUseError, ServiceUnavailab
 from trainyard.settings import Settings
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Structured JSON logs on stderr. Request logs carry method, route, status and tenant, never headers."""
-    shared: list[Any] = [
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.JSONRenderer(),
-            ],
-            foreign_pre_chain=shared,
-        )
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    for noisy in ("alembic", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )
+def configure_logging(level: str | int = "info") -> None:
+    """Structured logs on stderr: JSON, or readable lines on a terminal (``observability.logging``)."""
+    from trainyard.observability.logging import configure_logging as configure
+
+    configure(level)
 
 
 _BACKENDS = {
@@ -224,7 +193,7 @@ def serve(
     os.umask(0o077)  # everything the server creates under TRAINYARD_HOME is its own (0600 / 0700)
     sock = bind_socket(host, port)
     port = sock.getsockname()[1]
-    configure_logging()
+    configure_logging(settings.log_level)
     log = structlog.get_logger("trainyard.server")
     options = PlatformOptions(
         executor=make_executor(settings, executor),

@@ -1,0 +1,290 @@
+"""One trace per job, against a real SQLite store and the real app.
+
+The first test drives the supervisor with the scripted executor (worker reports fed by hand, the
+worker's span recorder is the real one); the second runs a real sandboxed worker and receives the
+whole trace over OTLP/HTTP on 127.0.0.1, configured only through ``OTEL_*`` variables."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane_support import tiny_spec
+from fakes import FakeExecutor, ManualClock
+from otlp_receiver import OtlpReceiver
+from trainyard.api.app import create_app
+from trainyard.runtime.tracing import WorkerTrace
+from trainyard.services.platform import Platform, PlatformOptions
+from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.settings import Settings
+from trainyard.tracecontext import parse_traceparent
+
+
+class Env:
+    def __init__(self, home: Path) -> None:
+        self.clock = ManualClock()
+        self.ex = FakeExecutor()
+        self.p = Platform.open(
+            Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),
+            PlatformOptions(
+                executor=self.ex,
+                schedule_round=GreedyCheapestRound(),
+                cpu_count=2,
+                clock=self.clock,
+                with_catalog=False,
+            ),
+        )
+        self.app = create_app(self.p, access_log=False)
+        self.c = TestClient(self.app, base_url="http://127.0.0.1")
+        self.h = {"Authorization": f"Bearer {self.p.settings.api_key_path.read_text().strip()}"}
+
+    def event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        self.ex.emit(job_id, kind, data, time_s=self.clock.now)
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = self.c.get("/metrics", headers=self.h).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    for var in (
+        "TRAINYARD_TRACE_EXPORTER",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_SAMPLER",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    e = Env(tmp_path)
+    yield e
+    e.p.close()
+
+
+def job_series(samples: dict[Any, float], job_id: str) -> set[str]:
+    return {name for name, labels in samples if ("job_id", job_id) in labels}
+
+
+def test_a_job_is_one_trace_from_submission_through_its_workers_to_completion(env: Env) -> None:
+    buf = env.app.state.trace_buffer
+    r = env.c.post("/v1/jobs", json={"spec": tiny_spec("traced")}, headers=env.h)
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    env.p.tick()  # admit, place, launch
+    (req,) = env.ex.launches
+    tp = req.env["TRACEPARENT"]
+    assert req.env["TRAINYARD_TRACEPARENT"] == tp
+    ctx = parse_traceparent(tp)
+    assert ctx is not None
+    (http,) = buf.spans("POST /v1/jobs")
+    trace_id = http.context.trace_id
+    assert ctx.trace_id == trace_id
+
+    # the worker side: the real span recorder, its span events carried by the executor's event stream
+    worker = WorkerTrace.from_env(
+        req.env, jid, req.attempt, 0, lambda kind, **data: env.event(jid, kind, data)
+    )
+    assert worker is not None and worker.recording
+    env.clock.now += 2
+    env.event(jid, "started", {"rank": 0, "pid": 4242, "host": "fakehost", "resumed_from_step": 0})
+    worker.start_training()
+    for step, loss in ((1, 5.5), (10, 4.25)):
+        env.clock.now += 5
+        worker.emit(
+            "heartbeat",
+            rank=0,
+            step=step,
+            loss=loss,
+            step_time_s=0.5,
+            tokens_per_s=512.0,
+            memory_gib=0.5,
+            total_steps=20,
+        )
+    ckpt = {"step": 10, "path": f"file:///ck/{jid}/step-10", "save_s": 1.5, "bytes": 4096, "emergency": False}
+    worker.emit("checkpoint", **ckpt)
+    # a span event whose trace is not the attempt's is refused
+    forged = {
+        "name": "forged",
+        "trace_id": "0" * 31 + "1",
+        "span_id": "0" * 15 + "2",
+        "parent_span_id": None,
+        "start_ns": 1,
+        "end_ns": 2,
+        "attributes": {},
+    }
+    env.event(jid, "span", forged)
+    env.p.tick()
+
+    running = env.samples()
+    labels = (("job_id", jid), ("tenant", "default"))
+    assert running[("trainyard_job_step", labels)] == 10
+    assert running[("trainyard_job_loss", labels)] == 4.25
+    assert running[("trainyard_job_tokens_per_second", labels)] == 512.0
+    assert running[("trainyard_job_step_time_seconds", labels)] == 0.5
+    assert running[("trainyard_job_device_memory_bytes", labels)] == 0.5 * 2**30
+    assert running[("trainyard_job_checkpoint_duration_seconds", labels)] == 1.5
+    assert running[("trainyard_job_preemptions_total", labels)] == 0
+    assert ("trainyard_job_cost_usd_total", labels) in running
+    assert running[("trainyard_checkpoint_duration_seconds_count", ())] == 1
+    assert ("trainyard_tenant_cost_usd_total", (("tenant", "default"),)) in running
+    assert ("process_cpu_seconds_total", ()) in running  # process and platform collectors
+    assert any(name == "python_info" for name, _ in running)
+
+    env.clock.now += 5
+    worker.finish("succeeded", {"final_step": 20})
+    env.event(jid, "succeeded", {"rank": 0, "model_sha256": "ab" * 32, "final_step": 20})
+    env.p.tick()
+    assert env.c.get(f"/v1/jobs/{jid}", headers=env.h).json()["state"] == "succeeded"
+
+    spans = {s.name: s for s in buf.spans() if s.context.trace_id == trace_id}
+    expected = {
+        "POST /v1/jobs",
+        "job.submit",
+        "job.admit",
+        "job.place",
+        "job.attempt",
+        "executor.launch",
+        "job.checkpoint",
+        "job.complete",
+        "worker.rank",
+        "train.steps",
+        "checkpoint.save",
+    }
+    assert expected <= set(spans), sorted(spans)
+    assert not buf.spans("forged")
+    submit, attempt = spans["job.submit"], spans["job.attempt"]
+    assert submit.parent.span_id == http.context.span_id
+    for child in ("job.admit", "job.place", "job.attempt", "job.complete"):
+        assert spans[child].parent.span_id == submit.context.span_id, child
+    assert spans["executor.launch"].parent.span_id == attempt.context.span_id
+    assert spans["worker.rank"].parent.span_id == attempt.context.span_id
+    assert spans["train.steps"].parent.span_id == spans["worker.rank"].context.span_id
+    assert spans["checkpoint.save"].parent.span_id == spans["train.steps"].context.span_id
+    assert spans["worker.rank"].resource.attributes["service.name"] == "trainyard-worker"
+    assert attempt.attributes["trainyard.outcome"] == "succeeded"
+    steps = spans["train.steps"].attributes
+    assert steps["trainyard.final_step"] == 10 and steps["trainyard.loss"] == 4.25
+    assert spans["job.checkpoint"].attributes["trainyard.step"] == 10
+    ck = spans["job.checkpoint"]
+    assert (ck.end_time - ck.start_time) / 1e9 == pytest.approx(1.5)
+    assert spans["job.place"].attributes["trainyard.pool"] == "local-cpu"
+    assert spans["job.complete"].attributes["trainyard.state"] == "succeeded"
+
+    # the finished job's series are gone; the counters stay
+    done = env.samples()
+    assert not job_series(done, jid), job_series(done, jid)
+    assert done[("trainyard_jobs_finished_total", (("state", "succeeded"),))] == 1
+    assert done[("trainyard_checkpoints_total", ())] == 1
+
+    # an idle control loop (nothing queued, nothing running) exports no span at all
+    buf.clear()
+    for _ in range(3):
+        env.clock.now += 1
+        env.p.tick()
+    assert buf.spans() == [], [s.name for s in buf.spans()]
+
+
+def test_a_round_that_places_nothing_exports_no_span(env: Env) -> None:
+    buf = env.app.state.trace_buffer
+    spec = tiny_spec("too-big")
+    spec["resources"] = {"min_devices": 2}
+    first = env.c.post("/v1/jobs", json={"spec": tiny_spec("holder")}, headers=env.h).json()["id"]
+    env.p.tick()
+    r = env.c.post("/v1/jobs", json={"spec": spec}, headers=env.h)
+    assert r.status_code == 201, r.text
+    waiting = r.json()["id"]
+    env.p.tick()  # admitted; one of the two cpu devices is taken: it cannot be placed
+    doc = env.c.get(f"/v1/jobs/{waiting}", headers=env.h).json()
+    assert doc["state"] == "queued", doc
+    buf.clear()
+    for _ in range(3):
+        env.p.tick()
+    assert [s.name for s in buf.spans()] == []
+    assert env.c.get(f"/v1/jobs/{first}", headers=env.h).json()["state"] in ("starting", "running")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_sandboxed_workers_spans_reach_an_otlp_receiver_in_the_jobs_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard.executors.local import LocalExecutor
+    from trainyard.executors.sandbox import Sandbox
+
+    with OtlpReceiver() as receiver:
+        monkeypatch.delenv("TRAINYARD_TRACE_EXPORTER", raising=False)
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "trainyard-test")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        executor = LocalExecutor(sandbox=Sandbox(), heartbeat_timeout_s=120.0, warm_start=False)
+        platform = Platform.open(
+            Settings(home=tmp_path / "home"),
+            PlatformOptions(
+                executor=executor,
+                schedule_round=GreedyCheapestRound(),
+                cpu_count=2,
+                with_catalog=False,
+                loop_interval_s=0.1,
+            ),
+        )
+        try:
+            app = create_app(platform, access_log=False)
+            assert app.state.trace_buffer is None  # otlp only
+            h = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
+            c = TestClient(app, base_url="http://127.0.0.1")
+            spec = tiny_spec("otlp-job", steps=6)
+            spec["checkpoint"] = {"interval": "1s"}
+            r = c.post("/v1/jobs", json={"spec": spec}, headers=h)
+            assert r.status_code == 201, r.text
+            jid = r.json()["id"]
+            deadline = time.monotonic() + 400
+            state = ""
+            while time.monotonic() < deadline:
+                platform.tick()
+                state = c.get(f"/v1/jobs/{jid}", headers=h).json()["state"]
+                if state in ("succeeded", "failed", "cancelled"):
+                    break
+                time.sleep(0.2)
+            doc = c.get(f"/v1/jobs/{jid}", headers=h).json()
+            assert state == "succeeded", (doc["reason"], doc["events"][-6:])
+            app.state.tracer_provider.force_flush()
+            posts = receiver.wait_for("POST /v1/jobs")
+            assert len(posts) == 1, posts
+            (http,) = posts
+            assert http.service == "trainyard-test" and http.kind == 2  # SERVER
+            world = int(doc["placement"]["devices"])
+            ranks = receiver.wait_for("worker.rank", count=world)
+            steps = receiver.wait_for("train.steps", count=world)
+            saves = receiver.wait_for("checkpoint.save")
+            (attempt,) = receiver.wait_for("job.attempt")
+            (complete,) = receiver.wait_for("job.complete")
+            for s in (*ranks, *steps, *saves, attempt, complete):
+                assert s.trace_id == http.trace_id, s
+            assert sorted(r.attributes["trainyard.rank"] for r in ranks) == list(range(world))
+            for rank in ranks:
+                assert rank.service == "trainyard-test-worker"
+                assert rank.parent_span_id == attempt.span_id
+                assert rank.attributes["trainyard.outcome"] == "succeeded"
+            assert {st.attributes["trainyard.final_step"] for st in steps} == {6}
+            assert {sv.parent_span_id for sv in saves} <= {st.span_id for st in steps}
+            # database statements inside the request are its children; none is a root
+            sql = [s for s in receiver.spans if s.attributes.get("db.system.name") == "sqlite"]
+            assert sql and all(s.parent_span_id for s in sql)
+            assert re.fullmatch(r"[0-9a-f]{32}", http.trace_id)
+        finally:
+            platform.close()
+            executor.shutdown(kill_workers=True)
+            provider = getattr(locals().get("app"), "state", None)
+            if provider is not None and provider.tracer_provider is not None:
+                provider.tracer_provider.shutdown()
