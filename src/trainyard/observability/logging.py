@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -40,7 +41,9 @@ def parse_level(level: str | int) -> int:
     return value
 
 
-def add_trace_context(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def add_trace_context(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     """``trace_id`` and ``span_id`` of the span current where the record is emitted (none outside)."""
     ctx = trace.get_current_span().get_span_context()
     if ctx.is_valid:
