@@ -11,7 +11,7 @@ SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.installed
 SKYPILOT := skypilot==0.14.1
 
-.PHONY: run test lint format bench clean sandbox browser
+.PHONY: run test lint format bench clean sandbox browser prometheus
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,10 +38,16 @@ browser:
 		(apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null)))
 
+# promtool checks and unit-tests the alerting rules; installed here when missing (Debian/Ubuntu, as root)
+prometheus:
+	@command -v promtool >/dev/null 2>&1 || (echo "installing prometheus (promtool, for the alert rules)..." && \
+		(apt-get install -y -qq prometheus >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null && apt-get install -y -qq prometheus >/dev/null)))
+
 run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-test: $(STAMP) $(SKY_STAMP) sandbox browser
+test: $(STAMP) $(SKY_STAMP) sandbox browser prometheus
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)

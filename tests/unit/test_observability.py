@@ -226,3 +226,164 @@ def test_store_collector_reports_down_instead_of_failing_the_scrape() -> None:
     reg.register(PlatformCollector(P(), clock=lambda: 0.0))
     text = generate_latest(reg).decode()
     assert "trainyard_store_metrics_up 0.0" in text
+
+
+# ---- OpenTelemetry configuration ------------------------------------------------------------------
+
+OTEL_VARS = (
+    "TRAINYARD_TRACE_EXPORTER",
+    "TRAINYARD_TRACE_OTLP_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_SDK_DISABLED",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for var in OTEL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_otel_variables_configure_tracing_and_trainyard_ones_win(clean_env: pytest.MonkeyPatch) -> None:
+    from trainyard.errors import InvalidInputError
+
+    assert ObservabilitySettings().exporters() == ["memory"]
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "otlp, console")
+    assert ObservabilitySettings().exporters() == ["otlp", "console"]
+    clean_env.setenv("TRAINYARD_TRACE_EXPORTER", "memory")
+    assert ObservabilitySettings().exporters() == ["memory"]
+    clean_env.delenv("TRAINYARD_TRACE_EXPORTER")
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert make_tracer_provider() == (None, None)
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    with pytest.raises(InvalidInputError, match="OTEL_TRACES_EXPORTER"):
+        ObservabilitySettings().exporters()
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "console")
+    clean_env.setenv("OTEL_SDK_DISABLED", "true")
+    assert ObservabilitySettings().exporters() == []
+
+
+def test_otlp_endpoint_resolution(clean_env: pytest.MonkeyPatch) -> None:
+    assert ObservabilitySettings().otlp_endpoint() == "http://127.0.0.1:4318/v1/traces"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    assert ObservabilitySettings().otlp_endpoint() == "http://collector:4318/v1/traces"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/custom")
+    assert ObservabilitySettings().otlp_endpoint() == "http://traces:4318/custom"
+    clean_env.setenv("TRAINYARD_TRACE_OTLP_ENDPOINT", "http://mine:4318/v1/traces")
+    assert ObservabilitySettings().otlp_endpoint() == "http://mine:4318/v1/traces"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ServiceUnavailableError, match="grpc is not supported"):
+        make_tracer_provider(ObservabilitySettings(trace_exporter="otlp"))
+
+
+def test_service_name_and_sampler_from_otel_variables(clean_env: pytest.MonkeyPatch) -> None:
+    from trainyard.errors import InvalidInputError
+
+    provider, _ = make_tracer_provider()
+    assert provider is not None and provider.resource.attributes["service.name"] == "trainyard"
+    clean_env.setenv("OTEL_SERVICE_NAME", "yard-eu")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    provider, buf = make_tracer_provider()
+    assert provider is not None and buf is not None
+    assert provider.resource.attributes["service.name"] == "yard-eu"
+    with provider.get_tracer("t").start_as_current_span("dropped"):
+        pass
+    assert buf.spans() == []
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", "lots")
+    with pytest.raises(InvalidInputError, match="OTEL_TRACES_SAMPLER_ARG"):
+        make_tracer_provider()
+
+
+def test_client_spans_without_a_parent_are_dropped(clean_env: pytest.MonkeyPatch) -> None:
+    from opentelemetry.trace import SpanKind
+
+    provider, buf = make_tracer_provider()
+    assert provider is not None and buf is not None
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("SELECT orphan", kind=SpanKind.CLIENT):
+        pass
+    with (
+        tracer.start_as_current_span("GET /thing", kind=SpanKind.SERVER),
+        tracer.start_as_current_span("SELECT child", kind=SpanKind.CLIENT),
+    ):
+        pass
+    assert sorted(s.name for s in buf.spans()) == ["GET /thing", "SELECT child"]
+
+
+def test_idle_or_empty_rounds_emit_no_span() -> None:
+    reg = CollectorRegistry()
+    provider, buf = make_tracer_provider(ObservabilitySettings(trace_exporter="memory"))
+    assert provider is not None and buf is not None
+
+    def nothing_placed(jobs: Any, pools: Any, now_s: float) -> Result:
+        return Result({}, {"b": "waiting for capacity"})
+
+    traced = TracedRound(nothing_placed, provider.get_tracer("t"), ControlLoopMetrics(reg))
+    for _ in range(5):
+        traced(["b"], ["p"], 0.0)
+    assert buf.spans() == []
+    assert sample(reg, "trainyard_scheduler_rounds_total") == 5  # still counted
+
+
+def test_traceparent_round_trip_and_malformed_values() -> None:
+    from trainyard.tracecontext import format_traceparent, parse_traceparent
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    ctx = parse_traceparent(tp)
+    assert ctx is not None and ctx.is_remote and ctx.trace_flags.sampled
+    assert format_traceparent(ctx) == tp
+    for bad in (
+        None,
+        "",
+        "garbage",
+        "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+        "ff-" + tp[3:],
+        "00-zz-yy-01",
+    ):
+        assert parse_traceparent(bad) is None, bad
+
+
+def test_worker_span_documents_are_checked() -> None:
+    from opentelemetry.sdk.resources import Resource
+
+    from trainyard.observability.jobtrace import decode_worker_span
+
+    res = Resource({"service.name": "w"})
+    good = {
+        "name": "train.steps",
+        "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "span_id": "00f067aa0ba902b7",
+        "parent_span_id": "00f067aa0ba902b8",
+        "start_ns": 10,
+        "end_ns": 20,
+        "attributes": {"a": 1, "b": "x" * 5000, "c": {"nested": True}},
+        "status": "error",
+        "status_message": "boom",
+        "host": "node-1",
+    }
+    span = decode_worker_span(good, res)
+    assert span is not None and span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B8
+    assert span.attributes == {"a": 1, "b": "x" * 1024}  # no nested values, long strings cut
+    assert not span.status.is_ok and span.resource.attributes["host.name"] == "node-1"
+    for broken in ({**good, "trace_id": "0" * 32}, {**good, "end_ns": 5}, {**good, "span_id": "nothex"}, {}):
+        assert decode_worker_span(broken, res) is None
+
+
+def test_the_sandbox_passes_the_trace_context_and_nothing_else_new() -> None:
+    from trainyard.executors.sandbox import scrubbed_env
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    env = scrubbed_env(
+        {"TRAINYARD_DATABASE_URL": "postgresql://x", "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret"},
+        {"TRACEPARENT": tp, "TRAINYARD_TRACEPARENT": tp},
+    )
+    assert env["TRACEPARENT"] == tp and env["TRAINYARD_TRACEPARENT"] == tp
+    assert "TRAINYARD_DATABASE_URL" not in env and "OTEL_EXPORTER_OTLP_HEADERS" not in env

@@ -37,6 +37,7 @@ GROUPS: dict[str, tuple[str, str, str]] = {
     "traces": ("trainyard.cli.simulate_cmd", "trace_app", "Workload traces for the simulator."),
     "sim": ("", "", "Offline planning: simulate a trace, run one scheduling round."),
     "server": ("trainyard.cli.up_cmd", "app", "Start, inspect and stop the platform (up, status, down)."),
+    "alerts": ("trainyard.cli.alerts_cmd", "app", "Prometheus alerting rules for trainyard's metrics."),
 }
 
 # verbs of a group that live in modules of their own: noun -> verb -> (module, function, help)

@@ -87,7 +87,7 @@ class TrainingMetrics:
         )
         self.preemptions = Counter("trainyard_preemptions_total", "Attempts preempted", registry=registry)
         self.restarts = Counter(
-            "trainyard_job_restarts_total",
+            "trainyard_restarts_total",
             "Restarts after a failure, by classification (infra or user)",
             ["classification"],
             registry=registry,

@@ -1,0 +1,131 @@
+"""/metrics against a real SQLite store and the real app: every metric the alert rules use is exported,
+the per-job series are capped, serving metrics per deployment and version are bounded, money is a
+counter."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane_support import tiny_spec
+from fakes import FakeExecutor, ManualClock
+from trainyard.api.app import create_app
+from trainyard.observability.metrics import ServingMetrics
+from trainyard.observability.rules import alert_rules_text
+from trainyard.services.platform import Platform, PlatformOptions
+from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.settings import Settings
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[Platform, FakeExecutor, TestClient, dict[str, str]]]:
+    clock = ManualClock()
+    ex = FakeExecutor()
+    p = Platform.open(
+        Settings(
+            home=tmp_path, database_url=f"sqlite:///{tmp_path / 'trainyard.db'}", metrics_max_job_series=1
+        ),
+        PlatformOptions(
+            executor=ex, schedule_round=GreedyCheapestRound(), cpu_count=2, clock=clock, with_catalog=False
+        ),
+    )
+    app = create_app(p, access_log=False)
+    h = {"Authorization": f"Bearer {p.settings.api_key_path.read_text().strip()}"}
+    yield p, ex, TestClient(app, base_url="http://127.0.0.1"), h
+    p.close()
+
+
+def families(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def base_name(name: str) -> str:
+    return re.sub(r"_(total|bucket|count|sum)$", "", name)
+
+
+def test_every_metric_the_alert_rules_use_is_exported(
+    live: tuple[Platform, FakeExecutor, TestClient, dict],
+) -> None:
+    _, _, c, h = live
+    exported = families(c.get("/metrics", headers=h).text)
+    used = set(re.findall(r"\btrainyard_[a-z_]+", alert_rules_text()))
+    missing = {m for m in used if base_name(m) not in exported}
+    assert not missing, sorted(missing)
+    # money that only grows is a counter (exposed as *_usd_total)
+    assert exported["trainyard_tenant_cost_usd"] == "counter"
+    assert exported["trainyard_job_cost_usd"] == "counter"
+    assert exported["process_cpu_seconds"] == "counter" and "python_info" in exported
+
+
+def test_job_series_are_capped_and_the_rest_counted(
+    live: tuple[Platform, FakeExecutor, TestClient, dict],
+) -> None:
+    p, ex, c, h = live
+    ids = []
+    for name in ("first", "second"):
+        spec = tiny_spec(name)
+        spec["resources"] = {"max_devices": 1}
+        r = c.post("/v1/jobs", json={"spec": spec}, headers=h)
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+    p.tick()
+    assert len(ex.launches) == 2
+    for jid in ids:
+        ex.emit(
+            jid, "heartbeat", {"rank": 0, "step": 3, "loss": 2.0, "step_time_s": 0.1, "tokens_per_s": 9.0}
+        )
+    p.tick()
+    text = c.get("/metrics", headers=h).text
+    with_series = {jid for jid in ids if f'trainyard_job_loss{{job_id="{jid}"' in text}
+    assert len(with_series) == 1
+    assert "trainyard_job_series_dropped 1.0" in text
+    # a tenant's key does not read /metrics; the admin key does (unchanged)
+    _, key = p.tenants.create("other")
+    assert c.get("/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 403
+
+
+def test_serving_metrics_per_deployment_and_version_are_bounded() -> None:
+    reg = CollectorRegistry()
+    m = ServingMetrics(reg, max_series=2)
+
+    def record(dep: str, version: str, status: int = 200, route: str = "primary") -> dict[str, object]:
+        return {
+            "tenant": "acme",
+            "deployment": dep,
+            "model_version": version,
+            "status": status,
+            "route": route,
+            "prompt_tokens": 7,
+            "completion_tokens": 3,
+            "latency_s": 0.2,
+            "ttft_s": 0.05,
+        }
+
+    m.observe(record("chat", "tiny@1"))
+    m.observe(record("chat", "tiny@2", status=502))
+    m.observe(record("chat", "tiny@2", route="shadow"))
+    m.observe(record("other", "x@1"))  # over the cap: counted, but not as a new series
+    labels = {"tenant": "acme", "deployment": "chat", "model_version": "tiny@2"}
+    assert (
+        reg.get_sample_value(
+            "trainyard_inference_requests_total", {**labels, "code": "502", "route": "primary"}
+        )
+        == 1
+    )
+    assert reg.get_sample_value("trainyard_inference_tokens_total", {**labels, "kind": "prompt"}) == 14
+    # shadow requests are counted, never timed as the deployment's latency
+    assert reg.get_sample_value("trainyard_inference_request_duration_seconds_count", labels) == 1
+    other = {"tenant": "acme", "deployment": "(other)", "model_version": "(other)"}
+    assert (
+        reg.get_sample_value(
+            "trainyard_inference_requests_total", {**other, "code": "200", "route": "primary"}
+        )
+        == 1
+    )
+    assert reg.get_sample_value("trainyard_inference_time_to_first_token_seconds_count", other) == 1
