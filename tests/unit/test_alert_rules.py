@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,6 +37,16 @@ def test_rules_pass_promtool_check(rules_file: Path) -> None:
     p = subprocess.run([promtool(), "check", "rules", str(rules_file)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "SUCCESS" in p.stdout
+
+
+def test_the_json_form_passes_promtool_check_too(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["alerts", "rules", "--json"])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "alert_rules.json"
+    path.write_text(result.stdout)
+    assert json.loads(result.stdout)["groups"]
+    p = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def test_rules_pass_their_promtool_unit_tests(rules_file: Path) -> None:
