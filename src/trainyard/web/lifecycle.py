@@ -247,6 +247,21 @@ def _outcome(m: dict[str, Any], name: str) -> str:
     return "inconclusive"
 
 
+def _relative(m: dict[str, Any]) -> tuple[str, float, float | None, float | None, str] | None:
+    """A metric's delta and interval in % of the baseline (so metrics of any scale share one axis);
+    None when the baseline is 0 or missing."""
+    base, delta = m.get("baseline"), m.get("delta")
+    if not isinstance(base, int | float) or not isinstance(delta, int | float) or base == 0:
+        return None
+    ci = m.get("ci95") or [None, None]
+    scale = 100.0 / abs(float(base))
+
+    def rel(v: Any) -> float | None:
+        return float(v) * scale if isinstance(v, int | float) else None
+
+    return (str(m["name"]), float(delta) * scale, rel(ci[0]), rel(ci[1]), str(m["outcome"]))
+
+
 def evaluation_view(platform: Any, principal: Principal, eval_id: str) -> dict[str, Any]:
     if not eval_id or len(eval_id) > 40:
         raise NotFoundError(f"no evaluation {eval_id[:40]!r}")
@@ -258,18 +273,9 @@ def evaluation_view(platform: Any, principal: Principal, eval_id: str) -> dict[s
         metrics.append({"name": name, **m, "outcome": _outcome(m, name)})
     chart = charts.intervals(
         "metric-deltas",
-        title="Model − baseline, with 95 % intervals",
-        unit="delta",
-        rows=[
-            (
-                m["name"],
-                m.get("delta"),
-                (m.get("ci95") or [None, None])[0],
-                (m.get("ci95") or [None, None])[1],
-                m["outcome"],
-            )
-            for m in metrics
-        ],
+        title="Model vs baseline: change in % of the baseline, with 95 % intervals",
+        unit="%",
+        rows=[r for r in (_relative(m) for m in metrics) if r is not None],
     )
     examples = doc.get("examples") or []
     wins = [e for e in examples if e.get("outcome") == "win"]

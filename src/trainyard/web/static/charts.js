@@ -13,6 +13,21 @@
     return String(Number(v.toPrecision(4)));
   }
 
+  // dollars as trainyard.cost.money.format_usd writes them: $1,234 / $12.40 / $0.00056
+  function usd(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "–";
+    var sign = v < 0 ? "-" : "", a = Math.abs(v);
+    if (a >= 1000) return sign + "$" + Math.round(a).toLocaleString("en-US");
+    if (a >= 1 || a === 0) return sign + "$" + a.toFixed(2);
+    var decimals = Math.max(2, 2 - 1 - Math.floor(Math.log10(a)));
+    return sign + "$" + a.toFixed(decimals);
+  }
+
+  function valueText(v, unit) {
+    if (unit === "USD") return usd(v);
+    return fmt(v) + (unit ? " " + unit : "");
+  }
+
   function emptyNote(el, text) {
     var p = document.createElement("p");
     p.className = "no-data";
@@ -55,7 +70,7 @@
       title: spec.title, width: width(el), height: Number(el.dataset.height || 260),
       scales: { x: { time: false } },
       axes: [{ label: spec.x_label, values: function (u, vs) { return vs.map(fmt); } },
-             { label: spec.y_label, size: 60, values: function (u, vs) { return vs.map(fmt); } }],
+             { label: spec.y_label, size: 70, values: function (u, vs) { return vs.map(function (v) { return spec.y_unit === "USD" ? usd(v) : fmt(v); }); } }],
       series: series,
     };
   }
@@ -70,7 +85,7 @@
       legend: { show: false },
       scales: { x: { time: false, range: [-0.5, labels.length - 0.5] }, y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.1 : 1]; } } },
       axes: [{ splits: function () { return x; }, values: function (u, vs) { return vs.map(function (v) { return labels[v] || ""; }); }, gap: 6 },
-             { label: spec.unit, size: 60, values: function (u, vs) { return vs.map(fmt); } }],
+             { label: spec.unit, size: 70, values: function (u, vs) { return vs.map(function (v) { return spec.unit === "USD" ? usd(v) : fmt(v); }); } }],
       series: [{}, { label: spec.unit, stroke: "transparent", points: { show: false } }],
       hooks: { draw: [function (u) {
         var ctx = u.ctx;
@@ -84,7 +99,7 @@
           ctx.fillStyle = colors[i] || "#2563eb";
           ctx.fillRect(cx - bw / 2, cy, bw, u.valToPos(0, "y", true) - cy);
           ctx.fillStyle = "#111827";
-          ctx.fillText(fmt(v) + " " + spec.unit, cx, cy - 4 * devicePixelRatio);
+          ctx.fillText(valueText(v, spec.unit), cx, cy - 4 * devicePixelRatio);
         });
         ctx.restore();
       }] },
@@ -124,7 +139,7 @@
           ctx.moveTo(cx - 8 * d, yl); ctx.lineTo(cx + 8 * d, yl);
           ctx.moveTo(cx - 8 * d, yh); ctx.lineTo(cx + 8 * d, yh); ctx.stroke();
           ctx.beginPath(); ctx.arc(cx, yv, 5 * d, 0, 2 * Math.PI); ctx.fill();
-          ctx.fillText(fmt(v[i]) + " [" + fmt(lo[i]) + ", " + fmt(hi[i]) + "] " + r.outcome, cx + 12 * d, yv + 4 * d);
+          ctx.fillText(fmt(v[i]) + spec.unit + " [" + fmt(lo[i]) + ", " + fmt(hi[i]) + "] " + r.outcome, cx + 12 * d, yv + 4 * d);
         });
         ctx.restore();
       }] },
