@@ -4,11 +4,13 @@ store (merging upserts, the newest attempt per step, downsampling in the databas
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controlplane_support import database_url
 from trainyard.runtime.metrics import MetricsStream, unpack
 from trainyard.store.db import Database
 from trainyard.store.metrics_repo import MetricsRepo
@@ -78,10 +80,17 @@ def test_eval_loss_joins_its_step_and_nan_becomes_none() -> None:
     assert step == 1 and values == {"loss": None, "eval_loss": 2.5}
 
 
-@pytest.fixture
-def repo_db(tmp_path: Path) -> Database:
-    db = Database(f"sqlite:///{tmp_path / 'm.db'}")
-    db.upgrade()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def repo_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    with database_url(request.param, tmp_path) as url:
+        db = Database(url)
+        db.upgrade()
+        _job(db)
+        yield db
+        db.dispose()
+
+
+def _job(db: Database) -> None:
     from trainyard.store.models import JobRow, TenantRow
 
     with db.session() as s:
@@ -99,7 +108,6 @@ def repo_db(tmp_path: Path) -> Database:
                 updated_at_s=0.0,
             )
         )
-    return db
 
 
 def test_store_merges_and_keeps_the_newest_attempt_per_step(repo_db: Database) -> None:
@@ -134,3 +142,23 @@ def test_store_downsamples_a_long_curve(repo_db: Database) -> None:
     assert sum(p["count"] for p in page.points) == n
     assert page.points[-1]["step"] == n
     assert page.points[0]["loss_min"] == 0.0 and page.points[0]["loss_max"] == 6.0
+
+
+def test_an_alert_fires_once_per_condition(repo_db: Database) -> None:
+    from trainyard.services.alerting import AlertConfig, AlertService, Candidate
+
+    alerts = AlertService(repo_db, AlertConfig(), tenant_name=lambda _tid: "t")
+    try:
+        cand = Candidate("t1", "job_stalled", "critical", "job_stalled:job-1:a1", "stalled", job_id="job-1")
+        first = alerts.fire(cand)
+        assert first is not None and first["rule"] == "job_stalled" and first["tenant"] == "t"
+        assert alerts.fire(cand) is None  # the same condition again
+        again = alerts.fire(Candidate("t1", "job_stalled", "critical", "job_stalled:job-1:a2", "stalled"))
+        assert again is not None and again["id"] != first["id"]
+    finally:
+        alerts.close()
+    with repo_db.session() as s:
+        from trainyard.store.repositories import EventRepo
+
+        kinds = [e.kind for e in EventRepo(s).list("job-1")]
+    assert kinds.count("alert") == 1  # the second alert named no job: it is a tenant event
