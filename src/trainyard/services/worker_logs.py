@@ -32,6 +32,7 @@ log = structlog.get_logger("trainyard.worker_logs")
 _HEADER = re.compile(rb"^--- attempt (\d+) rank (\d+)[^\n]*---$", re.MULTILINE)
 SCAN_CHUNK_BYTES = 1 << 20
 MAX_TAIL_LINES = 10_000
+MAX_INDEXED_LOGS = 4096  # rank logs whose sections are remembered (least recently read dropped first)
 
 
 @dataclass
@@ -90,9 +91,12 @@ class WorkerLogs:
             return 0, []
         key = str(path)
         with self._lock:
-            idx = self._indexes.get(key)
+            idx = self._indexes.pop(key, None)  # re-inserted below: the dict is kept in use order
             if idx is None or idx.scanned_to > size:  # new or truncated
-                idx = self._indexes[key] = _Index()
+                idx = _Index()
+            self._indexes[key] = idx
+            while len(self._indexes) > MAX_INDEXED_LOGS:
+                self._indexes.pop(next(iter(self._indexes)))
             while idx.scanned_to < size:
                 chunk = _read_range(path, idx.scanned_to, min(size, idx.scanned_to + SCAN_CHUNK_BYTES))
                 last_nl = chunk.rfind(b"\n")
