@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# `mutation`: the same examples on every run (a mutant is killed by a behaviour, not by a lucky draw)
+settings.register_profile("mutation", derandomize=True, deadline=None, print_blob=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,25 +146,41 @@ def test_real_cpu_job_runs_to_success(
 def test_tenants_isolation_and_pools(
     server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Leaves the shared server as it found it (a tenant of its own, pools put back), so the module's
+    other tests pass in any order."""
     env = server.cli_env()
-    created = js(run(["tenants", "create", "team-a", "--json"], monkeypatch, env))
-    assert set(created) >= {"name", "api_key"} and created["name"] == "team-a"
+    name = f"team-{uuid.uuid4().hex[:8]}"
+    created = js(run(["tenants", "create", name, "--json"], monkeypatch, env))
+    assert set(created) >= {"name", "api_key"} and created["name"] == name
     team = {**env, "TRAINYARD_API_KEY": created["api_key"]}
     assert js(run(["jobs", "list", "--json"], monkeypatch, team))["jobs"] == []
-    denied = run(["tenants", "create", "team-b", "--json"], monkeypatch, team)
+    denied = run(["tenants", "create", f"{name}-b", "--json"], monkeypatch, team)
     assert denied.exit_code == 5 and "admin" in denied.stderr
     tenants = js(run(["tenants", "list", "--json"], monkeypatch, env))["tenants"]
-    assert {"default", "team-a"} <= {t["name"] for t in tenants}
+    assert {"default", name} <= {t["name"] for t in tenants}
     pools = js(run(["pools", "list", "--json"], monkeypatch, env))["pools"]
     local = next(p for p in pools if p["name"] == "local-cpu")
     assert local["accelerator"] == "cpu" and local["devices_per_node"] == (os.cpu_count() or 1)
-    changed = js(run(["pools", "set", "local-cpu", "--available-devices", "1", "--json"], monkeypatch, env))
-    assert changed["available_devices"] == 1
-    pools_file = ROOT / "examples" / "seed-pools.yaml"
-    loaded = js(run(["pools", "set", "--file", str(pools_file), "--json"], monkeypatch, env))
-    assert {p["name"] for p in loaded["pools"]} == {"a100-on-demand", "a100-spot", "trainium", "tpu-v4"}
-    table = run(["pools", "list"], monkeypatch, env)
-    assert table.exit_code == 0 and "a100-spot" in table.stdout
+    # absent means every device is free: put back that many
+    free_before = local.get("available_devices", local["nodes"] * local["devices_per_node"])
+    before = {p["name"] for p in pools}
+    seeded = {"a100-on-demand", "a100-spot", "trainium", "tpu-v4"}
+    try:
+        one = ["pools", "set", "local-cpu", "--available-devices", "1", "--json"]
+        changed = js(run(one, monkeypatch, env))
+        assert changed["available_devices"] == 1
+        pools_file = ROOT / "examples" / "seed-pools.yaml"
+        loaded = js(run(["pools", "set", "--file", str(pools_file), "--json"], monkeypatch, env))
+        assert {p["name"] for p in loaded["pools"]} == seeded
+        table = run(["pools", "list"], monkeypatch, env)
+        assert table.exit_code == 0 and "a100-spot" in table.stdout
+    finally:
+        restore = ["pools", "set", "local-cpu", "--available-devices", str(free_before)]
+        assert run([*restore, "--json"], monkeypatch, env).exit_code == 0
+        for pool in seeded - before:
+            assert run(["pools", "delete", pool], monkeypatch, env).exit_code == 0
+    after = js(run(["pools", "list", "--json"], monkeypatch, env))["pools"]
+    assert {p["name"] for p in after} == before
 
 
 def test_bad_key_and_unknown_job(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:

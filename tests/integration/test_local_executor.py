@@ -173,9 +173,9 @@ def test_failing_user_script_reports_a_user_error(ex: LocalExecutor, tmp_path: P
     assert "could not start" in fail.data["reason"]
 
 
-def test_adopt_workers_after_a_control_plane_restart(ex: LocalExecutor, tmp_path: Path) -> None:
-    """Runs last: the module's executor plays the control plane that goes away."""
-    first = ex
+def test_adopt_workers_after_a_control_plane_restart(tmp_path: Path) -> None:
+    """A control plane of its own goes away (the module's executor stays usable by any later test)."""
+    first = LocalExecutor(heartbeat_timeout_s=60.0, failure_grace_s=0.5, warm_start=False)
     req = request(tmp_path, "adopt", tiny(120))
     first.launch(req)
     until(first, step_at_least("adopt", 5))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from trainyard.errors import StorageError
-from trainyard.executors.base import Executor, ExecutorEvent, LaunchRequest
+from trainyard.executors.base import Executor, ExecutorEvent, LaunchRequest, WorkerInfo
 from trainyard.executors.ray import RayExecutor, pool_resource
 from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackNode, LoopbackRayCluster
 from trainyard.runtime.checkpoint import MANIFEST
@@ -53,7 +53,6 @@ class RayWorld:
     second: LoopbackNode
     executor: RayExecutor
     shared: Path
-    reference_sha256: str | None = None  # weights of the uninterrupted run (first test)
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +125,22 @@ def _committed_steps(shared: Path, job_id: str) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step-*") if (p / MANIFEST).exists())
 
 
-def test_two_rank_job_spans_both_nodes_trains_and_checkpoints(world: RayWorld) -> None:
+@pytest.fixture(scope="module")
+def spread(world: RayWorld) -> tuple[list[WorkerInfo], list[ExecutorEvent]]:
+    """The uninterrupted two-rank run (its weights are the reference of the node-loss test): run once
+    for the module, by whichever test asks first."""
+    ex = world.executor
+    workers = ex.launch(_request(world, "spread", 1, "ray-a"))
+    return workers, _run_until(ex, "spread", lambda evs: bool(_terminal(evs)))
+
+
+def test_two_rank_job_spans_both_nodes_trains_and_checkpoints(
+    world: RayWorld, spread: tuple[list[WorkerInfo], list[ExecutorEvent]]
+) -> None:
     ex = world.executor
     assert isinstance(ex, Executor)
-    workers = ex.launch(_request(world, "spread", 1, "ray-a"))
+    workers, events = spread
     assert [w.rank for w in workers] == [0, 1]
-    events = _run_until(ex, "spread", lambda evs: bool(_terminal(evs)))
     (end,) = _terminal(events)
     assert end.kind == "succeeded", end.data
     assert end.data["final_step"] == STEPS and len(end.data["model_sha256"]) == 64
@@ -150,7 +159,6 @@ def test_two_rank_job_spans_both_nodes_trains_and_checkpoints(world: RayWorld) -
         assert '"kind":"succeeded"' in (run_dir / f"events-a1-r{r}.jsonl").read_text()
         assert f"worker rank {r} exiting with 0" in (run_dir / f"rank-{r}.log").read_text()
     assert ex.workers("spread") == []
-    world.reference_sha256 = end.data["model_sha256"]
 
 
 def test_storage_that_only_one_machine_sees_is_refused(world: RayWorld, tmp_path: Path) -> None:
@@ -191,10 +199,13 @@ def test_gang_that_cannot_fit_waits_without_starting_partially(world: RayWorld) 
     assert pg["state"] == "REMOVED"
 
 
-def test_node_loss_preemption_and_adoption_then_identical_weights(world: RayWorld) -> None:
+def test_node_loss_preemption_and_adoption_then_identical_weights(
+    world: RayWorld, spread: tuple[list[WorkerInfo], list[ExecutorEvent]]
+) -> None:
     ex = world.executor
-    reference = world.reference_sha256
-    assert reference, "the uninterrupted run of the first test provides the reference weights"
+    (end,) = _terminal(spread[1])
+    assert end.kind == "succeeded", end.data
+    reference = end.data["model_sha256"]
     ex.launch(_request(world, "survivor", 1, "ray-a"))
 
     def checkpointed_mid_run(evs: list[ExecutorEvent]) -> bool:

@@ -89,11 +89,13 @@ class Harness:
         watch: Callable[[int, list[WorkerInfo]], bool] | None = None,
         stop_on_failure: bool = True,
         timeout_s: float = 150.0,
+        after_checkpoint: bool = False,
     ) -> list[ExecutorEvent]:
         """Run attempts until success: relaunch after ``lost``/``preempted``.
 
         ``actions[(attempt, step)]`` fires once when rank 0 of that attempt reports ``step``; ``watch``
-        is called on every poll and may act (it returns True once it has).
+        is called on every poll and may act (it returns True once it has). With ``after_checkpoint`` an
+        action waits, past its step, until its attempt has committed a checkpoint.
         """
         actions = dict(actions or {})
         events: list[ExecutorEvent] = []
@@ -113,7 +115,8 @@ class Harness:
                 if e.job_id != job_id:
                     continue
                 events.append(e)
-                if e.kind == "heartbeat" and e.data["rank"] == 0:
+                committed = any(x.kind == "checkpoint" and x.attempt == e.attempt for x in events)
+                if e.kind == "heartbeat" and e.data["rank"] == 0 and (committed or not after_checkpoint):
                     for key in [k for k in actions if k[0] == e.attempt and e.data["step"] >= k[1]]:
                         actions.pop(key)(workers)
                 if e.kind == "succeeded":
@@ -173,14 +176,20 @@ def reference(harness: Harness) -> str:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kill_9_at_random_steps_resumes_bit_identically(harness: Harness, reference: str, seed: int) -> None:
     rng = random.Random(seed)
+    # each kill lands after a checkpoint of its attempt has committed, so every resume is a real one
     first = rng.randint(2, STEPS // 2)
     second = rng.randint(first + EVERY, STEPS - 2)
-    events = harness.drive(f"kill-{seed}", actions={(0, first): kill(), (1, second): kill()})
+    actions = {(0, first): kill(), (1, second): kill()}
+    events = harness.drive(f"kill-{seed}", actions=actions, after_checkpoint=True)
     assert [e.kind for e in events].count("lost") == 2
     lost = [e for e in events if e.kind == "lost"]
     assert "SIGKILL" in lost[0].data["reason"]
-    resumed = started(events, 1)["resumed_from_step"]
-    assert resumed is None or resumed <= first  # the newest committed step before the kill
+    for attempt in (1, 2):
+        resumed = started(events, attempt)["resumed_from_step"]
+        # the newest step committed before the kill (a commit whose event the kill cut off counts too)
+        seen = [e.data["step"] for e in events if e.kind == "checkpoint" and e.attempt < attempt]
+        killed_at = max(e.data["step"] for e in events if e.kind == "heartbeat" and e.attempt == attempt - 1)
+        assert seen and max(seen) <= resumed <= killed_at, (attempt, resumed, seen, killed_at)
     assert final(events).data["model_sha256"] == reference
     assert final(events).data["final_step"] == STEPS
 

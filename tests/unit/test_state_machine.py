@@ -117,5 +117,10 @@ def test_random_walks_legal_targets_advance_illegal_ones_raise(targets: list[Job
         else:
             with pytest.raises(IllegalTransitionError):
                 check_transition(state, t)
-    if is_terminal(state):
-        assert not TRANSITIONS[state]
+    if state in (S.SUCCEEDED, S.FAILED, S.CANCELLED):  # the terminal states, named independently
+        assert is_terminal(state)
+        for t in JobState:
+            with pytest.raises(IllegalTransitionError):
+                check_transition(state, t)
+    else:
+        assert not is_terminal(state)
