@@ -137,7 +137,7 @@ class LazyGroup(TyperGroup):
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = [(name, spec[2]) for name, spec in self.lazy.items()]
-        rows += [(n, c.get_short_help_str(limit=70)) for n, c in self.commands.items() if not c.hidden]
+        rows += [(n, c.get_short_help_str(limit=300)) for n, c in self.commands.items() if not c.hidden]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(sorted(rows))
@@ -154,34 +154,92 @@ class LazyGroup(TyperGroup):
 _SINGULARS = {"job", "pool", "tenant", "dataset", "model", "deployment", "budget", "sweep"}
 
 
+class NounGroup(LazyGroup):
+    """A noun built from a Typer app one verb at a time: a command's parameters are converted (Typer
+    builds a validator per parameter) only when that verb runs, not for every verb of the group."""
+
+    def __init__(self, *args: Any, verbs: dict[str, tuple[str, Any]], app_: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.verbs = verbs
+        self.app_ = app_
+        self._built: dict[str, Any] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.verbs})
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.verbs:
+            return super().get_command(ctx, cmd_name)
+        if cmd_name not in self._built:
+            kind, info = self.verbs[cmd_name]
+            short = self.app_.pretty_exceptions_short
+            if kind == "command":
+                built = typer.main.get_command_from_info(
+                    info, pretty_exceptions_short=short, rich_markup_mode=None
+                )
+            else:
+                built = typer.main.get_group_from_info(
+                    info, pretty_exceptions_short=short, suggest_commands=True, rich_markup_mode=None
+                )
+            built.name = cmd_name
+            self._built[cmd_name] = _plain_help(built)
+        return self._built[cmd_name]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, spec[2]) for name, spec in self.lazy.items()]
+        rows += [(verb, _short_help(kind, info)) for verb, (kind, info) in self.verbs.items()]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(sorted(rows))
+
+
+def _short_help(kind: str, info: Any) -> str:
+    import inspect
+
+    if kind == "group":
+        text = info.help or (info.typer_instance.info.help if info.typer_instance else "") or ""
+    else:
+        text = info.help or inspect.getdoc(info.callback) or ""
+    return inspect.cleandoc(str(text)).split("\n\n", 1)[0].replace("\n", " ")
+
+
+def _noun_from_app(obj: Any, name: str, help_text: str, extra: dict[str, tuple[str, str, str]]) -> Any:
+    import copy
+
+    from typer.main import get_command_name
+
+    shell = copy.copy(obj)  # the group's own callback and options, without its verbs
+    shell.registered_commands = []
+    shell.registered_groups = []
+    base = typer.main.get_group(shell)
+    verbs: dict[str, tuple[str, Any]] = {}
+    for info in obj.registered_commands:
+        verbs[info.name or get_command_name(info.callback.__name__)] = ("command", info)
+    for info in obj.registered_groups:
+        verbs[info.name] = ("group", info)
+    return NounGroup(
+        name=name,
+        verbs=verbs,
+        app_=obj,
+        lazy=extra,
+        help=base.help or help_text,
+        params=base.params,
+        callback=base.callback,
+        invoke_without_command=base.invoke_without_command,
+        no_args_is_help=base.no_args_is_help,
+    )
+
+
 def load_command(name: str, module_name: str, attribute: str, help_text: str) -> Any:
-    """Import a command's module and turn its Typer app (a group) or function (a command) into a click
-    command; a group with verbs in other modules gets those lazily."""
+    """Import a command's module and turn its Typer app (a group, built verb by verb) or function (a
+    command) into a click command; a group with verbs in other modules gets those lazily."""
     extra = VERBS.get(name, {})
     if not module_name:
         return _plain_help(LazyGroup(name=name, lazy=extra, help=help_text, no_args_is_help=True))
     obj: Any = getattr(importlib.import_module(module_name), attribute)
     if not isinstance(obj, typer.Typer):
         return _function_command(module_name, attribute, name, help_text)
-    command = typer.main.get_command(obj)
-    if not isinstance(command, TyperGroup):
-        # Typer collapses an app with a single command into that command; keep it a group so that
-        # `trainyard traces generate` stays `traces generate`.
-        command = TyperGroup(name=name, commands=[command], help=help_text, no_args_is_help=True)
-    if extra:
-        group = LazyGroup(
-            name=name,
-            commands=list(command.commands.values()),
-            lazy=extra,
-            help=command.help or help_text,
-            no_args_is_help=True,
-            params=command.params,
-            callback=command.callback,
-            invoke_without_command=command.invoke_without_command,
-        )
-        command = group
-    command.name = name
-    return _plain_help(command)
+    return _plain_help(_noun_from_app(obj, name, help_text, extra))
 
 
 class RootGroup(LazyGroup):

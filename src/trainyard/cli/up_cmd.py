@@ -196,11 +196,14 @@ def _log_tail(path: Path, start: int) -> str:
 
 
 def _ready(url: str, timeout_s: float = 1.0) -> bool:
-    import httpx
+    """Whether the server answers /readyz with 200 (the standard library: `status` stays light)."""
+    import urllib.error
+    import urllib.request
 
     try:
-        return httpx.get(f"{url}/readyz", timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=timeout_s) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
         return False
 
 

@@ -1,0 +1,136 @@
+"""CLI start-up: wall time of `trainyard --help`, `--version`, `jobs list` (empty and 50 jobs) and `status`
+as a user runs them (a fresh process each time, against a real `trainyard up --detach`), median and p90 of
+N runs, beside the interpreter's own start-up (`python -c pass`) as the floor. Also checks that none of
+the heavy modules (torch, fastapi, sqlalchemy, ortools, ray, numpy) is imported by those commands.
+
+    .venv/bin/python benchmarks/bench_cli.py [--runs 15] [--out benchmarks/results/cli_startup.json]
+
+Target: `trainyard --help` and `trainyard jobs list` ≤ 0.3 s (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / ".venv" / "bin" / "trainyard"
+HEAVY = ("torch", "fastapi", "sqlalchemy", "ortools", "ray", "numpy", "scipy", "uvicorn")
+TINY = {
+    "apiVersion": "trainyard/v1",
+    "kind": "TrainingJob",
+    "name": "bench-cli",
+    "model": {"architecture": "decoder", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab_size": 256},
+    "workload": {"seq_len": 64, "global_batch": 4, "steps": 20, "precision": "fp32"},
+    "requirements": {"allow": ["cpu"]},
+}
+PROBE = (
+    "import sys\nfrom trainyard.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+    "    pass\nsys.stderr.write('LOADED ' + ','.join(m for m in %r if m in sys.modules) + '\\n')\n"
+)
+
+
+def trainyard() -> list[str]:
+    return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "trainyard.cli.main"]
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return dt
+
+
+def loaded(args: list[str], env: dict[str, str]) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE % (HEAVY,), *args], env=env, capture_output=True, text=True
+    )
+    line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("LOADED ")), "LOADED ?")
+    return [m for m in line.removeprefix("LOADED ").split(",") if m]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cli_startup.json")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+    env.update(TRAINYARD_HOME=str(home), TRAINYARD_PROFILE_AT_START="0")
+    ty = trainyard()
+    up = subprocess.run(
+        [*ty, "up", "--detach", "--port", "0", "--executor", "none", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if up.returncode != 0:
+        raise SystemExit(f"trainyard up failed: {up.stderr}")
+    server = json.loads(up.stdout)
+    try:
+        spec = home / "tiny.yaml"
+        spec.write_text(yaml.safe_dump(TINY))
+        empty_home_cases = {
+            "python -c pass (floor)": [sys.executable, "-c", "pass"],
+            "trainyard --help": [*ty, "--help"],
+            "trainyard --version": [*ty, "--version"],
+            "trainyard status": [*ty, "status"],
+            "trainyard jobs list (no jobs)": [*ty, "jobs", "list"],
+        }
+        times: dict[str, list[float]] = {name: [] for name in empty_home_cases}
+        for _ in range(args.runs):  # interleaved, so that load changes hit every case alike
+            for name, cmd in empty_home_cases.items():
+                times[name].append(timed(cmd, env))
+        for _ in range(50):
+            submit = [*ty, "jobs", "submit", str(spec), "--json"]
+            subprocess.run(submit, env=env, capture_output=True, check=True)
+        times["trainyard jobs list (50 jobs)"] = [timed([*ty, "jobs", "list"], env) for _ in range(args.runs)]
+        imports = {
+            "trainyard --help": loaded(["--help"], env),
+            "trainyard jobs list": loaded(["jobs", "list"], env),
+            "trainyard status": loaded(["status"], env),
+        }
+    finally:
+        subprocess.run([*ty, "down"], env=env, capture_output=True)
+    floor = statistics.median(times["python -c pass (floor)"])
+    rows = []
+    for name, ts in times.items():
+        ts = sorted(ts)
+        med = statistics.median(ts)
+        p90 = ts[min(len(ts) - 1, round(0.9 * (len(ts) - 1)))]
+        rows.append({"command": name, "median_s": med, "p90_s": p90, "x_floor": med / floor, "runs": len(ts)})
+    doc = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "server": server["url"],
+        "rows": rows,
+        "heavy_modules_imported": imports,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"load average {doc['load_average'][0]:.2f} ({doc['cpus']} CPUs), {args.runs} runs each")
+    print(f"{'command':<34} {'median':>8} {'p90':>8} {'× floor':>8}")
+    for r in rows:
+        print(f"{r['command']:<34} {r['median_s']:>7.3f}s {r['p90_s']:>7.3f}s {r['x_floor']:>8.1f}")
+    print("heavy modules imported:", json.dumps(imports))
+
+
+if __name__ == "__main__":
+    main()
