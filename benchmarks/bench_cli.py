@@ -4,6 +4,8 @@ N runs, beside the interpreter's own start-up (`python -c pass`) as the floor. A
 the heavy modules (torch, fastapi, sqlalchemy, ortools, ray, numpy) is imported by those commands.
 
     .venv/bin/python benchmarks/bench_cli.py [--runs 15] [--out benchmarks/results/cli_startup.json]
+        [--baseline-src DIR]   # also time another checkout's sources (e.g. `git worktree add /tmp/old REF`,
+                               # DIR=/tmp/old/src), interleaved with these, for a side-by-side ratio
 
 Target: `trainyard --help` and `trainyard jobs list` ≤ 0.3 s (docs/benchmarks.md).
 """
@@ -67,12 +69,17 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cli_startup.json")
+    parser.add_argument("--baseline-src", type=Path, default=None, help="Another checkout's src directory.")
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench-cli-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
     env.update(TRAINYARD_HOME=str(home), TRAINYARD_PROFILE_AT_START="0")
+    env["PYTHONPATH"] = str(ROOT / "src")
     ty = trainyard()
+    base_env = None
+    if args.baseline_src is not None:
+        base_env = {**env, "PYTHONPATH": str(args.baseline_src.resolve())}
     up = subprocess.run(
         [*ty, "up", "--detach", "--port", "0", "--executor", "none", "--json"],
         env=env,
@@ -93,9 +100,16 @@ def main() -> None:
             "trainyard jobs list (no jobs)": [*ty, "jobs", "list"],
         }
         times: dict[str, list[float]] = {name: [] for name in empty_home_cases}
+        if base_env is not None:
+            for name in ("trainyard --help", "trainyard jobs list (no jobs)"):
+                times[f"{name} [baseline]"] = []
         for _ in range(args.runs):  # interleaved, so that load changes hit every case alike
             for name, cmd in empty_home_cases.items():
                 times[name].append(timed(cmd, env))
+                if base_env is not None and f"{name} [baseline]" in times:
+                    # the baseline may predate server.json: it is told the URL
+                    base = {**base_env, "TRAINYARD_URL": server["url"]}
+                    times[f"{name} [baseline]"].append(timed(cmd, base))
         for _ in range(50):
             submit = [*ty, "jobs", "submit", str(spec), "--json"]
             subprocess.run(submit, env=env, capture_output=True, check=True)
