@@ -46,13 +46,19 @@ def trainyard() -> list[str]:
     return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "trainyard.cli.main"]
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one fresh process. CPU time does not count waiting for
+    a CPU on a loaded machine, nor for the server's answer."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return dt
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode().strip()}")
+    return dt, usage.ru_utime + usage.ru_stime
 
 
 def loaded(args: list[str], env: dict[str, str]) -> list[str]:
@@ -99,7 +105,7 @@ def main() -> None:
             "trainyard status": [*ty, "status"],
             "trainyard jobs list (no jobs)": [*ty, "jobs", "list"],
         }
-        times: dict[str, list[float]] = {name: [] for name in empty_home_cases}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in empty_home_cases}
         if base_env is not None:
             for name in ("trainyard --help", "trainyard jobs list (no jobs)"):
                 times[f"{name} [baseline]"] = []
@@ -121,13 +127,23 @@ def main() -> None:
         }
     finally:
         subprocess.run([*ty, "down"], env=env, capture_output=True)
-    floor = statistics.median(times["python -c pass (floor)"])
+    floor = statistics.median(t for t, _ in times["python -c pass (floor)"])
     rows = []
-    for name, ts in times.items():
-        ts = sorted(ts)
-        med = statistics.median(ts)
-        p90 = ts[min(len(ts) - 1, round(0.9 * (len(ts) - 1)))]
-        rows.append({"command": name, "median_s": med, "p90_s": p90, "x_floor": med / floor, "runs": len(ts)})
+    for name, samples in times.items():
+        walls = sorted(t for t, _ in samples)
+        med = statistics.median(walls)
+        p90 = walls[min(len(walls) - 1, round(0.9 * (len(walls) - 1)))]
+        cpu = statistics.median(c for _, c in samples)
+        rows.append(
+            {
+                "command": name,
+                "median_s": med,
+                "p90_s": p90,
+                "cpu_median_s": cpu,
+                "x_floor": med / floor,
+                "runs": len(walls),
+            }
+        )
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
@@ -140,9 +156,12 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"load average {doc['load_average'][0]:.2f} ({doc['cpus']} CPUs), {args.runs} runs each")
-    print(f"{'command':<34} {'median':>8} {'p90':>8} {'× floor':>8}")
+    print(f"{'command':<42} {'median':>8} {'p90':>8} {'cpu':>8} {'× floor':>8}")
     for r in rows:
-        print(f"{r['command']:<34} {r['median_s']:>7.3f}s {r['p90_s']:>7.3f}s {r['x_floor']:>8.1f}")
+        print(
+            f"{r['command']:<42} {r['median_s']:>7.3f}s {r['p90_s']:>7.3f}s {r['cpu_median_s']:>7.3f}s "
+            f"{r['x_floor']:>8.1f}"
+        )
     print("heavy modules imported:", json.dumps(imports))
 
 

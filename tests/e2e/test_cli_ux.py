@@ -155,6 +155,18 @@ def test_tables_fit_80_columns_and_keep_ids_whole(server: Server, spec_file: Pat
     pools = run_in_pty([str(TRAINYARD), "pools", "list"], env=server.env)
     assert "local-cpu" in pools.text and "on-demand" in pools.text and "on_demand" not in pools.text
     assert all(len(ln) <= 80 for ln in pools.lines) and "…" not in pools.text
+    # the pure-core tables alike: regions, instance types and pool names whole
+    seed = str(ROOT / "examples" / "seed-example.yaml")
+    seed_pools = str(ROOT / "examples" / "seed-pools.yaml")
+    for args, whole in (
+        (["catalog", "offers", "-a", "h100", "--limit", "6"], ("us-central1", "a3-highgpu-4g")),
+        (["quote", seed, "--pools", seed_pools], ("a100-40gb", "on-demand", "$0.00016")),
+    ):
+        shown = run_in_pty([str(TRAINYARD), *args], env=server.env)
+        assert shown.returncode == 0, shown.text
+        assert "…" not in shown.text and all(len(ln) <= 80 for ln in shown.lines), shown.text
+        for text in whole:
+            assert text in shown.text, (args, text, shown.text)
 
 
 def test_help_fits_80_columns_without_cutting_option_names(server: Server) -> None:

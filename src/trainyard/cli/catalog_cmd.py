@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from trainyard.catalog.accelerators import load_accelerators
 from trainyard.catalog.names import FAMILIES, normalize_accelerator_name
@@ -21,8 +20,7 @@ from trainyard.catalog.offers import (
     reserved_price,
     skipped_rows,
 )
-from trainyard.cli.common import handle_errors, print_json
-from trainyard.cli.quote_cmd import wide_console
+from trainyard.cli.common import WIDE_OPTION_HELP, Col, console, handle_errors, print_json, print_table
 from trainyard.cost.money import format_usd
 from trainyard.errors import UnknownAcceleratorError
 
@@ -43,6 +41,7 @@ def _check_accelerator(name: str | None) -> None:
 def accelerators(
     as_json: bool = typer.Option(False, "--json", help="Print {accelerators: [...]} as one JSON document."),
     family: str | None = typer.Option(None, "--family", help=f"Only this family: {', '.join(FAMILIES)}."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
 ) -> None:
     """Accelerators: memory, bandwidth, peak throughput, software stack, compile needs, cheapest offers."""
     if family is not None and family.lower() not in FAMILIES:
@@ -86,28 +85,39 @@ def accelerators(
     if as_json:
         print_json({"accelerators": rows})
         return
-    t = Table(title="Accelerators", caption=ATTRIBUTION, header_style="bold")
-    for col, just in [("name", "left"), ("vendor", "left"), ("memory", "right"), ("HBM GB/s", "right"),
-                      ("bf16 TFLOP/s", "right"), ("link GB/s", "right"), ("compile", "left"),
-                      ("offers", "right"), ("from $/dev-h", "right"), ("spot from", "right")]:  # fmt: skip
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    cols = (
+        Col("name", key=True),
+        Col("vendor", priority=3),
+        Col("memory", justify="right"),
+        Col("HBM GB/s", justify="right", priority=2),
+        Col("bf16 TFLOP/s", justify="right", priority=1),
+        Col("link GB/s", justify="right", priority=4),
+        Col("compile", priority=3),
+        Col("offers", justify="right", priority=4),
+        Col("from $/dev-h", justify="right"),
+        Col("spot from", justify="right", priority=1),
+    )
+    table_rows = []
     for r in rows:
         peak = r["peak_tflops"].get("bf16") or r["peak_tflops"].get("fp16") or r["peak_tflops"].get("fp32")
-        t.add_row(
-            r["name"],
-            r["vendor"],
-            f"{r['memory_gib']:g} GiB",
-            f"{r['mem_bw_gbs']:,.0f}",
-            f"{peak:g}" if peak else "-",
-            f"{r['intra_node_gbs']:g}",
-            f"{r['first_compile_s'] / 60:.0f} min" if r["compile_required"] else "-",
-            str(r["offers"]),
-            format_usd(r["min_on_demand_usd_per_device_hour"])
-            if r["min_on_demand_usd_per_device_hour"]
-            else "-",
-            format_usd(r["min_spot_usd_per_device_hour"]) if r["min_spot_usd_per_device_hour"] else "-",
+        table_rows.append(
+            [
+                r["name"],
+                r["vendor"],
+                f"{r['memory_gib']:g} GiB",
+                f"{r['mem_bw_gbs']:,.0f}",
+                f"{peak:g}" if peak else "-",
+                f"{r['intra_node_gbs']:g}",
+                f"{r['first_compile_s'] / 60:.0f} min" if r["compile_required"] else "-",
+                str(r["offers"]),
+                format_usd(r["min_on_demand_usd_per_device_hour"])
+                if r["min_on_demand_usd_per_device_hour"]
+                else "-",
+                format_usd(r["min_spot_usd_per_device_hour"]) if r["min_spot_usd_per_device_hour"] else "-",
+            ]
         )
-    wide_console().print(t)
+    print_table(cols, table_rows, title="Accelerators", wide=wide)
+    console.print(f"[dim]{ATTRIBUTION}[/]")
 
 
 @app.command("offers")
@@ -126,6 +136,7 @@ def offers(
         False, "--skipped", help="List the catalog rows that are not offers, and why."
     ),
     limit: int = typer.Option(60, "--limit", min=1, help="Rows shown in the table (JSON has all)."),
+    wide: bool = typer.Option(False, "--wide", "-w", help=WIDE_OPTION_HELP),
 ) -> None:
     """Priced instance offers (on-demand, spot, reserved), cheapest per device-hour first."""
     if skipped:
@@ -133,12 +144,17 @@ def offers(
         if as_json:
             print_json({"skipped": rows})
             return
-        t = Table(title="Catalog rows not offered", header_style="bold")
-        for col in ("cloud", "region", "instance_type", "accelerator", "reason"):
-            t.add_column(col)
-        for s in skipped_rows():
-            t.add_row(s.cloud, s.region, s.instance_type or "-", s.accelerator_name, s.reason)
-        wide_console().print(t)
+        skipped_cols = (
+            Col("cloud"),
+            Col("region", key=True),
+            Col("instance_type", key=True),
+            Col("accelerator", key=True),
+            Col("reason"),
+        )
+        table_rows = [
+            [r.cloud, r.region, r.instance_type or "-", r.accelerator_name, r.reason] for r in skipped_rows()
+        ]
+        print_table(skipped_cols, table_rows, title="Catalog rows not offered", wide=wide)
         return
     _check_accelerator(accelerator)
     picked = filter_offers(
@@ -188,31 +204,40 @@ def offers(
     if as_json:
         print_json({"offers": docs})
         return
-    t = Table(
-        title=f"Offers ({len(docs)}{', per zone' if zones else ', zones merged per region'})",
-        caption=ATTRIBUTION + " Spot: median over zones with a discount.",
-        header_style="bold",
+    cols = (
+        Col("accelerator", key=True),
+        Col("n", justify="right"),
+        Col("cloud"),
+        Col("zone" if zones else "region", key=True),
+        Col("instance", key=True),
+        Col("on-demand $/h", justify="right", priority=2),
+        Col("spot $/h", justify="right", priority=2),
+        Col("reserved 1y", justify="right", priority=3),
+        Col("$/dev-h", justify="right"),
+        Col("spot $/dev-h", justify="right", priority=1),
     )
-    where_col = "zone" if zones else "region"
-    for col, just in [("accelerator", "left"), ("n", "right"), ("cloud", "left"), (where_col, "left"),
-                      ("instance", "left"), ("on-demand $/h", "right"), ("spot $/h", "right"),
-                      ("reserved 1y", "right"), ("$/dev-h", "right"), ("spot $/dev-h", "right")]:  # fmt: skip
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    table_rows = []
     for d in docs[:limit]:
-        t.add_row(
-            d["accelerator"],
-            str(d.get("devices_per_instance")),
-            d["cloud"],
-            (d.get("zone") or d["region"]) if zones else d["region"],
-            d["instance_type"],
-            format_usd(d["on_demand_usd_per_hour"]),
-            format_usd(d["spot_usd_per_hour"]) if d["spot_usd_per_hour"] is not None else "-",
-            format_usd(d["reserved_1y_usd_per_hour"]),
-            format_usd(d["on_demand_usd_per_device_hour"]),
-            format_usd(d["spot_usd_per_device_hour"]) if d["spot_usd_per_device_hour"] is not None else "-",
+        table_rows.append(
+            [
+                d["accelerator"],
+                str(d.get("devices_per_instance")),
+                d["cloud"],
+                (d.get("zone") or d["region"]) if zones else d["region"],
+                d["instance_type"],
+                format_usd(d["on_demand_usd_per_hour"]),
+                format_usd(d["spot_usd_per_hour"]) if d["spot_usd_per_hour"] is not None else "-",
+                format_usd(d["reserved_1y_usd_per_hour"]),
+                format_usd(d["on_demand_usd_per_device_hour"]),
+                format_usd(d["spot_usd_per_device_hour"])
+                if d["spot_usd_per_device_hour"] is not None
+                else "-",
+            ]
         )
-    wide_console().print(t)
+    title = f"Offers ({len(docs)}{', per zone' if zones else ', zones merged per region'})"
+    print_table(cols, table_rows, title=title, wide=wide)
+    console.print(f"[dim]{ATTRIBUTION} Spot: median over zones with a discount.[/]")
     if len(docs) > limit:
-        wide_console().print(
+        console.print(
             f"[dim]{len(docs) - limit} more; filter with --accelerator/--cloud/--region or use --json[/]"
         )

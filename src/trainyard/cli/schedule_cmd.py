@@ -6,9 +6,18 @@ import time
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import (
+    Col,
+    console,
+    duration,
+    handle_errors,
+    hours,
+    market,
+    print_json,
+    print_table,
+    usd,
+)
 from trainyard.schedule.jobs import JobsFileError
 
 
@@ -60,31 +69,37 @@ def schedule(
         doc["solve_time_s"] = round(round_s, 6)  # the whole round: pricing, LP, CP-SAT, explanations
         print_json(doc)
         return
-    table = Table(title=f"Placements ({len(result.placements)} of {len(queue)} jobs)")
-    for col in ("job", "pool", "devices", "market", "expected $", "hours", "checkpoint"):
-        table.add_column(col, overflow="fold")
-    for p in result.placements:
-        ckpt = f"{p.checkpoint_interval_s / 60:.0f} min" if p.checkpoint_interval_s else "-"
-        table.add_row(
+    cols = (
+        Col("job", key=True),
+        Col("pool", key=True),
+        Col("devices"),
+        Col("market"),
+        Col("expected $", justify="right"),
+        Col("hours", justify="right", priority=1),
+        Col("checkpoint", justify="right", priority=2),
+    )
+    rows = [
+        [
             p.job_id,
             p.pool,
             f"{p.devices} × {p.accelerator}",
-            p.market,
-            f"{p.expected_cost_usd:,.2f}",
-            f"{p.expected_hours:.2f}",
-            ckpt,
-        )
-    console.print(table)
+            market(p.market),
+            usd(p.expected_cost_usd),
+            hours(p.expected_hours),
+            duration(p.checkpoint_interval_s) if p.checkpoint_interval_s else "-",
+        ]
+        for p in result.placements
+    ]
+    print_table(cols, rows, title=f"Placements ({len(result.placements)} of {len(queue)} jobs)")
     for p in result.placements:
         console.print(f"[bold]{p.job_id}[/]: {p.reason}", highlight=False)
     if result.unplaced:
-        un = Table(title=f"Unplaced ({len(result.unplaced)})")
-        un.add_column("job")
-        un.add_column("why", overflow="fold")
-        for u in result.unplaced:
-            un.add_row(u.job_id, u.reason)
-        console.print(un)
+        print_table(
+            (Col("job", key=True), Col("why")),
+            [[u.job_id, u.reason] for u in result.unplaced],
+            title=f"Unplaced ({len(result.unplaced)})",
+        )
     console.print(
         f"round: {round_s * 1000:.0f} ms ({result.solver_status}), "
-        f"objective ${result.objective_usd:,.2f} (greedy alone ${result.greedy_objective_usd:,.2f})"
+        f"objective {usd(result.objective_usd)} (greedy alone {usd(result.greedy_objective_usd)})"
     )

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from trainyard.catalog.pools import load_pools
-from trainyard.cli.common import console, handle_errors, print_json
+from trainyard.cli.common import Col, console, duration, handle_errors, print_json, print_table, usd
 from trainyard.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -115,39 +114,32 @@ def simulate(
     if as_json:
         print_json(summaries[0] if len(summaries) == 1 else summaries)
         return
-    table = Table(title=f"{trace.name} on {pools.name} (seed {seed})")
-    for col in (
-        "policy",
-        "done",
-        "cost $",
-        "reserved $",
-        "× LB",
-        "mean JCT h",
-        "p99 JCT h",
-        "missed",
-        "preempt",
-        "lost dev-h",
-    ):
-        table.add_column(col, justify="right", no_wrap=True)
+    cols = [Col("policy", key=True), Col("done", justify="right")]
+    cols += [Col(h, justify="right") for h in ("cost", "reserved", "× LB", "mean JCT", "p99 JCT")]
+    late = (("missed", 1), ("preempt", 2), ("lost dev-h", 3))
+    cols += [Col(h, justify="right", priority=p) for h, p in late]
+    rows = []
     for s in summaries:
         lb = s["lower_bound_cost_usd"]
-        table.add_row(
-            s["policy"],
-            f"{s['jobs_completed']}/{s['jobs_total']}",
-            f"{s['total_cost_usd']:,.2f}",
-            f"{s['committed_cost_usd']:,.2f}",
-            f"{s['total_cost_usd'] / lb:.2f}" if lb > 0 else "-",
-            f"{s['mean_jct_s'] / 3600:.2f}",
-            f"{s['p99_jct_s'] / 3600:.2f}",
-            str(s["deadline_misses"]),
-            str(s["preemptions"]),
-            f"{s['lost_work_device_s'] / 3600:.2f}",
+        rows.append(
+            [
+                s["policy"],
+                f"{s['jobs_completed']}/{s['jobs_total']}",
+                usd(s["total_cost_usd"]),
+                usd(s["committed_cost_usd"]),
+                f"{s['total_cost_usd'] / lb:.2f}" if lb > 0 else "-",
+                duration(s["mean_jct_s"]),
+                duration(s["p99_jct_s"]),
+                str(s["deadline_misses"]),
+                str(s["preemptions"]),
+                f"{s['lost_work_device_s'] / 3600:.2f}",
+            ]
         )
-    console.print(table)
+    print_table(cols, rows, title=f"{trace.name} on {pools.name} (seed {seed})")
     console.print(
         "cost = usage + reserved capacity over the run (committed); lower bound per policy (committed + "
         "usage within each pool's capacity over the run, time order relaxed): "
-        + ", ".join(f"{s['policy']} ${s['lower_bound_cost_usd']:,.2f}" for s in summaries)
+        + ", ".join(f"{s['policy']} {usd(s['lower_bound_cost_usd'])}" for s in summaries)
     )
 
 
