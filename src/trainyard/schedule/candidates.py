@@ -141,6 +141,7 @@ class CandidateCache:
     _eligibility_keys: dict[int, tuple[JobSpec, tuple[Any, ...]]] = field(default_factory=dict)
     _markets: dict[int, tuple[Pool, str]] = field(default_factory=dict)
     _nevers: dict[tuple[Any, ...], tuple[Pool, Candidate]] = field(default_factory=dict)
+    _pool_tokens: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
     _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
@@ -192,6 +193,14 @@ class CandidateCache:
         """:func:`shape_key` of ``spec``, memoised per spec object."""
         return _per_object(self._shapes, spec, shape_key)
 
+    def pools_token(self, pools_key: tuple[Any, ...]) -> int:
+        """A small integer standing for ``pools_key`` (every priced field of a round's pools) in this cache:
+        equal keys get equal tokens, so memo keys can carry it instead of hashing the whole tuple again."""
+        token = self._pool_tokens.get(pools_key)
+        if token is None:
+            token = self._pool_tokens[pools_key] = len(self._pool_tokens)
+        return token
+
     def trim(self) -> None:
         """Drop everything once the memo grows past ``max_entries`` (each round starts with this)."""
         if len(self.options) + len(self.views) + len(self._keys) + len(self.times) > self.max_entries:
@@ -206,6 +215,8 @@ class CandidateCache:
             self._bases.clear()
             self._eligibility_keys.clear()
             self.times.clear()
+            if len(self._pool_tokens) > 1024:  # views keyed by the old tokens are gone with the views
+                self._pool_tokens.clear()
 
 
 Pricer = Callable[[JobSpec, Pool, int, float, "CandidateCache"], "QuoteOption"]

@@ -130,6 +130,7 @@ def spec_candidates(
     rows: list[tuple[int, float, AllocationTimes]] = []  # (devices, price per device-hour, times)
     scalar_rows: list[tuple[int, Pool, int]] = []  # (slot, pool, devices) priced the reference way
     interconnect = spec.resources.min_interconnect_gbps is not None
+    times, base = cache.times, cache.base(spec)
     for pool, counts, why in screened:
         if why or not counts:
             slots.append(_never_memo(spec, pool, counts, why, cache))
@@ -142,7 +143,11 @@ def spec_candidates(
             price = None
         acc, pclass = cache.pool_class(pool)
         for devices in counts:
-            t = None if price is None or interconnect else _times(spec, pool, devices, acc, pclass, cache)
+            t = None
+            if price is not None and not interconnect:
+                t = times.get((base, pclass, devices))
+                if t is None:
+                    t = _times(spec, pool, devices, acc, pclass, cache)
             if t is None:
                 scalar_rows.append((len(slots), pool, devices))
                 slots.append(None)

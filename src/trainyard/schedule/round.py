@@ -373,7 +373,8 @@ def schedule_round(
     views: dict[tuple[str, Minimize, float], _SpecView] = {}
     late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
     full: list[tuple[ProblemJob, list[Candidate]]] = []
-    pools_key = tuple(pool_price_key(p) for p in pools)
+    # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
+    pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
     room = {p.name: free_room(p) for p in pools}
     if cfg.vectorised_pricing:
         _prefetch_queue(jobs, pools, pools_key, cfg, cache)
