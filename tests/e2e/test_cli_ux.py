@@ -241,6 +241,51 @@ def test_events_are_readable_and_json_lines_with_json(server: Server, spec_file:
     assert same == ckpts
 
 
+def test_submit_wait_shows_live_progress_preemption_and_resume(server: Server, tmp_path: Path) -> None:
+    """A real CPU job followed with `jobs submit --wait` in a terminal while a preemption is injected:
+    the bar (steps, loss, tokens/s, ETA, cost) and the preemption and the resume as they happen."""
+    import threading
+    import time
+
+    spec = tmp_path / "long.yaml"
+    doc = tiny_spec("ux-wait", steps=400)
+    doc["checkpoint"] = {"interval": "2s"}
+    spec.write_text(yaml.safe_dump(doc))
+    box: dict[str, Any] = {}
+
+    def follow() -> None:
+        box["result"] = run_in_pty(
+            [str(TRAINYARD), "jobs", "submit", str(spec), "--wait", "--timeout-s", "500"],
+            env=server.env,
+            timeout_s=560,
+        )
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    deadline = time.monotonic() + 300
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:  # running, with a committed checkpoint to resume from
+        jobs = ok_json(ty(["jobs", "list", "--name", "ux-wait", "--json"], server.env))["jobs"]
+        if jobs:
+            job = ok_json(ty(["jobs", "get", jobs[0]["id"], "--json"], server.env))
+            if job["state"] == "running" and job["checkpoints"]:
+                break
+        time.sleep(0.5)
+    assert job.get("state") == "running" and job["checkpoints"], job
+    preempted = ty(["jobs", "preempt", job["id"], "--notice-s", "5", "--json"], server.env)
+    assert preempted.returncode == 0, preempted.stderr
+    thread.join(600)
+    result = box["result"]
+    text = result.text
+    assert result.returncode == 0, text
+    assert "placement  local-cpu" in text
+    assert "preemption notice" in text and "preempted at step" in text, text
+    assert "resumed from step" in text and "→ succeeded" in text, text
+    bar = [ln for ln in result.lines if "tok/s" in ln and "ETA" in ln and "cost $" in ln and "/400" in ln]
+    assert bar, text  # the live bar was drawn
+    assert f"{job['id']} succeeded" in text and "ux-wait@" in text
+
+
 def test_version_and_json_everywhere(server: Server) -> None:
     version = ty(["--version"], server.env)
     assert version.returncode == 0 and version.stdout.startswith("trainyard ")
