@@ -12,6 +12,8 @@ Rules (thresholds from settings ``alert_*``):
 - ``deployment_error_rate`` / ``deployment_latency``: over the last ``alert_deployment_window_s``, with at
   least ``alert_deployment_min_requests`` requests, the share of 5xx answers or the p95 latency of a
   deployment passed its threshold (once per window).
+- ``job_failing_repeatedly``, ``budget_burn`` (a job's own ``objective.budget_usd``), ``stuck_starting``:
+  the platform's health rules (:mod:`trainyard.observability.alerts`), once per job and severity.
 
 Each condition fires once (``alerts.dedup_key``). An alert is a job event ``alert`` (or a tenant event
 for budgets and deployments); each delivery attempt is an ``alert_delivery`` event in the same place.
@@ -67,7 +69,12 @@ RULES: dict[str, str] = {
     "deployment_error_rate": "A deployment answers too many requests with server errors.",
     "deployment_latency": "A deployment's p95 latency is above its threshold.",
     "webhook_test": "A test delivery asked for through the API.",
+    # the platform's health rules (trainyard.observability.alerts), delivered too
+    "job_failing_repeatedly": "An open job keeps failing and being restarted.",
+    "budget_burn": "A job's cost is close to (or over) its budget_usd.",
+    "stuck_starting": "A placed job has not started its workers.",
 }
+HEALTH_RULES = ("job_failing_repeatedly", "budget_burn", "stuck_starting")
 MAX_WEBHOOKS_PER_TENANT = 20
 MAX_LISTED_ALERTS = 500
 
@@ -171,6 +178,8 @@ class AlertService:
         self._gov_cursor: int | None = None
         self._inflight: set[Any] = set()
         self._lock = threading.Lock()
+        # set by the platform: the open jobs' health (observability.snapshot), for the HEALTH_RULES
+        self.health: Callable[[float], list[Any]] | None = None
 
     # ---- webhooks --------------------------------------------------------------------------------
     def check_url(self, url: str) -> list[str]:
@@ -531,7 +540,7 @@ class AlertService:
             return 0
         self._last_scan_s = now
         fired = 0
-        for cand in [*self._stalled(now), *self._budgets(), *self._deployments(now)]:
+        for cand in [*self._stalled(now), *self._budgets(), *self._deployments(now), *self._health(now)]:
             fired += self.fire(cand) is not None
         return fired
 
@@ -559,6 +568,29 @@ class AlertService:
                         job_id=job.id,
                     )
                 )
+        return out
+
+    def _health(self, now: float) -> list[Candidate]:
+        """The health rules' alerts on open jobs, each once per job and severity."""
+        if self.health is None:
+            return []
+        from trainyard.observability.alerts import evaluate
+
+        out = []
+        for a in evaluate(self.health(now)):
+            if a.rule not in HEALTH_RULES or a.tenant_id is None:
+                continue
+            out.append(
+                Candidate(
+                    a.tenant_id,
+                    a.rule,
+                    a.severity,
+                    f"{a.rule}:{a.job_id}:{a.severity}",
+                    a.message,
+                    {"value": a.value, "threshold": a.threshold},
+                    job_id=a.job_id,
+                )
+            )
         return out
 
     def _budgets(self) -> list[Candidate]:

@@ -127,6 +127,13 @@ class Platform:
         self.alerts = AlertService(
             self.db, AlertConfig.from_settings(settings), tenant_name=self._tenant_name_of, clock=clock
         )
+
+        def health(now_s: float) -> list[Any]:
+            from trainyard.observability.snapshot import take
+
+            return list(take(self, now_s).open_jobs)
+
+        self.alerts.health = health
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self.tenants.invalidate_tenant
