@@ -109,16 +109,20 @@ def spec_candidates(
     elapsed_fraction: float = 0.0,
     *,
     prefetched: bool = False,
+    screened: list[tuple[Pool, list[int], str]] | None = None,
 ) -> list[Candidate]:
     """Every (pool, device count) candidate of ``spec`` with its objective, as the per-spec view of a
     round builds it: ``candidates_for(job_id="", tenant="", now_s=0, deadline_abs_s=None)`` with
     ``objective.minimize: time`` adding the time value, priced as arrays (see the module docstring).
 
     ``prefetched``: the round has already asked for the spec's predictions on ``pools``
-    (``candidates.prefetch_predictions_many``); any it could not make are predicted one by one."""
+    (``candidates.prefetch_predictions_many``); any it could not make are predicted one by one.
+    ``screened``: each pool's device counts and eligibility reason for the spec, when the caller has them
+    (``candidates.device_counts`` and ``candidates.eligibility``, in ``pools`` order)."""
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
-    screened = [(pool, device_counts(spec, pool, cache), eligibility(spec, pool, cache)) for pool in pools]
+    if screened is None:
+        screened = [(p, device_counts(spec, p, cache), eligibility(spec, p, cache)) for p in pools]
     if not prefetched:
         prefetch_predictions(
             spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache

@@ -238,15 +238,18 @@ def _spec_view(
     cfg: SchedulerConfig,
     cache: CandidateCache,
     room: Mapping[str, tuple[int, int]] | None = None,
+    screened: Mapping[str, list[tuple[Pool, list[int], str]]] | None = None,
 ) -> _SpecView:
     """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
-    and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round."""
+    and shapes, not on their free capacity nor on the clock); what fits now is recomputed every round.
+    ``screened``: pools' device counts and eligibility per spec key, as ``_prefetch_queue`` found them."""
     progress = queued_progress(qj)
     skey = _view_key(qj, pools_key, cfg, cache)
     static = cache.views.get(skey)
     if static is None:
         if cfg.vectorised_pricing:
-            cands = spec_candidates(qj.spec, pools, cfg, cache, progress, prefetched=True)
+            pre = None if screened is None else screened.get(cache.key(qj.spec))
+            cands = spec_candidates(qj.spec, pools, cfg, cache, progress, prefetched=True, screened=pre)
         else:
             cands = [
                 _objective_for_job(c, qj.spec.objective.minimize, cfg)
@@ -292,20 +295,22 @@ def _prefetch_queue(
     pools_key: tuple[Any, ...],
     cfg: SchedulerConfig,
     cache: CandidateCache,
-) -> None:
+) -> dict[str, list[tuple[Pool, list[int], str]]]:
     """Predict, in one vectorised pass per accelerator and topology (``prefetch_predictions_many``), what
-    the queue's specs without a memoised candidate list will be priced on."""
+    the queue's specs without a memoised candidate list will be priced on; returns each such spec's pools
+    with their device counts and eligibility reasons, by spec key."""
     work = []
-    seen: set[str] = set()
+    seen: dict[str, list[tuple[Pool, list[int], str]]] = {}
     for qj in jobs:
         key = cache.key(qj.spec)
         if key in seen or _view_key(qj, pools_key, cfg, cache) in cache.views:
             continue
-        seen.add(key)
         screened = [(p, device_counts(qj.spec, p, cache), eligibility(qj.spec, p, cache)) for p in pools]
+        seen[key] = screened
         work.append((qj.spec, [(p, counts) for p, counts, why in screened if counts and not why]))
     if work:
         prefetch_predictions_many(work, cache)
+    return seen
 
 
 def free_room(pool: Pool) -> tuple[int, int]:
@@ -376,14 +381,13 @@ def schedule_round(
     # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
     pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
     room = {p.name: free_room(p) for p in pools}
-    if cfg.vectorised_pricing:
-        _prefetch_queue(jobs, pools, pools_key, cfg, cache)
+    screened = _prefetch_queue(jobs, pools, pools_key, cfg, cache) if cfg.vectorised_pricing else None
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
         view = views.get(vkey)
         if view is None:
-            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache, room)
+            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache, room, screened)
             views[vkey] = view
         if deadline is None:
             feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
