@@ -263,7 +263,9 @@ def test_stalled_jobs_checkpoint_failures_and_deployment_errors_fire_once(live: 
             with platform.db.session() as s:
                 stale = {"step": 3, "time_s": now - 3600}
                 JobRepo(s).update(job_id, state="running", attempt=1, progress=stale, cost_usd=0.6)
-                tenant_id = TenantRepo(s).by_name("delta").id
+                delta_row = TenantRepo(s).by_name("delta")
+                assert delta_row is not None
+                tenant_id = delta_row.id
                 from trainyard.store.serving_models import ServingRequestRow
 
                 for i in range(40):

@@ -4,7 +4,7 @@ and curves read back whole, page by page, or downsampled in the database."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -65,7 +65,7 @@ class MetricsRepo:
         self.s = s
 
     def upsert(
-        self, job_id: str, attempt: int, rows: Sequence[tuple[int, float, dict[str, float | None]]]
+        self, job_id: str, attempt: int, rows: Sequence[tuple[int, float, Mapping[str, float | None]]]
     ) -> int:
         """Store rows ``(step, time_s, {name: value})`` of one attempt; a step stored before keeps the
         values the new row lacks (a training row and a later eval loss of the same step merge)."""
