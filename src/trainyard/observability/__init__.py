@@ -101,6 +101,8 @@ def install_observability(
         sup.observers.append(telemetry.tick)
 
     def evaluate_alerts(tenant_id: str | None = None) -> list[Alert]:
-        return evaluate(snapshot.take(platform, clock(), tenant_id).open_jobs, thresholds)
+        return evaluate(
+            snapshot.take(platform, clock(), tenant_id, open_jobs_only=True).open_jobs, thresholds
+        )
 
     app.state.evaluate_alerts = evaluate_alerts

@@ -85,22 +85,30 @@ def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
     ]
 
 
-def take(platform: Any, now_s: float, tenant_id: str | None = None) -> PlatformSnapshot:
-    """Everything metrics and alerts need; ``tenant_id`` limits the open jobs to one tenant."""
+def take(
+    platform: Any, now_s: float, tenant_id: str | None = None, *, open_jobs_only: bool = False
+) -> PlatformSnapshot:
+    """Everything metrics and alerts need; ``tenant_id`` limits the open jobs to one tenant.
+    ``open_jobs_only`` (what the alert rules read) skips the store-wide job counts, costs and pools."""
     with platform.db.session() as s:
         tenants = {t.id: t.name for t in TenantRepo(s).list()}
-        by_state = {
-            (tid, st): int(n)
-            for tid, st, n in s.execute(
-                select(JobRow.tenant_id, JobRow.state, func.count()).group_by(JobRow.tenant_id, JobRow.state)
-            )
-        }
-        costs = {
-            tid: float(c or 0.0)
-            for tid, c in s.execute(
-                select(JobRow.tenant_id, func.sum(JobRow.cost_usd)).group_by(JobRow.tenant_id)
-            )
-        }
+        by_state: dict[tuple[str, str], int] = {}
+        costs: dict[str, float] = {}
+        if not open_jobs_only:
+            by_state = {
+                (tid, st): int(n)
+                for tid, st, n in s.execute(
+                    select(JobRow.tenant_id, JobRow.state, func.count()).group_by(
+                        JobRow.tenant_id, JobRow.state
+                    )
+                )
+            }
+            costs = {
+                tid: float(c or 0.0)
+                for tid, c in s.execute(
+                    select(JobRow.tenant_id, func.sum(JobRow.cost_usd)).group_by(JobRow.tenant_id)
+                )
+            }
         open_jobs = _open_jobs(s, tenant_id)
         ids = [j.id for j in open_jobs]
         counts: dict[tuple[str, str], int] = {}
@@ -146,7 +154,7 @@ def take(platform: Any, now_s: float, tenant_id: str | None = None) -> PlatformS
             )
         )
     pools = []
-    for p in platform.pools.pools():
+    for p in [] if open_jobs_only else platform.pools.pools():
         pools.append(
             {
                 "pool": p.name,

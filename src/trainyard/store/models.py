@@ -56,6 +56,7 @@ class JobRow(Base):
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
         Index("ix_jobs_tenant_seq", "tenant_id", "seq"),
         Index("ix_jobs_state_seq", "state", "seq"),
+        Index("ix_jobs_tenant_state", "tenant_id", "state"),
     )
 
     seq: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)

@@ -57,10 +57,7 @@ def dataset_view(platform: Any, principal: Principal, ref: str) -> dict[str, Any
         except (OSError, TrainyardError):
             samples[split] = []
     versions = platform.datasets.list(principal, name=v.name)
-    try:
-        trained = [m.id for m in platform.registry.models_for_dataset(principal, v.id)]
-    except TrainyardError:
-        trained = []
+    trained = trained_on(platform, principal, v.id)
     lines = int(v.stats.get("lines") or v.rows + v.duplicates_removed)
     report = [
         ("lines read", lines),
@@ -105,6 +102,33 @@ def row_parts(row: Any) -> list[tuple[str, str]]:
     if "text" in row:
         return [("text", str(row["text"]))]
     return [(str(k), str(v)) for k, v in sorted(row.items())]
+
+
+MAX_LINEAGE_ROWS = 100
+
+
+def trained_on(platform: Any, principal: Principal, dataset_id: str) -> list[str]:
+    """The tenant's model versions trained on ``dataset_id``, newest first (reads three columns)."""
+    with platform.db.session() as s:
+        rows = s.execute(
+            select(ModelVersionRow.name, ModelVersionRow.version, ModelVersionRow.datasets)
+            .where(ModelVersionRow.tenant_id == principal.tenant_id)
+            .order_by(ModelVersionRow.seq.desc())
+        )
+        out = [f"{n}@{v}" for n, v, ds in rows if dataset_id in (ds or [])]
+    return out[:MAX_LINEAGE_ROWS]
+
+
+def children_of(platform: Any, principal: Principal, model_id: str) -> list[str]:
+    """Versions the tenant can see that were fine-tuned from ``model_id``."""
+    with platform.db.session() as s:
+        rows = s.execute(
+            select(ModelVersionRow.name, ModelVersionRow.version)
+            .where(_visible(principal), ModelVersionRow.base == model_id)
+            .order_by(ModelVersionRow.seq.desc())
+            .limit(MAX_LINEAGE_ROWS)
+        )
+        return [f"{n}@{v}" for n, v in rows]
 
 
 # ---- models --------------------------------------------------------------------------------------
@@ -185,7 +209,7 @@ def model_view(platform: Any, principal: Principal, ref: str, *, offset: int) ->
         aliases = platform.registry.aliases(principal, v.name)
     except NotFoundError:
         aliases = {"aliases": {}, "history": []}
-    children = [c.id for c in platform.registry.children(principal, v.id)]
+    children = children_of(platform, principal, v.id)
     evaluations = platform.evaluations.list(principal, model=v.id, limit=20)
     deployments = []
     for row in platform.serving.list(principal.tenant_id):

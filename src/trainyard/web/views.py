@@ -20,7 +20,8 @@ from trainyard.web.rendering import fmt_usd
 
 MAX_EVENTS = 200_000  # a job page reads at most this many events (~23 days of heartbeats every 10 s)
 JOBS_PAGE = 50
-LIVE_EVENTS_PAGE = 5000  # events one poll of the live endpoint returns at most
+LIVE_EVENTS_PAGE = 5000  # events one poll of the live endpoint reads at most
+LIVE_EVENT_ROWS = 200  # of which the newest are sent for the event log
 MAX_CHECKPOINTS_CHECKED = 200  # the newest checkpoints whose manifests a job page looks for
 MAX_CURVE_POINTS = 2000  # step metrics per curve on a page (downsampled by the database beyond)
 
@@ -89,9 +90,21 @@ def job_row(job: Job, now_s: float) -> JobRow:
 
 
 def state_counts(platform: Any, principal: Principal) -> dict[str, int]:
+    """Jobs per state of the tenant: one grouped query."""
+    from sqlalchemy import func, select
+
+    from trainyard.store.models import JobRow as JobTable
+
     with platform.db.session() as s:
-        repo = JobRepo(s)
-        return {st.value: repo.count(tenant_id=principal.tenant_id, states=[st.value]) for st in JobState}
+        found = {
+            str(st): int(n)
+            for st, n in s.execute(
+                select(JobTable.state, func.count())
+                .where(JobTable.tenant_id == principal.tenant_id)
+                .group_by(JobTable.state)
+            )
+        }
+    return {st.value: found.get(st.value, 0) for st in JobState}
 
 
 def overview(
@@ -274,15 +287,16 @@ def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[Attem
     return out
 
 
-def read_events(db: Any, job_id: str, limit: int = MAX_EVENTS) -> list[JobEvent]:
-    """A job's events, oldest first, read as plain rows (no ORM objects: a long job has many)."""
+def read_events(db: Any, job_id: str, limit: int = MAX_EVENTS, after_id: int = 0) -> list[JobEvent]:
+    """A job's events after ``after_id``, oldest first, read as plain rows (no ORM objects: a long job
+    has many)."""
     from sqlalchemy import select
 
     from trainyard.store.models import JobEventRow
 
     q = (
         select(JobEventRow.id, JobEventRow.kind, JobEventRow.data, JobEventRow.time_s)
-        .where(JobEventRow.job_id == job_id)
+        .where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
         .order_by(JobEventRow.id)
         .limit(limit)
     )
@@ -432,7 +446,7 @@ def live_update(
     if not job_id or len(job_id) > 64:
         raise NotFoundError(f"no job {job_id[:64]!r}")
     job = platform.jobs.get(principal, job_id)
-    events = platform.jobs.events(principal, job.id, after_id=after_event, limit=LIVE_EVENTS_PAGE)
+    events = read_events(platform.db, job.id, limit=LIVE_EVENTS_PAGE, after_id=after_event)
     metrics = step_metrics(platform, principal, job.id, since_step)
     eval_loss: list[tuple[float, float]] = []
     if metrics["points"] or metrics["attempts"]:
@@ -455,7 +469,9 @@ def live_update(
         "step_times": [[x, y] for x, y in step_times],
         "eval_loss": [[x, y] for x, y in eval_loss],
         "next_since_step": int(metrics["next_since_step"] or since_step),
-        "events": [describe(e.id, e.kind, e.data, e.time_s).to_dict() for e in reversed(events)],
+        "events": [
+            describe(e.id, e.kind, e.data, e.time_s).to_dict() for e in reversed(events[-LIVE_EVENT_ROWS:])
+        ],
         "checkpoints": existing_checkpoints(platform, principal, job),
         "next_after": events[-1].id if events else after_event,
         "more": len(events) >= LIVE_EVENTS_PAGE or not metrics["complete"],
