@@ -307,12 +307,17 @@ def main() -> None:
             c, target, p = build(Path(tmp), 50, 20, 5000)
             refs = seed_scale(c, p, jobs_total=10_000, model_versions=1000)
             second = c.get("/").text.split("/?cursor=", 1)[1].split('"', 1)[0].split("&", 1)[0]
+            # what an open job page polls: the events after the last one it shows
+            live = json.loads(
+                c.get(f"/jobs/{target}").text.split('id="job-live">', 1)[1].split("</script>")[0]
+            )
+            live_poll = f"{live['url']}?after={live['after']}&since_step={live['since_step']}"
             pages = (
                 ("overview /", "/"),
                 ("overview page 2", f"/?cursor={second}"),
                 ("overview ?state", "/?state=failed"),
                 ("job page", f"/jobs/{target}"),
-                ("job live poll", f"/jobs/{target}/live?after=0&since_step=0"),
+                ("job live poll", live_poll),
                 ("models", "/models"),
                 ("models deep", "/models?offset=900"),
                 ("model page", f"/models/{refs['model']}"),

@@ -290,18 +290,30 @@ def _attempt_costs(job: Job, events: list[JobEvent], now_s: float) -> list[Attem
 def read_events(db: Any, job_id: str, limit: int = MAX_EVENTS, after_id: int = 0) -> list[JobEvent]:
     """A job's events after ``after_id``, oldest first, read as plain rows (no ORM objects: a long job
     has many)."""
-    from sqlalchemy import select
+    import orjson
+    from sqlalchemy import Text, select, type_coerce
 
     from trainyard.store.models import JobEventRow
 
+    # the JSON column read as its text and parsed by orjson: several times faster than the generic
+    # JSON type for the thousands of heartbeats of a long job (PostgreSQL's driver hands back dicts)
     q = (
-        select(JobEventRow.id, JobEventRow.kind, JobEventRow.data, JobEventRow.time_s)
+        select(JobEventRow.id, JobEventRow.kind, type_coerce(JobEventRow.data, Text), JobEventRow.time_s)
         .where(JobEventRow.job_id == job_id, JobEventRow.id > after_id)
         .order_by(JobEventRow.id)
         .limit(limit)
     )
     with db.session() as s:
-        return [JobEvent(id=i, job_id=job_id, kind=k, data=d or {}, time_s=t) for i, k, d, t in s.execute(q)]
+        return [
+            JobEvent(
+                id=i,
+                job_id=job_id,
+                kind=k,
+                data=(orjson.loads(d) if isinstance(d, str | bytes) else d) or {},
+                time_s=t,
+            )
+            for i, k, d, t in s.execute(q)
+        ]
 
 
 def _curves(
