@@ -136,7 +136,7 @@ sys.stderr.write("LOADED " + ",".join(m for m in %r if m in sys.modules) + "\\n"
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["jobs", "list"], ["--version"], ["status"]])
+@pytest.mark.parametrize("args", [["--help"], ["jobs", "list"], ["--version"], ["status"], ["jobs", "-h"]])
 def test_start_up_imports_no_heavy_module(args: list[str], tmp_path: Any) -> None:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -160,3 +160,14 @@ def test_start_up_imports_no_heavy_module(args: list[str], tmp_path: Any) -> Non
     assert loaded == "LOADED ", (args, loaded)
     if args == ["jobs", "list"]:  # no server there: one line, exit 8
         assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr
+    if args in (["--version"], ["status"], ["--help"]):
+        # nor pydantic's validators: options read by every command are taken as typed
+        light = subprocess.run(
+            [sys.executable, "-c", PROBE % (("typer._adapters",),), *args],
+            env=env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "LOADED \n" in light.stderr, light.stderr

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from trainyard import __version__
 
@@ -84,10 +84,33 @@ ALIASES: dict[str, tuple[str, str | None]] = {
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
 
 
+class _TextOption(TyperOption):
+    """An option taken as typed. Typer coerces every option value through a pydantic validator, and
+    building the first one imports pydantic's validator machinery (most of a light command's start-up);
+    the root's `--url` and every command's -h/--help are read as the string or flag they are."""
+
+    def process_value(self, ctx: Any, value: Any) -> Any:
+        if self.is_flag:
+            value = bool(value)
+        if self.callback is not None:
+            value = self.callback(ctx, self, value)
+        return value
+
+
+def _light_help_option(command: Any) -> None:
+    from typer._click.core import Context
+
+    names = CONTEXT_SETTINGS["help_option_names"]
+    option = command.get_help_option(Context(command, help_option_names=names))
+    if option is not None and type(option) is TyperOption:
+        option.__class__ = _TextOption
+
+
 def _plain_help(command: Any) -> Any:
     """Plain help text everywhere (option names are never cut, whatever the width), and -h."""
     if isinstance(command, TyperCommand | TyperGroup):
         command.rich_markup_mode = None
+        _light_help_option(command)
     if getattr(command, "context_settings", None) is not None:
         command.context_settings = {**CONTEXT_SETTINGS, **command.context_settings}
     for sub in getattr(command, "commands", {}).values():
@@ -245,6 +268,10 @@ def load_command(name: str, module_name: str, attribute: str, help_text: str) ->
 class RootGroup(LazyGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, aliases=ALIASES, **kwargs)
+        for param in self.params:
+            if param.name == "url" and type(param) is TyperOption:
+                param.__class__ = _TextOption
+        _light_help_option(self)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in GROUPS:
