@@ -238,3 +238,20 @@ class StorageError(TrainyardError):
 class CheckpointError(StorageError):
     code = "checkpoint_error"
     default_hint = "The checkpoint is torn or corrupted; an earlier committed step will be used."
+
+
+class MissingExtraError(TrainyardError):
+    """A command needs an optional part of trainyard (an install extra) that is not installed."""
+
+    code = "missing_extra"
+    http_status = 501
+    exit_code = 10
+
+    def __init__(self, extra: str, module: str, *, what: str = "this command") -> None:
+        super().__init__(
+            f"{what} needs the trainyard[{extra}] extra (no module named {module!r})",
+            hint=f"Install it with: pip install 'trainyard[{extra}]'",
+            details={"extra": extra, "module": module},
+        )
+        self.extra = extra
+        self.module = module

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from trainyard import __version__
 from trainyard.api.errors import install_error_handlers
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
+from trainyard.api.operation_ids import operation_id
 from trainyard.api.routers import (
     alerts,
     catalog,
@@ -48,6 +49,7 @@ def create_app(
         description=DESCRIPTION,
         docs_url=None,  # Swagger UI and ReDoc load assets from a CDN; the platform serves nothing remote
         redoc_url=None,
+        generate_unique_id_function=operation_id,
         openapi_tags=[
             {"name": "jobs", "description": "Submit, follow and cancel training jobs."},
             {"name": "datasets", "description": "Upload, validate and read immutable dataset versions."},

@@ -26,14 +26,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 # ---- JSON ------------------------------------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    """Client documents (pydantic models) as the JSON the server sent; anything else as text."""
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(value)
+
+
 def print_json(doc: Any) -> None:
     """Print exactly one JSON document on stdout (the --json contract)."""
-    sys.stdout.write(json.dumps(doc, indent=None, separators=(",", ":"), default=str) + "\n")
+    sys.stdout.write(json.dumps(doc, indent=None, separators=(",", ":"), default=_jsonable) + "\n")
     sys.stdout.flush()
 
 
 def as_doc(value: Any) -> Any:
-    """A client answer as plain JSON data: typed models (anything with ``model_dump``) become dicts."""
+    """A client answer as plain JSON data: typed documents become the dicts the server sent."""
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")

@@ -3,7 +3,6 @@ verbs of this group too; they live in their own modules)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
@@ -182,8 +181,7 @@ def events(
             return
         for e in follow_events(c, job_id, page, poll_s=poll_s if follow else None):
             if as_json:
-                sys.stdout.write(json.dumps(e, separators=(",", ":"), default=str) + "\n")
-                sys.stdout.flush()
+                print_json(e)
             else:
                 console.print(event_line(e), markup=False, soft_wrap=True)
 

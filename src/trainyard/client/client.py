@@ -1,103 +1,59 @@
-"""A typed httpx client for the REST API (used by the CLI, the tests and users' scripts).
+"""The Python client of the REST API (used by the CLI, the tests and users' scripts).
 
+Every method returns a typed document, the same pydantic model the API declares in its OpenAPI
+document (:mod:`trainyard.api_models`); documents also read like the JSON (``job["state"]``).
 Connection errors (server not up yet, refused, reset before a response) are retried with exponential
 backoff; an HTTP answer is never retried, and error envelopes become the matching TrainyardError.
 Submissions always carry an Idempotency-Key, so a retried submission cannot create a second job.
+:class:`~trainyard.client.AsyncTrainyardClient` is the same API over ``httpx.AsyncClient``.
 """
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
+from trainyard import api_models as M
 from trainyard import errors as E
+from trainyard.client import _calls as C
+from trainyard.client._core import (
+    TRANSPORT_ERRORS,
+    Call,
+    default_headers,
+    may_retry,
+    next_delay,
+    read_response,
+    resolve_api_key,
+    resolve_url,
+    unreachable,
+)
+from trainyard.client.progress import JobProgress, Watcher
+from trainyard.enums import TERMINAL_JOB_STATES
 
-_BY_CODE: dict[str, type[E.TrainyardError]] = {}
-for _cls in (
-    E.InvalidInputError,
-    E.SpecError,
-    E.UnknownAcceleratorError,
-    E.PoolsFileError,
-    E.NotFoundError,
-    E.ConflictError,
-    E.IllegalTransitionError,
-    E.PromotionBlockedError,
-    E.AuthenticationError,
-    E.PermissionDeniedError,
-    E.PayloadTooLargeError,
-    E.QuotaExceededError,
-    E.InfeasibleError,
-    E.ServiceUnavailableError,
-    E.StorageError,
-    E.CheckpointError,
-    E.BudgetExceededError,
-    E.RateLimitedError,
-    E.LedgerMismatchError,
-    E.InvalidDatasetError,
-    E.UnknownDatasetError,
-):
-    _BY_CODE[_cls.code] = _cls
+if TYPE_CHECKING:
+    from trainyard.client._calls import SpecLike
 
-_BY_STATUS: dict[int, type[E.TrainyardError]] = {
-    400: E.InvalidInputError,
-    401: E.AuthenticationError,
-    403: E.PermissionDeniedError,
-    404: E.NotFoundError,
-    409: E.ConflictError,
-    413: E.PayloadTooLargeError,
-    422: E.InvalidInputError,
-    429: E.QuotaExceededError,
-    503: E.ServiceUnavailableError,
-}
+T = TypeVar("T")
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+#: States a job never leaves (strings compare equal to :class:`~trainyard.enums.JobState` members).
+TERMINAL_STATES = frozenset(s.value for s in TERMINAL_JOB_STATES)
 
-
-def resolve_api_key(explicit: str | None = None, home: str | Path | None = None) -> str | None:
-    """TRAINYARD_API_KEY, else $TRAINYARD_HOME/api_key (written by `trainyard up`)."""
-    if explicit:
-        return explicit
-    env = os.environ.get("TRAINYARD_API_KEY")
-    if env:
-        return env.strip()
-    base = (
-        Path(home)
-        if home is not None
-        else Path(os.environ.get("TRAINYARD_HOME") or Path.home() / ".trainyard")
-    )
-    try:
-        text = (base / "api_key").read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text or None
-
-
-def _dataset_path(ref: str) -> str:
-    """``ds://name@3`` → ``name@3`` (the path segment of /v1/datasets/{ref})."""
-    return ref[len("ds://") :] if ref.startswith("ds://") else ref
-
-
-def _error_from(resp: httpx.Response) -> E.TrainyardError:
-    try:
-        body = resp.json()
-        err = body["error"]
-        code, message = str(err.get("code", "")), str(err.get("message", resp.reason_phrase))
-        hint, details = err.get("hint"), err.get("details") or {}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        code, message, hint, details = "", f"HTTP {resp.status_code} from the server", None, {}
-    cls = _BY_CODE.get(code) or _BY_STATUS.get(resp.status_code) or E.TrainyardError
-    exc = cls(message, hint=hint, details=details)
-    return exc
+__all__ = ["TERMINAL_STATES", "TrainyardClient", "resolve_api_key"]
 
 
 class TrainyardClient:
+    """A client of one trainyard server; use it as a context manager or call :meth:`close`.
+
+    ``url`` defaults to ``TRAINYARD_URL`` (else ``http://127.0.0.1:8080``); ``api_key`` to
+    ``TRAINYARD_API_KEY`` (else ``$TRAINYARD_HOME/api_key``, written by ``trainyard up``).
+    """
+
+    UPLOAD_CHUNK_BYTES = C.UPLOAD_CHUNK_BYTES
+
     def __init__(
         self,
         url: str | None = None,
@@ -108,14 +64,13 @@ class TrainyardClient:
         backoff_s: float = 0.2,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("TRAINYARD_URL") or "http://127.0.0.1:8080").rstrip("/")
+        self.url = resolve_url(url)
         self.api_key = resolve_api_key(api_key)
         self.retries = retries
         self.backoff_s = backoff_s
-        headers = {"User-Agent": "trainyard-client"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(
+            base_url=self.url, headers=default_headers(self.api_key), timeout=timeout_s, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -127,81 +82,99 @@ class TrainyardClient:
         self.close()
 
     # ---- plumbing ------------------------------------------------------------------------------
+    def _do(self, call: Call[T]) -> T:
+        delay = self.backoff_s
+        attempt = 0
+        while True:
+            kwargs = call.request_kwargs()
+            if call.upload is not None:
+                kwargs["content"] = _chunks(call.upload.path, call.upload.chunk_bytes, call.upload.progress)
+            try:
+                resp = self._http.request(call.method, call.path, **kwargs)
+            except TRANSPORT_ERRORS as exc:
+                if not may_retry(exc, call, attempt, self.retries):
+                    raise unreachable(self.url, exc) from None
+                time.sleep(delay)
+                delay = next_delay(delay)
+                attempt += 1
+                continue
+            return read_response(resp, call)
+
+    def _pages(self, call: Call[T] | None, next_call: Callable[[T], Call[T] | None]) -> Iterator[T]:
+        while call is not None:
+            page = self._do(call)
+            yield page
+            call = next_call(page)
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Any API call by method and path; returns the decoded JSON (None for an empty answer)."""
+        headers = kwargs.pop("headers", None) or {}
+        call: Call[Any] = Call(method, path, lambda body: body, headers=headers)
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             try:
-                resp = self._http.request(method, path, **kwargs)
+                resp = self._http.request(method, path, headers=headers, **kwargs)
                 break
-            except (
-                httpx.ConnectError,
-                httpx.ConnectTimeout,
-                httpx.RemoteProtocolError,
-                httpx.ReadError,
-                httpx.WriteError,
-            ) as exc:
-                # Refused/unreachable: nothing was sent, always safe to retry. A connection dropped after
-                # sending is retried only when resending cannot act twice (reads, Idempotency-Key).
-                sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                resendable = method in ("GET", "HEAD", "PUT", "DELETE") or "Idempotency-Key" in (
-                    kwargs.get("headers") or {}
-                )
-                if attempt >= self.retries or (sent and not resendable):
-                    raise E.ServiceUnavailableError(
-                        f"cannot reach the trainyard server at {self.url} ({type(exc).__name__})"
-                    ) from None
+            except TRANSPORT_ERRORS as exc:
+                if not may_retry(exc, call, attempt, self.retries):
+                    raise unreachable(self.url, exc) from None
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        if resp.status_code >= 400:
-            raise _error_from(resp)
-        if resp.status_code == 204 or not resp.content:
-            return None
-        return resp.json()
+                delay = next_delay(delay)
+        return read_response(resp, call)
 
     # ---- jobs ----------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
-        key = idempotency_key or str(uuid.uuid4())
-        return self.request("POST", "/v1/jobs", json={"spec": spec}, headers={"Idempotency-Key": key})
+    def submit(
+        self, spec: SpecLike, *, idempotency_key: str | None = None, upload_dataset: bool = True
+    ) -> M.JobDocument:
+        """Submit a job: a :class:`~trainyard.spec.JobSpec`, its document, or a spec file path.
 
-    def get_job(self, job_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}")
+        A ``workload.dataset`` naming a local file (relative paths are taken from the spec file's
+        directory) is uploaded as a dataset version first and the job names that version."""
+        doc, spec_dir = C.spec_document(spec)
+        local = C.local_dataset(doc, spec_dir) if upload_dataset else None
+        if local is not None:
+            uploaded = self.upload_dataset(local, name=C.dataset_name_for(local))
+            doc["workload"] = {**doc["workload"], "dataset": uploaded.id}
+        return self._do(C.submit(doc, idempotency_key))
+
+    def get_job(self, job_id: str) -> M.JobDocument:
+        return self._do(C.get_job(job_id))
 
     def list_jobs(
         self,
         *,
-        states: list[str] | None = None,
+        states: Iterable[str] | None = None,
         name: str | None = None,
         cursor: str | None = None,
         limit: int = 50,
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit}
-        if states:
-            params["state"] = states
-        if name:
-            params["name"] = name
-        if cursor:
-            params["cursor"] = cursor
-        return self.request("GET", "/v1/jobs", params=params)
+    ) -> M.JobList:
+        """One page of jobs, newest first; ``next_cursor`` names the next page."""
+        return self._do(C.list_jobs(states, name, cursor, limit))
 
-    def iter_jobs(self, *, states: list[str] | None = None, page_size: int = 200) -> Iterator[dict[str, Any]]:
-        cursor = None
-        while True:
-            page = self.list_jobs(states=states, cursor=cursor, limit=page_size)
-            yield from page["jobs"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return
+    def iter_jobs(
+        self, *, states: Iterable[str] | None = None, name: str | None = None, page_size: int = 200
+    ) -> Iterator[M.JobDocument]:
+        """Every job (newest first), fetching pages as the iteration goes."""
+        states = list(states) if states else None
+        first = C.list_jobs(states, name, None, page_size)
+        for page in self._pages(first, lambda p: C.next_jobs_page(p, states, name, page_size)):
+            yield from page.jobs
 
-    def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/jobs/{job_id}/cancel")
+    def cancel_job(self, job_id: str) -> M.JobDocument:
+        return self._do(C.cancel_job(job_id))
 
-    def preempt_job(self, job_id: str, *, notice_s: float | None = None) -> dict[str, Any]:
+    def preempt_job(self, job_id: str, *, notice_s: float | None = None) -> M.JobDocument:
         """Inject a preemption: the job checkpoints, goes preempted -> queued and resumes elsewhere."""
-        body = {} if notice_s is None else {"notice_s": notice_s}
-        return self.request("POST", f"/v1/jobs/{job_id}/preempt", json=body)
+        return self._do(C.preempt_job(job_id, notice_s))
 
-    def job_events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{job_id}/events", params={"after": after, "limit": limit})
+    def job_events(self, job_id: str, *, after: int = 0, limit: int = 1000) -> M.EventList:
+        return self._do(C.job_events(job_id, after, limit))
+
+    def iter_events(self, job_id: str, *, after: int = 0, page_size: int = 1000) -> Iterator[M.EventDoc]:
+        """Every event of the job logged after ``after`` so far, oldest first."""
+        first = C.job_events(job_id, after, page_size)
+        for page in self._pages(first, lambda p: C.next_events_page(p, job_id, page_size)):
+            yield from page.events
 
     def job_logs(
         self,
@@ -213,22 +186,10 @@ class TrainyardClient:
         attempt: int | None = None,
         tail: int | None = None,
         wait_s: float = 0.0,
-    ) -> dict[str, Any]:
+    ) -> M.LogChunk:
         """A chunk of one rank's log (of one ``attempt``, or every attempt's); ``tail``: the last N lines;
         ``wait_s``: wait that long on the server for bytes past ``offset`` (following a running job)."""
-        params: dict[str, Any] = {"rank": rank, "offset": offset, "limit_bytes": limit_bytes}
-        if attempt is not None:
-            params["attempt"] = attempt
-        if tail is not None:
-            params["tail"] = tail
-        if wait_s:
-            params["wait_s"] = wait_s
-        return self.request(
-            "GET",
-            f"/v1/jobs/{job_id}/logs",
-            params=params,
-            timeout=httpx.Timeout(30.0 + wait_s),
-        )
+        return self._do(C.job_logs(job_id, rank, offset, limit_bytes, attempt, tail, wait_s))
 
     def job_metrics(
         self,
@@ -238,55 +199,93 @@ class TrainyardClient:
         max_points: int = 2000,
         attempt: int | None = None,
         downsample: bool = True,
-    ) -> dict[str, Any]:
+    ) -> M.MetricsDocument:
         """Step metrics (loss, eval_loss, step_time_s, tokens_per_s, learning_rate) after ``since_step``."""
-        params: dict[str, Any] = {
-            "since_step": since_step,
-            "max_points": max_points,
-            "downsample": "true" if downsample else "false",
-        }
-        if attempt is not None:
-            params["attempt"] = attempt
-        return self.request("GET", f"/v1/jobs/{job_id}/metrics", params=params)
+        return self._do(C.job_metrics(job_id, since_step, max_points, attempt, downsample))
 
-    def wait(self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
-        """Poll until the job reaches a terminal state; returns the final job document."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def watch(
+        self, job_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5, events: bool = True
+    ) -> Iterator[JobProgress]:
+        """Follow a job: a :class:`JobProgress` each time its state, step, loss, cost or attempt
+        changes or new events are logged; the last one is the terminal state."""
+        w = Watcher(job_id, timeout_s=timeout_s, events=events)
         while True:
-            doc = self.get_job(job_id)
-            if doc["state"] in TERMINAL_STATES:
-                return doc
-            if deadline is not None and time.monotonic() > deadline:
-                raise E.ServiceUnavailableError(
-                    f"job {job_id} still {doc['state']} after {timeout_s:.0f} s",
-                    hint="Keep following it with `trainyard jobs events --follow`.",
-                )
+            job = self.get_job(job_id)
+            page = self.job_events(job_id, after=w.after) if events else None
+            report = w.report(job, page)
+            if report is not None:
+                yield report
+            if job.done:
+                return
+            w.check_deadline(job)
             time.sleep(poll_s)
 
-    # ---- quotes, pools, tenants, catalog -------------------------------------------------------
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 0.5,
+        on_progress: Callable[[JobProgress], Any] | None = None,
+    ) -> M.JobDocument:
+        """Poll until the job reaches a terminal state; returns the final job document.
+        ``on_progress`` receives every :class:`JobProgress` on the way (see :meth:`watch`)."""
+        last: JobProgress | None = None
+        for last in self.watch(job_id, timeout_s=timeout_s, poll_s=poll_s, events=on_progress is not None):
+            if on_progress is not None:
+                on_progress(last)
+        assert last is not None  # watch yields at least the terminal report
+        return last.job
+
+    def job_record(self, job_id: str, *, attempt: int | None = None) -> M.Document:
+        return self._do(C.job_record(job_id, attempt))
+
+    def reproduce_job(self, job_id: str, *, idempotency_key: str | None = None) -> M.JobDocument:
+        return self._do(C.reproduce_job(job_id, idempotency_key))
+
+    # ---- quotes, pools, catalog, code ----------------------------------------------------------
     def quote(
-        self, spec: dict[str, Any], *, pools: list[dict[str, Any]] | None = None, include_catalog: bool = True
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"spec": spec, "include_catalog": include_catalog}
-        if pools is not None:
-            body["pools"] = pools
-        return self.request("POST", "/v1/quotes", json=body)
+        self,
+        spec: SpecLike,
+        *,
+        pools: list[Mapping[str, Any]] | None = None,
+        include_catalog: bool = True,
+    ) -> M.QuoteResponse:
+        doc, _ = C.spec_document(spec)
+        return self._do(C.quote(doc, pools, include_catalog))
 
-    def list_pools(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/pools")
+    def list_pools(self) -> M.PoolList:
+        return self._do(C.list_pools())
 
-    def get_pool(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/pools/{name}")
+    def get_pool(self, name: str) -> M.PoolDoc:
+        return self._do(C.get_pool(name))
 
-    def put_pool(self, pool: dict[str, Any]) -> dict[str, Any]:
-        return self.request("PUT", f"/v1/pools/{pool['name']}", json=pool)
+    def put_pool(self, pool: Mapping[str, Any]) -> M.PoolDoc:
+        return self._do(C.put_pool(pool))
 
-    def patch_pool(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
-        return self.request("PATCH", f"/v1/pools/{name}", json=changes)
+    def patch_pool(self, name: str, changes: Mapping[str, Any]) -> M.PoolDoc:
+        return self._do(C.patch_pool(name, changes))
 
     def delete_pool(self, name: str) -> None:
-        self.request("DELETE", f"/v1/pools/{name}")
+        self._do(C.delete_pool(name))
 
+    def catalog(self) -> M.AcceleratorList:
+        return self._do(C.catalog())
+
+    def upload_code(self, archive: bytes) -> M.CodeUploaded:
+        """Upload a code archive (tar.gz); ``{url, sha256, bytes}`` of its content-addressed copy."""
+        return self._do(C.upload_code(archive))
+
+    def whoami(self) -> M.WhoAmI:
+        return self._do(C.whoami())
+
+    def healthz(self) -> M.Document:
+        return self._do(C.healthz())
+
+    def readyz(self) -> M.Document:
+        return self._do(C.readyz())
+
+    # ---- tenants and keys ----------------------------------------------------------------------
     def create_tenant(
         self,
         name: str,
@@ -294,47 +293,36 @@ class TrainyardClient:
         admin: bool = False,
         max_queued_jobs: int | None = None,
         max_active_devices: int | None = None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"name": name, "admin": admin}
-        if max_queued_jobs is not None:
-            body["max_queued_jobs"] = max_queued_jobs
-        if max_active_devices is not None:
-            body["max_active_devices"] = max_active_devices
-        return self.request("POST", "/v1/tenants", json=body)
+    ) -> M.TenantCreated:
+        return self._do(C.create_tenant(name, admin, max_queued_jobs, max_active_devices))
 
-    def list_tenants(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/tenants")
+    def list_tenants(self) -> M.TenantList:
+        return self._do(C.list_tenants())
 
-    def list_api_keys(self, tenant: str) -> dict[str, Any]:
-        """``{keys: [{id, prefix, admin, created_at, revoked}]}`` of a tenant (admin, or its own key)."""
-        return self.request("GET", f"/v1/tenants/{quote(tenant, safe='')}/keys")
+    def get_tenant(self, name: str) -> M.TenantDoc:
+        return self._do(C.get_tenant(name))
 
-    def revoke_api_key(self, tenant: str, key_id: str) -> dict[str, Any]:
-        """Revoke one of the tenant's keys; returns its document with ``revoked: true``."""
-        return self.request(
-            "POST", f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}/revoke"
-        )
-
-    # ---- tenant administration, usage and budgets -----------------------------------------------
-    def update_tenant(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def update_tenant(self, name: str, changes: Mapping[str, Any]) -> M.TenantDoc:
         """Change quotas/limits (admin); a key with value None removes that limit."""
-        return self.request("PATCH", f"/v1/tenants/{quote(name, safe='')}", json=changes)
+        return self._do(C.update_tenant(name, changes))
 
-    def get_tenant(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/tenants/{quote(name, safe='')}")
+    def list_api_keys(self, tenant: str) -> M.ApiKeyList:
+        """The tenant's keys ``{id, prefix, admin, created_at, revoked}`` (admin, or its own key)."""
+        return self._do(C.list_api_keys(tenant))
 
-    def create_api_key(self, tenant: str, *, role: str = "member") -> dict[str, Any]:
+    def create_api_key(self, tenant: str, *, role: str = "member") -> M.ApiKeyCreated:
         """A new key of the tenant with a role; ``api_key`` is shown once."""
-        return self.request("POST", f"/v1/tenants/{quote(tenant, safe='')}/keys", json={"role": role})
+        return self._do(C.create_api_key(tenant, role))
 
-    def rotate_api_key(self, tenant: str, key_id: str, *, overlap_s: float = 3600.0) -> dict[str, Any]:
-        """``{new: {…, api_key}, old: {…, expires_at}}``: the old key works ``overlap_s`` more seconds."""
-        return self.request(
-            "POST",
-            f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}/rotate",
-            json={"overlap_s": overlap_s},
-        )
+    def revoke_api_key(self, tenant: str, key_id: str) -> M.ApiKeyDoc:
+        """Revoke one of the tenant's keys; returns its document with ``revoked: true``."""
+        return self._do(C.revoke_api_key(tenant, key_id))
 
+    def rotate_api_key(self, tenant: str, key_id: str, *, overlap_s: float = 3600.0) -> M.ApiKeyRotated:
+        """``{new: {…, api_key}, old: {…}}``: the old key works ``overlap_s`` more seconds."""
+        return self._do(C.rotate_api_key(tenant, key_id, overlap_s))
+
+    # ---- usage and budgets ---------------------------------------------------------------------
     def usage(
         self,
         *,
@@ -342,49 +330,28 @@ class TrainyardClient:
         from_: str | None = None,
         to: str | None = None,
         tenant: str | None = None,
-    ) -> dict[str, Any]:
-        params = {"by": by, "from": from_, "to": to, "tenant": tenant}
-        return self.request("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
+    ) -> M.Document:
+        return self._do(C.usage(by, from_, to, tenant))
 
-    def invoice(self, *, tenant: str | None = None, month: str | None = None) -> dict[str, Any]:
-        params = {"tenant": tenant, "month": month}
-        return self.request(
-            "GET", "/v1/usage/invoice", params={k: v for k, v in params.items() if v is not None}
-        )
+    def invoice(self, *, tenant: str | None = None, month: str | None = None) -> M.Document:
+        return self._do(C.invoice(tenant, month))
 
-    def reconcile_usage(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/usage/reconcile")
+    def reconcile_usage(self) -> M.Document:
+        return self._do(C.reconcile_usage())
 
     def set_budget(
         self, tenant: str, *, usd: float, period: str = "month", hard: bool = False, tag: str | None = None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"usd": usd, "period": period, "hard": hard}
-        if tag is not None:
-            body["tag"] = tag
-        return self.request("PUT", f"/v1/budgets/{quote(tenant, safe='')}", json=body)
+    ) -> M.Document:
+        return self._do(C.set_budget(tenant, usd, period, hard, tag))
 
-    def list_budgets(self, *, tenant: str | None = None) -> dict[str, Any]:
-        return self.request("GET", "/v1/budgets", params={"tenant": tenant} if tenant else None)
+    def list_budgets(self, *, tenant: str | None = None) -> M.Document:
+        return self._do(C.list_budgets(tenant))
 
-    def get_budget(self, tenant: str, *, tag: str | None = None, period: str = "month") -> dict[str, Any]:
-        params: dict[str, Any] = {"period": period}
-        if tag is not None:
-            params["tag"] = tag
-        return self.request("GET", f"/v1/budgets/{quote(tenant, safe='')}", params=params)
+    def get_budget(self, tenant: str, *, tag: str | None = None, period: str = "month") -> M.Document:
+        return self._do(C.get_budget(tenant, tag, period))
 
-    def budget_events(self, tenant: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/budgets/{quote(tenant, safe='')}/events")
-
-    # ---- code archives for entrypoint jobs ---------------------------------------------------------
-    def upload_code(self, archive: bytes) -> dict[str, Any]:
-        """Upload a code archive (tar.gz); ``{url, sha256, bytes}`` of its content-addressed copy."""
-        return self.request("POST", "/v1/code", content=archive, headers={"Content-Type": "application/gzip"})
-
-    def whoami(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/whoami")
-
-    def catalog(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/catalog")
+    def budget_events(self, tenant: str) -> M.Document:
+        return self._do(C.budget_events(tenant))
 
     # ---- datasets (DESIGN §3.7) ----------------------------------------------------------------
     def upload_dataset(
@@ -398,109 +365,70 @@ class TrainyardClient:
         base: str | None = None,
         max_tokens: int | None = None,
         derived_from: str | None = None,
-        progress: Any = None,
+        progress: Callable[[int], Any] | None = None,
         chunk_bytes: int = 1 << 20,
-    ) -> dict[str, Any]:
+    ) -> M.DatasetDoc:
         """Stream a local JSONL file to the server; ``progress(n_bytes)`` is called per chunk sent."""
-        params: dict[str, Any] = {
-            "name": name,
-            "format": format,
-            "eval_fraction": eval_fraction,
-            "seed": seed,
-        }
-        for k, v in (("base", base), ("max_tokens", max_tokens), ("derived_from", derived_from)):
-            if v is not None:
-                params[k] = v
-        file = Path(path)
-
-        def chunks() -> Iterator[bytes]:
-            with file.open("rb") as fh:
-                while True:
-                    data = fh.read(chunk_bytes)
-                    if not data:
-                        return
-                    if progress is not None:
-                        progress(len(data))
-                    yield data
-
-        return self.request(
-            "POST",
-            "/v1/datasets",
-            params=params,
-            content=chunks(),
-            headers={"Content-Type": "application/x-ndjson"},
-            timeout=httpx.Timeout(30.0, read=None, write=None),
+        return self._do(
+            C.upload_dataset(
+                Path(path),
+                name=name,
+                format=format,
+                eval_fraction=eval_fraction,
+                seed=seed,
+                base=base,
+                max_tokens=max_tokens,
+                derived_from=derived_from,
+                progress=progress,
+                chunk_bytes=chunk_bytes,
+            )
         )
 
-    def get_dataset(self, ref: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/datasets/{quote(_dataset_path(ref), safe='@')}")
+    def get_dataset(self, ref: str) -> M.DatasetDoc:
+        return self._do(C.get_dataset(ref))
 
-    def list_datasets(self, *, name: str | None = None) -> dict[str, Any]:
-        return self.request("GET", "/v1/datasets", params={"name": name} if name else None)
+    def list_datasets(self, *, name: str | None = None) -> M.DatasetList:
+        return self._do(C.list_datasets(name))
 
     def dataset_rows(
         self, ref: str, *, split: str = "train", offset: int = 0, limit: int = 100
-    ) -> dict[str, Any]:
-        return self.request(
-            "GET",
-            f"/v1/datasets/{quote(_dataset_path(ref), safe='@')}/rows",
-            params={"split": split, "offset": offset, "limit": limit},
-        )
+    ) -> M.DatasetRows:
+        return self._do(C.dataset_rows(ref, split, offset, limit))
 
-    # ---- run records ---------------------------------------------------------------------------
-    def job_record(self, job_id: str, *, attempt: int | None = None) -> dict[str, Any]:
-        params = {"attempt": attempt} if attempt is not None else None
-        return self.request("GET", f"/v1/jobs/{job_id}/record", params=params)
+    def iter_dataset_rows(
+        self, ref: str, *, split: str = "train", page_size: int = 1000
+    ) -> Iterator[dict[str, Any]]:
+        """Every row of one split, in order, fetching pages as the iteration goes."""
+        first = C.dataset_rows(ref, split, 0, page_size)
+        for page in self._pages(first, lambda p: C.next_rows_page(p, ref, split, page_size)):
+            yield from page.rows
 
-    def reproduce_job(self, job_id: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
-        key = idempotency_key or str(uuid.uuid4())
-        return self.request("POST", f"/v1/jobs/{job_id}/reproduce", headers={"Idempotency-Key": key})
-
-    def healthz(self) -> dict[str, Any]:
-        return self.request("GET", "/healthz")
-
-    def readyz(self) -> dict[str, Any]:
-        return self.request("GET", "/readyz")
-
-    # ---- models and evaluations ------------------------------------------------------------------
-    UPLOAD_CHUNK_BYTES = 768 * 1024  # below the API's body limit
-
-    def import_model(self, directory: str | Path, name: str, *, public: bool = False) -> dict[str, Any]:
+    # ---- models and evaluations (DESIGN §3.8) --------------------------------------------------
+    def import_model(self, directory: str | Path, name: str, *, public: bool = False) -> M.ModelVersionDoc:
         """Upload a local Hugging Face directory (its plain files) and import it as a base model."""
-        d = Path(directory)
-        if not d.is_dir():
-            raise E.InvalidInputError(f"{d} is not a directory", hint="Pass a Hugging Face model directory.")
-        upload = self.request("POST", "/v1/models/uploads")["upload_id"]
-        for path in sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")):
+        files = C.model_files(Path(directory))
+        upload = str(self._do(C.start_model_upload())["upload_id"])
+        for path in files:
             offset = 0
             with path.open("rb") as f:
                 while True:
                     chunk = f.read(self.UPLOAD_CHUNK_BYTES)
                     if not chunk and offset > 0:
                         break
-                    self.request(
-                        "PUT",
-                        f"/v1/models/uploads/{upload}/files/{quote(path.name, safe='')}",
-                        params={"offset": offset},
-                        content=chunk,
-                        headers={"Content-Type": "application/octet-stream"},
-                    )
+                    self._do(C.model_upload_chunk(upload, path.name, offset, chunk))
                     offset += len(chunk)
                     if not chunk:
                         break
-        return self.request(
-            "POST", "/v1/models/import", json={"upload_id": upload, "name": name, "public": public}
-        )
+        return self._do(C.import_model(upload, name, public))
 
-    def list_models(self, *, name: str | None = None, dataset: str | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in (("name", name), ("dataset", dataset)) if v}
-        return self.request("GET", "/v1/models", params=params)
+    def list_models(self, *, name: str | None = None, dataset: str | None = None) -> M.ModelList:
+        return self._do(C.list_models(name, dataset))
 
-    def get_model(self, ref: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/models/{quote(ref, safe='@')}")
+    def get_model(self, ref: str) -> M.ModelVersionDoc:
+        return self._do(C.get_model(ref))
 
-    def model_lineage(self, ref: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/models/{quote(ref, safe='@')}/lineage")
+    def model_lineage(self, ref: str) -> M.Document:
+        return self._do(C.model_lineage(ref))
 
     def promote_model(
         self,
@@ -510,12 +438,11 @@ class TrainyardClient:
         force: bool = False,
         reason: str = "",
         evaluation: str | None = None,
-    ) -> dict[str, Any]:
-        body = {"alias": alias, "force": force, "reason": reason, "evaluation": evaluation}
-        return self.request("POST", f"/v1/models/{quote(ref, safe='@')}/promote", json=body)
+    ) -> M.Document:
+        return self._do(C.promote_model(ref, alias, force, reason, evaluation))
 
-    def model_aliases(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/models/{quote(name, safe='')}/aliases")
+    def model_aliases(self, name: str) -> M.Document:
+        return self._do(C.model_aliases(name))
 
     def run_evaluation(
         self,
@@ -525,39 +452,29 @@ class TrainyardClient:
         baseline: str | None = None,
         split: str = "eval",
         max_examples: int | None = None,
-        guardrails: dict[str, float] | None = None,
-    ) -> dict[str, Any]:
-        body = {
-            "model": model,
-            "baseline": baseline,
-            "dataset": dataset,
-            "split": split,
-            "max_examples": max_examples,
-            "guardrails": guardrails,
-        }
-        return self.request("POST", "/v1/evaluations", json=body)
+        guardrails: Mapping[str, float] | None = None,
+    ) -> M.EvaluationDoc:
+        return self._do(C.run_evaluation(model, dataset, baseline, split, max_examples, guardrails))
 
-    def get_evaluation(self, eval_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/evaluations/{quote(eval_id, safe='')}")
+    def get_evaluation(self, eval_id: str) -> M.EvaluationDoc:
+        return self._do(C.get_evaluation(eval_id))
 
-    def list_evaluations(self, *, model: str | None = None) -> dict[str, Any]:
-        return self.request("GET", "/v1/evaluations", params={"model": model} if model else {})
+    def list_evaluations(self, *, model: str | None = None) -> M.EvaluationList:
+        return self._do(C.list_evaluations(model))
 
     def wait_evaluation(
         self, eval_id: str, *, timeout_s: float | None = None, poll_s: float = 0.5
-    ) -> dict[str, Any]:
+    ) -> M.EvaluationDoc:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             doc = self.get_evaluation(eval_id)
-            if doc["state"] in ("succeeded", "failed"):
+            if doc.state in ("succeeded", "failed"):
                 return doc
             if deadline is not None and time.monotonic() > deadline:
-                raise E.ServiceUnavailableError(
-                    f"evaluation {eval_id} still {doc['state']} after {timeout_s} s"
-                )
+                raise E.ServiceUnavailableError(f"evaluation {eval_id} still {doc.state} after {timeout_s} s")
             time.sleep(poll_s)
 
-    # ---- deployments (DESIGN §3.9) ---------------------------------------------------------------
+    # ---- deployments (DESIGN §3.9) -------------------------------------------------------------
     def create_deployment(
         self,
         name: str,
@@ -566,45 +483,50 @@ class TrainyardClient:
         min_replicas: int = 1,
         max_replicas: int | None = None,
         **options: Any,
-    ) -> dict[str, Any]:
+    ) -> M.DeploymentDoc:
         """Deploy a model version or alias; options: target_in_flight, scale_up_delay_s,
         scale_down_delay_s, cold_start_timeout_s, tags."""
-        body: dict[str, Any] = {"name": name, "model": model, "min_replicas": min_replicas, **options}
-        if max_replicas is not None:
-            body["max_replicas"] = max_replicas
-        return self.request("POST", "/v1/deployments", json=body)
+        return self._do(C.create_deployment(name, model, min_replicas, max_replicas, options))
 
-    def get_deployment(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/deployments/{quote(name, safe='')}")
+    def get_deployment(self, name: str) -> M.DeploymentDoc:
+        return self._do(C.get_deployment(name))
 
-    def list_deployments(self) -> dict[str, Any]:
-        return self.request("GET", "/v1/deployments")
+    def list_deployments(self) -> M.DeploymentList:
+        return self._do(C.list_deployments())
 
     def set_traffic(
-        self, name: str, routes: list[dict[str, Any]], *, canary: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, name: str, routes: list[Mapping[str, Any]], *, canary: Mapping[str, Any] | None = None
+    ) -> M.DeploymentDoc:
         """Routes ``[{model, weight, shadow?, canary?}]``; ``canary`` holds the rollback thresholds."""
-        body: dict[str, Any] = {"routes": routes}
-        if canary is not None:
-            body["canary"] = canary
-        return self.request("PUT", f"/v1/deployments/{quote(name, safe='')}/traffic", json=body)
+        return self._do(C.set_traffic(name, routes, canary))
 
-    def shadow_report(self, name: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/deployments/{quote(name, safe='')}/shadow-report")
+    def shadow_report(self, name: str) -> M.Document:
+        return self._do(C.shadow_report(name))
 
     def delete_deployment(self, name: str) -> None:
-        self.request("DELETE", f"/v1/deployments/{quote(name, safe='')}")
+        self._do(C.delete_deployment(name))
 
-    def wait_deployment(self, name: str, *, timeout_s: float = 120.0, poll_s: float = 0.2) -> dict[str, Any]:
+    def wait_deployment(self, name: str, *, timeout_s: float = 120.0, poll_s: float = 0.2) -> M.DeploymentDoc:
         """Poll until the deployment is ``ready``; returns its document."""
         deadline = time.monotonic() + timeout_s
         while True:
             doc = self.get_deployment(name)
-            if doc["state"] == "ready":
+            if doc.state == "ready":
                 return doc
-            if doc["state"] == "failed" or time.monotonic() > deadline:
+            if doc.state == "failed" or time.monotonic() > deadline:
                 raise E.ServiceUnavailableError(
-                    f"deployment {name} is {doc['state']} after {timeout_s:.0f} s",
+                    f"deployment {name} is {doc.state} after {timeout_s:.0f} s",
                     hint="See its events with `trainyard deployments get NAME --json`.",
                 )
             time.sleep(poll_s)
+
+
+def _chunks(path: Path, chunk_bytes: int, progress: Callable[[int], Any] | None) -> Iterator[bytes]:
+    with path.open("rb") as fh:
+        while True:
+            data = fh.read(chunk_bytes)
+            if not data:
+                return
+            if progress is not None:
+                progress(len(data))
+            yield data

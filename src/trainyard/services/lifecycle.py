@@ -6,21 +6,18 @@ Every state change in the platform goes through :func:`check_transition`; an edg
 
 from __future__ import annotations
 
-from enum import StrEnum
-
+from trainyard.enums import JobState
 from trainyard.errors import IllegalTransitionError
 
-
-class JobState(StrEnum):
-    PENDING = "pending"  # accepted and stored; not yet quoted/admitted
-    QUEUED = "queued"  # admitted: quoted, feasible, waiting for capacity
-    STARTING = "starting"  # placed; workers are being launched
-    RUNNING = "running"  # workers report progress
-    PREEMPTED = "preempted"  # capacity taken away; the job goes back to the queue
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
+__all__ = [
+    "ACTIVE_STATES",
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "JobState",
+    "can_transition",
+    "check_transition",
+    "is_terminal",
+]
 
 S = JobState
 

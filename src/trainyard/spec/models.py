@@ -15,6 +15,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from trainyard.enums import Market
+
 API_VERSION: Final = "trainyard/v1"
 KIND: Final = "TrainingJob"
 
@@ -73,12 +75,6 @@ class ActivationCheckpointing(StrEnum):
 class Minimize(StrEnum):
     COST = "cost"
     TIME = "time"
-
-
-class Market(StrEnum):
-    SPOT = "spot"
-    ON_DEMAND = "on_demand"
-    RESERVED = "reserved"
 
 
 class _Strict(BaseModel):

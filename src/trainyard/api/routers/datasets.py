@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import ErrorEnvelope
+from trainyard.api.schemas import DatasetDoc, DatasetList, DatasetRows, ErrorEnvelope
+from trainyard.enums import DatasetFormat
 from trainyard.errors import PayloadTooLargeError
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -39,6 +40,7 @@ def _service(request: Request) -> Any:
 @router.post(
     "",
     status_code=201,
+    response_model=DatasetDoc,
     responses={
         **ERRORS,
         200: {"description": "Identical content was uploaded before: the existing version"},
@@ -56,7 +58,7 @@ async def upload_dataset(
     request: Request,
     principal: CurrentPrincipal,
     name: Annotated[str, Query(min_length=1, max_length=100, description="Dataset name")],
-    format: Annotated[str, Query(pattern="^(auto|text|completion|chat)$")] = "auto",
+    format: Annotated[DatasetFormat, Query()] = DatasetFormat.AUTO,
     eval_fraction: Annotated[float, Query(ge=0, lt=1)] = 0.1,
     seed: Annotated[int, Query(ge=0, le=2**62)] = 0,
     base: Annotated[str | None, Query(max_length=200, description="Base model NAME@V (tokenizer)")] = None,
@@ -87,7 +89,7 @@ async def upload_dataset(
                     principal,
                     fh,
                     name=name,
-                    format=format,
+                    format=format.value,
                     eval_fraction=eval_fraction,
                     seed=seed,
                     base=base,
@@ -106,7 +108,7 @@ async def upload_dataset(
     )
 
 
-@router.get("", responses=ERRORS, summary="The tenant's dataset versions")
+@router.get("", response_model=DatasetList, responses=ERRORS, summary="The tenant's dataset versions")
 def list_datasets(
     request: Request,
     principal: CurrentPrincipal,
@@ -116,12 +118,17 @@ def list_datasets(
     return JSONResponse({"datasets": [v.to_document() for v in versions]})
 
 
-@router.get("/{ref}", responses=ERRORS, summary="One dataset version")
+@router.get("/{ref}", response_model=DatasetDoc, responses=ERRORS, summary="One dataset version")
 def get_dataset(ref: DatasetRef, request: Request, principal: CurrentPrincipal) -> JSONResponse:
     return JSONResponse(_service(request).get(principal, _ds(ref)).to_document())
 
 
-@router.get("/{ref}/rows", responses=ERRORS, summary="A page of one split's normalised rows")
+@router.get(
+    "/{ref}/rows",
+    response_model=DatasetRows,
+    responses=ERRORS,
+    summary="A page of one split's normalised rows",
+)
 def dataset_rows(
     ref: DatasetRef,
     request: Request,

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import ErrorEnvelope
+from trainyard.api.schemas import DeploymentDoc, DeploymentList, ErrorEnvelope
 from trainyard.serving.autoscale import AutoscalingPolicy
 from trainyard.serving.service import deployment_document
 from trainyard.serving.traffic import CanaryPolicy
@@ -76,20 +76,6 @@ class TrafficUpdate(BaseModel):
     )
     routes: Annotated[list[RouteIn], Field(min_length=1, max_length=16)]
     canary: CanaryIn | None = None
-
-
-class DeploymentDoc(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str
-    state: str
-    model: str
-    routes: list[dict[str, Any]]
-    replicas: int
-    url: str
-
-
-class DeploymentList(BaseModel):
-    deployments: list[DeploymentDoc]
 
 
 def _openai_url(request: Request) -> str:

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import ErrorEnvelope
+from trainyard.api.schemas import ErrorEnvelope, EvaluationDoc, EvaluationList
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
 
@@ -35,7 +35,13 @@ def _platform(request: Request) -> Any:
     return request.app.state.platform
 
 
-@router.post("", status_code=201, responses=ERRORS, summary="Evaluate a model against a baseline")
+@router.post(
+    "",
+    status_code=201,
+    response_model=EvaluationDoc,
+    responses=ERRORS,
+    summary="Evaluate a model against a baseline",
+)
 def run_evaluation(body: EvaluationRequest, request: Request, principal: CurrentPrincipal) -> JSONResponse:
     doc = _platform(request).evaluations.create(
         principal,
@@ -49,7 +55,7 @@ def run_evaluation(body: EvaluationRequest, request: Request, principal: Current
     return JSONResponse(doc, status_code=201, headers={"Location": f"/v1/evaluations/{doc['id']}"})
 
 
-@router.get("", responses=ERRORS, summary="List evaluations, newest first")
+@router.get("", response_model=EvaluationList, responses=ERRORS, summary="List evaluations, newest first")
 def list_evaluations(
     request: Request,
     principal: CurrentPrincipal,
@@ -60,7 +66,12 @@ def list_evaluations(
     return JSONResponse({"evaluations": docs})
 
 
-@router.get("/{eval_id}", responses=ERRORS, summary="One evaluation with its paired statistics")
+@router.get(
+    "/{eval_id}",
+    response_model=EvaluationDoc,
+    responses=ERRORS,
+    summary="One evaluation with its paired statistics",
+)
 def get_evaluation(
     eval_id: Annotated[str, Path(min_length=1, max_length=40)], request: Request, principal: CurrentPrincipal
 ) -> JSONResponse:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import ErrorEnvelope
+from trainyard.api.schemas import ErrorEnvelope, ModelList, ModelVersionDoc
 from trainyard.errors import InvalidInputError, NotFoundError
 from trainyard.registry.service import tenant_area
 from trainyard.services.domain import Principal
@@ -98,7 +98,13 @@ async def upload_chunk(
     return JSONResponse({"upload_id": upload_id, "file": filename, "bytes": size})
 
 
-@router.post("/import", status_code=201, responses=ERRORS, summary="Import an uploaded HF directory")
+@router.post(
+    "/import",
+    status_code=201,
+    response_model=ModelVersionDoc,
+    responses=ERRORS,
+    summary="Import an uploaded HF directory",
+)
 def import_model(body: ImportRequest, request: Request, principal: CurrentPrincipal) -> JSONResponse:
     d = _upload_dir(request, principal, body.upload_id)
     if not d.is_dir():
@@ -110,7 +116,12 @@ def import_model(body: ImportRequest, request: Request, principal: CurrentPrinci
     return JSONResponse(v.document(), status_code=201, headers={"Location": f"/v1/models/{v.id}"})
 
 
-@router.get("", responses=ERRORS, summary="List model versions (yours and the public base models)")
+@router.get(
+    "",
+    response_model=ModelList,
+    responses=ERRORS,
+    summary="List model versions (yours and the public base models)",
+)
 def list_models(
     request: Request,
     principal: CurrentPrincipal,
@@ -124,7 +135,12 @@ def list_models(
     return JSONResponse({"models": [v.document() for v in versions]})
 
 
-@router.get("/{ref}", responses=ERRORS, summary="One model version (by version or alias)")
+@router.get(
+    "/{ref}",
+    response_model=ModelVersionDoc,
+    responses=ERRORS,
+    summary="One model version (by version or alias)",
+)
 def get_model(ref: ModelRef, request: Request, principal: CurrentPrincipal) -> JSONResponse:
     return JSONResponse(_platform(request).registry.get(principal, ref).document())
 

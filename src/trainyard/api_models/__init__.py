@@ -1,0 +1,97 @@
+"""Response documents of the REST API as pydantic models.
+
+The API declares them as its response models (they define the OpenAPI document) and the Python
+client returns them, so both sides share one definition. Importing this package needs only pydantic
+and the standard library: no web framework, database or training stack.
+"""
+
+from trainyard.api_models.base import Document, ErrorBody, ErrorEnvelope
+from trainyard.api_models.data import (
+    DatasetDoc,
+    DatasetList,
+    DatasetRows,
+    DatasetSplitDoc,
+    DatasetSplits,
+    DeploymentDoc,
+    DeploymentList,
+    EvaluationDoc,
+    EvaluationList,
+    ModelList,
+    ModelVersionDoc,
+)
+from trainyard.api_models.jobs import (
+    CheckpointDoc,
+    EventDoc,
+    EventList,
+    JobDocument,
+    JobList,
+    LogChunk,
+    MetricPoint,
+    MetricsDocument,
+    PlacementDoc,
+    ResultDoc,
+    WorkerDoc,
+)
+from trainyard.api_models.platform import (
+    AcceleratorList,
+    ApiKeyCreated,
+    ApiKeyDoc,
+    ApiKeyList,
+    ApiKeyRotated,
+    CodeUploaded,
+    PoolDoc,
+    PoolList,
+    QuoteOptionDoc,
+    QuoteResponse,
+    TenantCreated,
+    TenantDoc,
+    TenantList,
+    WhoAmI,
+)
+from trainyard.enums import DatasetFormat, JobState, Market, PoolBackend
+
+__all__ = [
+    "AcceleratorList",
+    "ApiKeyCreated",
+    "ApiKeyDoc",
+    "ApiKeyList",
+    "ApiKeyRotated",
+    "CheckpointDoc",
+    "CodeUploaded",
+    "DatasetDoc",
+    "DatasetFormat",
+    "DatasetList",
+    "DatasetRows",
+    "DatasetSplitDoc",
+    "DatasetSplits",
+    "DeploymentDoc",
+    "DeploymentList",
+    "Document",
+    "ErrorBody",
+    "ErrorEnvelope",
+    "EvaluationDoc",
+    "EvaluationList",
+    "EventDoc",
+    "EventList",
+    "JobDocument",
+    "JobList",
+    "JobState",
+    "LogChunk",
+    "Market",
+    "MetricPoint",
+    "MetricsDocument",
+    "ModelList",
+    "ModelVersionDoc",
+    "PlacementDoc",
+    "PoolBackend",
+    "PoolDoc",
+    "PoolList",
+    "QuoteOptionDoc",
+    "QuoteResponse",
+    "ResultDoc",
+    "TenantCreated",
+    "TenantDoc",
+    "TenantList",
+    "WhoAmI",
+    "WorkerDoc",
+]

@@ -1,0 +1,98 @@
+"""Documents of datasets (DESIGN §3.7), model versions and evaluations (§3.8), deployments (§3.9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from trainyard.api_models.base import Document
+from trainyard.enums import DatasetFormat
+
+
+class DatasetSplitDoc(Document):
+    rows: int
+    sha256: str
+    bytes: int | None = None
+    tokens: int | None = None
+
+
+class DatasetSplits(Document):
+    train: DatasetSplitDoc
+    eval: DatasetSplitDoc
+
+
+class DatasetDoc(Document):
+    id: str = Field(examples=["ds://support-chats@3"])
+    name: str
+    version: int
+    sha256: str
+    format: DatasetFormat
+    rows: int
+    bytes: int
+    duplicates_removed: int
+    splits: DatasetSplits
+    derived_from: str | None = None
+    created_at: str | None = None
+
+
+class DatasetList(Document):
+    datasets: list[DatasetDoc]
+
+
+class DatasetRows(Document):
+    id: str
+    split: str
+    offset: int
+    rows: list[dict[str, Any]]
+    next_offset: int | None = Field(None, description="Pass as `offset` for the next page; null at the end.")
+    total: int | None = None
+
+
+class ModelVersionDoc(Document):
+    id: str = Field(examples=["tiny@2"])
+    name: str
+    version: int
+    sha256: str | None = None
+    base: str | None = None
+    source_job: str | None = None
+    datasets: list[str] = Field(default_factory=list)
+    adapter: bool = False
+    aliases: list[str] = Field(default_factory=list)
+    created_at: str | None = None
+
+
+class ModelList(Document):
+    models: list[ModelVersionDoc]
+
+
+class EvaluationDoc(Document):
+    id: str
+    state: str = Field(examples=["succeeded"])
+    model: str
+    baseline: str | None = None
+    dataset: str
+    split: str
+    n: int | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    guardrails: list[dict[str, Any]] = Field(default_factory=list)
+    verdict: str | None = None
+    passed: bool = False
+    examples: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class EvaluationList(Document):
+    evaluations: list[EvaluationDoc]
+
+
+class DeploymentDoc(Document):
+    name: str
+    state: str
+    model: str
+    routes: list[dict[str, Any]]
+    replicas: int
+    url: str
+
+
+class DeploymentList(Document):
+    deployments: list[DeploymentDoc]
