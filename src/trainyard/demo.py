@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trainyard.api_models import JobDocument
 from trainyard.catalog.pools import load_pools
 from trainyard.cli.quote_cmd import print_quote
 from trainyard.client.client import TERMINAL_STATES, TrainyardClient
@@ -259,7 +260,7 @@ class DemoServer:
         return self.proc.returncode
 
 
-def _state_line(doc: dict[str, Any]) -> str:
+def _state_line(doc: JobDocument) -> str:
     reason = f" ({doc['reason']})" if doc.get("reason") else ""
     return f"{doc['state']}{reason}"
 
@@ -273,7 +274,7 @@ def _follow(
     preempt_at_step: int | None,
     notice_s: float,
     timeout_s: float,
-) -> dict[str, Any]:
+) -> JobDocument:
     """A progress bar fed by the job's heartbeats; state changes printed above it; one preemption."""
     seen_events = 0
     preempted_sent = False
@@ -445,7 +446,7 @@ def run_platform(out: Console, settings: Settings, *, steps: int = DEMO_STEPS) -
     return code
 
 
-def _summary(out: Console, doc: dict[str, Any], events: list[dict[str, Any]], url: str, home: Path) -> None:
+def _summary(out: Console, doc: JobDocument, events: list[Any], url: str, home: Path) -> None:
     job_id = doc["id"]
     out.print(f"\n[bold]{job_id}[/] finished: [bold]{doc['state']}[/] after {doc.get('attempt')} attempts.")
     preempts = [e for e in events if e["kind"] == "preempted"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from trainyard.api_models import DatasetDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import (
     WIDE_OPTION_HELP,
@@ -38,7 +39,7 @@ def upload_file(
     max_tokens: int | None = None,
     derived_from: str | None = None,
     show_progress: bool = True,
-) -> dict[str, Any]:
+) -> DatasetDoc:
     """Upload one local file (with a progress bar on stderr for large files); also used by `submit`."""
     if not path.is_file():
         raise InvalidInputError(
@@ -90,7 +91,7 @@ def upload_file(
         return doc
 
 
-def _summary(doc: dict[str, Any]) -> None:
+def _summary(doc: DatasetDoc) -> None:
     sp = doc.get("splits") or {}
     tr, ev = sp.get("train") or {}, sp.get("eval") or {}
     console.print(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -188,7 +188,7 @@ def reproduce_job(job_id: str, idempotency_key: str | None) -> Call[M.JobDocumen
 
 # ---- quotes, pools, catalog, code ----------------------------------------------------------------
 def quote(
-    spec_doc: dict[str, Any], pools: list[Mapping[str, Any]] | None, include_catalog: bool
+    spec_doc: dict[str, Any], pools: Sequence[Mapping[str, Any]] | None, include_catalog: bool
 ) -> Call[M.QuoteResponse]:
     body: dict[str, Any] = {"spec": spec_doc, "include_catalog": include_catalog}
     if pools is not None:
@@ -475,7 +475,7 @@ def list_deployments() -> Call[M.DeploymentList]:
 
 
 def set_traffic(
-    name: str, routes: list[Mapping[str, Any]], canary: Mapping[str, Any] | None
+    name: str, routes: Sequence[Mapping[str, Any]], canary: Mapping[str, Any] | None
 ) -> Call[M.DeploymentDoc]:
     body: dict[str, Any] = {"routes": [dict(r) for r in routes]}
     if canary is not None:

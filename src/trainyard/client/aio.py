@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -250,7 +250,7 @@ class AsyncTrainyardClient:
         self,
         spec: SpecLike,
         *,
-        pools: list[Mapping[str, Any]] | None = None,
+        pools: Sequence[Mapping[str, Any]] | None = None,
         include_catalog: bool = True,
     ) -> M.QuoteResponse:
         doc, _ = C.spec_document(spec)
@@ -500,7 +500,7 @@ class AsyncTrainyardClient:
         return await self._do(C.list_deployments())
 
     async def set_traffic(
-        self, name: str, routes: list[Mapping[str, Any]], *, canary: Mapping[str, Any] | None = None
+        self, name: str, routes: Sequence[Mapping[str, Any]], *, canary: Mapping[str, Any] | None = None
     ) -> M.DeploymentDoc:
         """Routes ``[{model, weight, shadow?, canary?}]``; ``canary`` holds the rollback thresholds."""
         return await self._do(C.set_traffic(name, routes, canary))

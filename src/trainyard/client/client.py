@@ -11,7 +11,7 @@ Submissions always carry an Idempotency-Key, so a retried submission cannot crea
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -248,7 +248,7 @@ class TrainyardClient:
         self,
         spec: SpecLike,
         *,
-        pools: list[Mapping[str, Any]] | None = None,
+        pools: Sequence[Mapping[str, Any]] | None = None,
         include_catalog: bool = True,
     ) -> M.QuoteResponse:
         doc, _ = C.spec_document(spec)
@@ -495,7 +495,7 @@ class TrainyardClient:
         return self._do(C.list_deployments())
 
     def set_traffic(
-        self, name: str, routes: list[Mapping[str, Any]], *, canary: Mapping[str, Any] | None = None
+        self, name: str, routes: Sequence[Mapping[str, Any]], *, canary: Mapping[str, Any] | None = None
     ) -> M.DeploymentDoc:
         """Routes ``[{model, weight, shadow?, canary?}]``; ``canary`` holds the rollback thresholds."""
         return self._do(C.set_traffic(name, routes, canary))
