@@ -10,6 +10,11 @@ STAMP := $(VENV)/.installed
 SKY_VENV := .venv-skypilot
 SKY_STAMP := $(SKY_VENV)/.installed
 SKYPILOT := skypilot==0.14.1
+# openapi-python-client (the generated-client smoke test) needs an older typer than trainyard's CLI, so it
+# also gets an environment of its own (tests/e2e/test_openapi_client.py).
+OAPI_VENV := .venv-openapi
+OAPI_STAMP := $(OAPI_VENV)/.installed
+OPENAPI_CLIENT := openapi-python-client==0.29.1
 
 .PHONY: run test lint format bench clean sandbox browser prometheus
 
@@ -24,6 +29,12 @@ $(SKY_STAMP):
 	@echo "installing $(SKYPILOT) into $(SKY_VENV) for the export schema tests (first run only)..."
 	@$(SKY_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(SKYPILOT)'
 	@touch $(SKY_STAMP)
+
+$(OAPI_STAMP):
+	@test -x $(OAPI_VENV)/bin/python || $(PYTHON) -m venv $(OAPI_VENV)
+	@echo "installing $(OPENAPI_CLIENT) into $(OAPI_VENV) for the generated-client test (first run only)..."
+	@$(OAPI_VENV)/bin/python -m pip install -q --disable-pip-version-check '$(OPENAPI_CLIENT)'
+	@touch $(OAPI_STAMP)
 
 # workers run inside bubblewrap (DESIGN §3.6); installed here when missing (Debian/Ubuntu, as root)
 sandbox:
@@ -47,7 +58,7 @@ prometheus:
 run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-test: $(STAMP) $(SKY_STAMP) sandbox browser prometheus
+test: $(STAMP) $(SKY_STAMP) $(OAPI_STAMP) sandbox browser prometheus
 	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -63,4 +74,4 @@ bench: $(STAMP) sandbox
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(SKY_VENV) $(OAPI_VENV) build dist src/*.egg-info

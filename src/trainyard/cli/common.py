@@ -96,7 +96,6 @@ def print_error(exc: TrainyardError) -> None:
 
 
 def _escape(text: str) -> str:
-    from rich.markup import escape
 
     return escape(text)
 

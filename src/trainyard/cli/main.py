@@ -381,6 +381,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(130) from None
     except SystemExit:
         raise
+    except ModuleNotFoundError as exc:  # a command that needs an install extra that is not installed
+        from trainyard.cli.common import fail
+        from trainyard.errors import TrainyardError
+        from trainyard.extras import missing_extra
+
+        extra: TrainyardError | None = missing_extra(exc)
+        if extra is None:
+            if os.environ.get("TRAINYARD_DEBUG"):
+                raise
+            extra = TrainyardError(f"unexpected {type(exc).__name__}: {exc}")
+        fail(extra, as_json=_json_flag(args))
     except Exception as exc:  # a bug: say so in one line, keep the traceback for TRAINYARD_DEBUG
         if os.environ.get("TRAINYARD_DEBUG"):
             raise
