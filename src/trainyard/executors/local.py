@@ -50,7 +50,15 @@ from trainyard.executors.base import (
     signal_group,
     wait_for_terminal,
 )
-from trainyard.executors.sandbox import Mounts, Sandbox, job_env, local_path, scrubbed_env, unpack_code
+from trainyard.executors.sandbox import (
+    Mounts,
+    Sandbox,
+    job_env,
+    local_path,
+    scrubbed_env,
+    stage_inputs,
+    unpack_code,
+)
 from trainyard.runtime.events import EventTail
 from trainyard.runtime.worker import exit_file_name
 
@@ -331,6 +339,8 @@ class LocalExecutor:
             if req.world_size > 1:
                 env_extra.setdefault("MASTER_ADDR", "127.0.0.1")
                 env_extra["MASTER_PORT"] = str(free_port())
+            if self.sandbox is not None:
+                stage_inputs(env_extra, run_dir / f"inputs-a{req.attempt}", self.sandbox)
             doc = launch_request_to_dict(req)
             doc["env"] = env_extra if self.sandbox is None else job_env(env_extra)
             tmp = run_dir / (launch_file_name(req.attempt) + ".tmp")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import site
@@ -52,6 +53,7 @@ JOB_ENV = (
     "TRAINYARD_CHECKPOINT_EVERY_STEPS",
     "TRAINYARD_PRECISION",
     "TRAINYARD_DATASET_PATH",
+    "TRAINYARD_DATASET_MANIFEST",
     "TRAINYARD_BASE_MODEL_PATH",
     "TRAINYARD_CHECKPOINT_COMMIT_DELAY_S",
     "TRAINYARD_CHECKPOINT_INTERVAL_S",
@@ -276,6 +278,39 @@ class Sandbox:
         if self.privileged:
             os.chown(path, self.uid, self.gid)
         os.chmod(path, 0o600)
+
+
+def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
+    """Copy what a worker reads from the server's storage (a registered base model's weights, the
+    splits of a registered dataset) into ``inputs`` under its run directory, readable by the sandbox
+    uid, and point ``env`` at the copies. The server's files stay 0600 in 0700 directories (DESIGN
+    §3.6), which the unprivileged sandbox uid cannot read even where they are mounted; the copies are
+    the worker's alone and are checked against their sha256 when read."""
+    inputs.mkdir(exist_ok=True)
+    sandbox.share_dir(inputs)
+
+    def copy(src: Path, dst: Path) -> Path:
+        shutil.copyfile(src, dst)
+        sandbox.give_read(dst)
+        return dst
+
+    base = env.get("TRAINYARD_BASE_MODEL_PATH")
+    base_dir = local_path(base) if base else None
+    if base_dir is not None and base_dir.is_dir():
+        staged = inputs / "base-model"
+        staged.mkdir(exist_ok=True)
+        sandbox.share_dir(staged)
+        for f in sorted(p for p in base_dir.iterdir() if p.is_file()):
+            copy(f, staged / f.name)
+        env["TRAINYARD_BASE_MODEL_PATH"] = str(staged)
+    raw = env.get("TRAINYARD_DATASET_MANIFEST")
+    if raw:
+        manifest = json.loads(raw)
+        for name, split in (manifest.get("splits") or {}).items():
+            src = local_path(str(split.get("url") or ""))
+            if src is not None and src.is_file():
+                split["url"] = copy(src, inputs / f"dataset-{name}.jsonl").as_uri()
+        env["TRAINYARD_DATASET_MANIFEST"] = json.dumps(manifest, sort_keys=True)
 
 
 def unpack_code(code_url: str) -> Path:
