@@ -96,6 +96,7 @@ def print_error(exc: TrainyardError) -> None:
 
 
 def _escape(text: str) -> str:
+    from rich.markup import escape
 
     return escape(text)
 
