@@ -66,6 +66,7 @@ def test_examples_run_on_the_local_cpu_pool(server: ServerProcess) -> None:
             done = c.wait(job.id, timeout_s=900, poll_s=0.5)
             assert done.state == JobState.SUCCEEDED, (name, done.reason)
             assert done.result is not None and done.result.model_version
+            assert "registry_error" not in done.result.to_dict(), (name, done.result)
             version = c.get_model(done.result.model_version)
             assert version.base == "cpu-base@1", name
             assert _training_seconds(c, job.id) < RUN_LIMIT_S, name
@@ -79,3 +80,8 @@ def test_examples_run_on_the_local_cpu_pool(server: ServerProcess) -> None:
         ds = c.get_dataset(dataset)
         assert ds.rows == 60 and ds.splits.eval.rows > 0
         assert dataset in versions["cpu-dataset-finetune.yaml"].datasets
+        # a fine-tune on a dataset with an eval split is evaluated against its base automatically
+        assert data_job.result is not None
+        auto = data_job.result.to_dict().get("evaluation")
+        assert auto and auto["baseline"] == "cpu-base@1", data_job.result
+        assert c.get_evaluation(auto["id"]).model == versions["cpu-dataset-finetune.yaml"].id

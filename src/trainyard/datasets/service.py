@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from trainyard.datasets.formats import SCHEMA_VERSION
 from trainyard.datasets.ingest import DEFAULT_MAX_BYTES, IngestOptions, ingest
@@ -316,19 +317,26 @@ class DatasetService:
             return f"ds://{row.name}@{row.version}" if row is not None else None
 
     # ---- reads ---------------------------------------------------------------------------------
-    def resolve(self, tenant: str | Principal, ref: str) -> DatasetVersion:
+    def resolve(self, tenant: str | Principal, ref: str, *, session: Session | None = None) -> DatasetVersion:
         """The version ``ref`` (``ds://NAME@V``, ``ds://NAME`` = latest) of tenant ``tenant`` (a tenant id
-        or a Principal). Another tenant's version is as unknown as a missing one."""
+        or a Principal). Another tenant's version is as unknown as a missing one. ``session``: read in
+        that (open) session instead of a new one, e.g. inside a write transaction on SQLite, where a
+        second connection would wait for the first one's lock."""
         tenant_id = tenant.tenant_id if isinstance(tenant, Principal) else tenant
         name, version = parse_ref(ref)
+        q = select(DatasetVersionRow).where(
+            DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.name == name
+        )
+        if version is None:
+            q = q.order_by(DatasetVersionRow.version.desc()).limit(1)
+        else:
+            q = q.where(DatasetVersionRow.version == version)
+        if session is not None:
+            row = session.scalar(q)
+            if row is None:
+                raise UnknownDatasetError(f"no dataset version {ref!r}")
+            return _version(row)
         with self.db.session() as s:
-            q = select(DatasetVersionRow).where(
-                DatasetVersionRow.tenant_id == tenant_id, DatasetVersionRow.name == name
-            )
-            if version is None:
-                q = q.order_by(DatasetVersionRow.version.desc()).limit(1)
-            else:
-                q = q.where(DatasetVersionRow.version == version)
             row = s.scalar(q)
             if row is None:
                 raise UnknownDatasetError(f"no dataset version {ref!r}")

@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ class Platform:
     def __init__(self, settings: Settings, options: PlatformOptions | None = None) -> None:
         self.settings = settings
         self.options = options or PlatformOptions()
+        # the write transaction a callback of this thread runs in (see _on_job_succeeded): reads it makes
+        # go through that session, as a second SQLite connection would wait for the first one's lock
+        self._open_session: ContextVar[Session | None] = ContextVar("trainyard_open_session", default=None)
         self.home = Path(settings.home)
         self.db = Database(settings.resolved_database_url)
         clock = self.options.clock
@@ -221,7 +225,7 @@ class Platform:
         def resolve(tenant_id: str, tenant_name: str, dataset: str, split: str) -> tuple[Path, str | None]:
             if not dataset.startswith("ds://"):
                 return files(tenant_id, tenant_name, dataset, split)
-            v = self.datasets.resolve(tenant_id, dataset)
+            v = self.datasets.resolve(tenant_id, dataset, session=self._open_session.get())
             side = v.split(split)
             if side.url.startswith("file://"):
                 return Path(side.url[len("file://") :]), v.format
@@ -247,6 +251,13 @@ class Platform:
     def _on_job_succeeded(self, s: Session, job: Job, result: dict[str, Any]) -> dict[str, Any]:
         """A finished evaluation job gets its comparison; a finished training job registers its model
         version and, when its dataset has an eval split, an evaluation against its base."""
+        token = self._open_session.set(s)
+        try:
+            return self._finish_job(s, job, result)
+        finally:
+            self._open_session.reset(token)
+
+    def _finish_job(self, s: Session, job: Job, result: dict[str, Any]) -> dict[str, Any]:
         if self.evaluations.is_evaluation_job(job):
             return self.evaluations.finish(s, job)
         version = self.registry.register_job_output(s, job, result)
