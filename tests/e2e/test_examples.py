@@ -76,9 +76,9 @@ def test_examples_run_on_the_local_cpu_pool(server: ServerProcess) -> None:
         assert not versions["cpu-full-finetune.yaml"].adapter
         data_job = c.get_job(jobs["cpu-dataset-finetune.yaml"].id)
         dataset = (data_job.spec or {})["workload"]["dataset"]
-        assert dataset.startswith("ds://unit-conversions@"), dataset
+        assert dataset.startswith("ds://arithmetic@"), dataset
         ds = c.get_dataset(dataset)
-        assert ds.rows == 60 and ds.splits.eval.rows > 0
+        assert ds.rows == 80 and ds.splits.eval.rows > 0
         assert dataset in versions["cpu-dataset-finetune.yaml"].datasets
         # a fine-tune on a dataset with an eval split is evaluated against its base automatically
         assert data_job.result is not None

@@ -122,10 +122,12 @@ class AsyncTrainyardClient:
     ) -> M.JobDocument:
         """Submit a job: a :class:`~trainyard.spec.JobSpec`, its document, or a spec file path.
 
-        A ``workload.dataset`` naming a local file (relative paths are taken from the spec file's
-        directory) is uploaded as a dataset version first and the job names that version."""
+        For a spec file, a ``workload.dataset`` naming a local file (relative paths are taken from the
+        spec file's directory) is uploaded as a dataset version first and the job names that version,
+        as ``trainyard jobs submit`` does; a JobSpec or a dict is sent as it is (a path in it must lie
+        under one of the tenant's storage roots on the server)."""
         doc, spec_dir = C.spec_document(spec)
-        local = C.local_dataset(doc, spec_dir) if upload_dataset else None
+        local = C.local_dataset(doc, spec_dir) if upload_dataset and spec_dir is not None else None
         if local is not None:
             uploaded = await self.upload_dataset(local, name=C.dataset_name_for(local))
             doc["workload"] = {**doc["workload"], "dataset": uploaded.id}
