@@ -46,6 +46,7 @@ TABLES |= {  # serving
     "serving_shadow_pairs",
 }
 TABLES |= {"dataset_versions", "run_records"}
+TABLES |= {"job_metrics", "webhooks", "webhook_secrets", "alerts"}  # telemetry and alert delivery
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -64,6 +65,14 @@ def test_upgrade_from_empty_then_idempotent(db: Database) -> None:
     assert current_revision(db.engine) == HEAD_REVISION
     db.upgrade()  # every start runs it again
     assert current_revision(db.engine) == HEAD_REVISION
+
+
+def test_the_migrations_have_one_head_and_it_is_the_declared_one(db: Database) -> None:
+    from alembic.script import ScriptDirectory
+
+    from trainyard.store.db import alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config(db.engine)).get_heads() == [HEAD_REVISION]
 
 
 def test_downgrade_to_empty_and_back(db: Database) -> None:

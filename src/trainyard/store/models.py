@@ -121,6 +121,7 @@ class StepTimeMeasurementRow(Base):
     measured_at_s: Mapped[float] = mapped_column(Float)
 
 
+from trainyard.store import alert_models as _alert_models  # noqa: E402,F401  (registers the tables)
 from trainyard.store import datasets_models as _datasets_models  # noqa: E402,F401  (registers tables)
 from trainyard.store import governance_models as _governance_models  # noqa: E402,F401  (tables on Base)
 from trainyard.store import registry_models as _registry_models  # noqa: E402,F401  (registers the tables)
