@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import httpx
 import openai
 import pytest
 from tests.controlplane_support import ROOT, ServerProcess
+from tests.otlp_receiver import OtlpReceiver
 from tests.tiny_models import (
     BROKEN_CHAT_TEMPLATE,
     build_lora_adapter,
@@ -50,7 +52,16 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[ServerProcess]:
+def otlp() -> Iterator[OtlpReceiver]:
+    """The server's traces go to this receiver (OTLP/HTTP on 127.0.0.1)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path], otlp: OtlpReceiver
+) -> Iterator[ServerProcess]:
     home = tmp_path_factory.mktemp("serving-home")
     storage = home / "storage"
     place_model_version(storage, "default", "tiny", 1, models["base"])
@@ -59,7 +70,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) ->
     place_model_version(storage, "default", "tiny-b", 1, models["b"], base="tiny@1")
     place_model_version(storage, "default", "tiny2", 1, models["broken"])
     set_alias(storage, "default", "tiny-a", "production", 1)
-    srv = ServerProcess(home).start(timeout_s=READY_TIMEOUT_S)
+    srv = ServerProcess(home)
+    srv.env.pop("TRAINYARD_TRACE_EXPORTER", None)
+    srv.env.update(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+    )
+    srv.start(timeout_s=READY_TIMEOUT_S)
     try:
         yield srv
     finally:
@@ -195,6 +215,38 @@ def test_chat_completion_and_streaming(
     assert rec["tenant"] == "default" and rec["model_version"] == "tiny@1" and rec["adapter"] is None
     assert rec["prompt_tokens"] == 5 and rec["completion_tokens"] == 6 and rec["route"] == "primary"
     assert rec["tags"] == {"team": "search", "experiment": "e1"} and rec["latency_s"] > 0
+
+
+def test_inference_spans_follow_the_genai_conventions_and_metrics_count_them(
+    oai: openai.OpenAI, deployed: dict[str, Any], server: ServerProcess, otlp: OtlpReceiver
+) -> None:
+    r = oai.chat.completions.create(model="fb", messages=PROMPT, max_tokens=4, temperature=0, seed=3)
+    assert r.usage is not None
+    (span,) = otlp.wait_for("chat fb", timeout_s=30)
+    a = span.attributes
+    assert span.kind == 3  # CLIENT
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "trainyard"
+    assert a["gen_ai.request.model"] == "fb" and a["gen_ai.response.model"] == "tiny-b@1"
+    assert a["gen_ai.request.max_tokens"] == 4 and a["gen_ai.request.temperature"] == 0
+    assert a["gen_ai.request.seed"] == 3 and a["gen_ai.response.id"] == r.id
+    assert a["gen_ai.usage.input_tokens"] == r.usage.prompt_tokens
+    assert a["gen_ai.usage.output_tokens"] == r.usage.completion_tokens
+    assert a["gen_ai.response.finish_reasons"] == [r.choices[0].finish_reason]
+    assert not any("content" in k or "prompt" in k for k in a)  # no prompt or completion text
+    (request,) = [s for s in otlp.named("POST /openai/v1/chat/completions") if s.trace_id == span.trace_id]
+    assert span.parent_span_id == request.span_id
+    forwarded = [s for s in otlp.spans if s.parent_span_id == span.span_id]
+    assert forwarded and forwarded[0].attributes.get("http.request.method") == "POST"  # httpx, to the replica
+
+    text = httpx.get(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=30
+    ).text
+    labels = 'tenant="default",deployment="fb",model_version="tiny-b@1"'
+    assert re.search(
+        rf'trainyard_inference_requests_total\{{{labels},code="200",route="primary"\}} [1-9]', text
+    )
+    assert re.search(rf"trainyard_inference_request_duration_seconds_count\{{{labels}\}} [1-9]", text)
+    assert re.search(rf'trainyard_inference_tokens_total\{{{labels},kind="completion"\}} [1-9]', text)
 
 
 def test_text_completion_stop_and_stream(oai: openai.OpenAI, deployed: dict[str, Any]) -> None:

@@ -149,7 +149,6 @@ def test_a_job_is_one_trace_from_submission_through_its_workers_to_completion(en
     spans = {s.name: s for s in buf.spans() if s.context.trace_id == trace_id}
     expected = {
         "POST /v1/jobs",
-        "job.submit",
         "job.admit",
         "job.place",
         "job.attempt",
@@ -162,8 +161,8 @@ def test_a_job_is_one_trace_from_submission_through_its_workers_to_completion(en
     }
     assert expected <= set(spans), sorted(spans)
     assert not buf.spans("forged")
-    submit, attempt = spans["job.submit"], spans["job.attempt"]
-    assert submit.parent.span_id == http.context.span_id
+    submit, attempt = http, spans["job.attempt"]  # the request's span is the job's root
+    assert "job.submit" not in spans and http.attributes["trainyard.job_id"] == jid
     for child in ("job.admit", "job.place", "job.attempt", "job.complete"):
         assert spans[child].parent.span_id == submit.context.span_id, child
     assert spans["executor.launch"].parent.span_id == attempt.context.span_id
@@ -288,3 +287,15 @@ def test_a_sandboxed_workers_spans_reach_an_otlp_receiver_in_the_jobs_trace(
             provider = getattr(locals().get("app"), "state", None)
             if provider is not None and provider.tracer_provider is not None:
                 provider.tracer_provider.shutdown()
+
+
+def test_a_job_submitted_outside_a_request_gets_a_job_submit_root(env: Env) -> None:
+    buf = env.app.state.trace_buffer
+    principal = env.p.tenants.authenticate(env.h["Authorization"].split()[1])
+    job = env.p._submit_internal(principal, tiny_spec("internal"))
+    (root,) = buf.spans("job.submit")
+    assert root.parent is None and root.attributes["trainyard.job_id"] == job.id
+    env.p.tick()
+    (admit,) = [s for s in buf.spans("job.admit") if s.attributes["trainyard.job_id"] == job.id]
+    assert admit.context.trace_id == root.context.trace_id
+    assert admit.parent.span_id == root.context.span_id

@@ -1,7 +1,8 @@
 """One trace per job, and the control-loop wrappers that feed it.
 
-A job's trace starts at submission: ``job.submit`` (a child of the ``POST /v1/jobs`` request span, or a
-root) stores its ``traceparent`` in the job's first event. Every later span of the job is a child of it:
+A job's trace starts at submission: the ``POST /v1/jobs`` request span (or, for a job submitted outside
+a request, a ``job.submit`` span of its own) is its root, and its ``traceparent`` is kept in the job's
+first event. Every later span of the job is a child of it:
 
 - ``job.admit`` (submission → admitted or rejected), ``job.place`` (queued → placed, with the pool),
   ``job.checkpoint`` (one per committed checkpoint, as long as the save took) and ``job.complete``
@@ -298,6 +299,12 @@ class JobTelemetry:
             return
         # a state change
         src, dst, reason = data.get("from"), data.get("to"), str(data.get("reason") or "")
+        if src is None and dst == "pending":  # the submission: its context, without a query later
+            with self._lock:
+                self._contexts[job_id] = (context_from_traceparent(data.get("traceparent")), time_s)
+                while len(self._contexts) > CONTEXT_CACHE:
+                    self._contexts.popitem(last=False)
+            return
         if dst == "queued":
             live.queued_at_s = time_s
         if src in ACTIVE and dst != "running":

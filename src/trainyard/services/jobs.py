@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from opentelemetry import trace
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -154,9 +155,15 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Store a new job in ``pending``; returns (job, created). A repeated Idempotency-Key with the same
         spec returns the first job; with a different spec it is a conflict. With a tracer, the submission
-        is the ``job.submit`` span, the root of the job's trace (its context is kept in the first event)."""
+        is the root of the job's trace (its context is kept in the first event): the request's span when
+        one is recording (``POST /v1/jobs``), else a ``job.submit`` span of its own."""
         if self.tracer is None:
             return self._submit(principal, spec, idempotency_key)
+        current = trace.get_current_span()
+        if current.is_recording():
+            job, created = self._submit(principal, spec, idempotency_key)
+            current.set_attribute("trainyard.job_id", job.id)
+            return job, created
         with self.tracer.start_as_current_span(
             "job.submit", attributes={"trainyard.tenant": principal.tenant_name}
         ) as span:

@@ -1,0 +1,240 @@
+"""Overhead of tracing and metrics on submission throughput, side by side in one run.
+
+The same load as bench_api.py (8 concurrent keep-alive clients POSTing job specs to a real `trainyard up`
+on SQLite, control loop on, executor none) against three configurations, interleaved round by round so
+that the machine's background load hits each alike:
+
+- ``off``: tracing off (``OTEL_SDK_DISABLED=true``), nobody scrapes ``/metrics``;
+- ``tracing``: spans exported over OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp``) to a receiver on 127.0.0.1;
+- ``metrics``: tracing off, ``/metrics`` scraped every ``SCRAPE_EVERY_S`` as Prometheus would;
+- ``both``: tracing and scraping;
+- ``both_10pct``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1.
+
+Every request is traced (the default sampler): the SERVER span, ``job.submit`` and the database
+statements. Reports submissions/s and the server's CPU time per request for each, and the ratios to
+``off`` (the issue's target: at most 5 % fewer submissions per second).
+
+Usage:  python benchmarks/bench_observability.py [--requests N] [--clients 8] [--rounds 3]
+Writes: benchmarks/results/bench_observability.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench_api import LOOP_INTERVAL_S, _load, _process_cpu_s, free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "bench_observability.json"
+# name -> (tracing: none | memory | otlp, /metrics scraped)
+CONFIGS: dict[str, tuple[str, bool]] = {
+    "off": ("none", False),
+    "metrics": ("none", True),
+    "tracing": ("otlp", False),
+    "both": ("otlp", True),
+    "both_10pct": ("otlp-10%", True),
+}
+SCRAPE_EVERY_S = 5.0
+
+
+class Receiver:
+    """Accepts OTLP/HTTP exports (answers 200, counts bytes); the server's exporter does the work."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                outer.bytes += len(self.rfile.read(n))
+                outer.requests += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+class Scraper:
+    """GETs /metrics every SCRAPE_EVERY_S with the admin key, as a Prometheus server would."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+        self.stop = threading.Event()
+        self.scrapes = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as c:
+            while not self.stop.wait(SCRAPE_EVERY_S):
+                r = c.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.key}"})
+                if r.status_code == 200:
+                    self.scrapes += 1
+
+
+def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "TRAINYARD_HOME": str(home),
+        "TRAINYARD_DATABASE_URL": f"sqlite:///{home / 'trainyard.db'}",
+    }
+    for var in (
+        "TRAINYARD_API_KEY",
+        "TRAINYARD_TRACE_EXPORTER",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_TRACES_SAMPLER_ARG",
+    ):
+        env.pop(var, None)
+    tracing, _ = CONFIGS[config]
+    if tracing == "none":
+        env["OTEL_SDK_DISABLED"] = "true"
+    else:
+        env["OTEL_TRACES_EXPORTER"] = "otlp"
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        if tracing.endswith("-10%"):
+            env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+            env["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainyard.cli.main",
+        "server",
+        "up",
+        "--port",
+        str(port),
+        "--executor",
+        "none",
+        "--loop-interval-s",
+        str(LOOP_INTERVAL_S),
+    ]
+    log = (home / "server.log").open("ab")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(f"http://127.0.0.1:{port}", proc)
+    return proc, port
+
+
+def measure(config: str, home: Path, receiver: Receiver, clients: int, requests: int) -> dict[str, Any]:
+    proc, port = start_server(config, home, receiver)
+    scraper = None
+    try:
+        key = (home / "api_key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}"}
+        asyncio.run(_load(port, "/v1/jobs", headers, clients, max(1, 200 // clients)))  # warm-up
+        if CONFIGS[config][1]:
+            scraper = Scraper(f"http://127.0.0.1:{port}", key)
+            scraper.thread.start()
+        cpu0 = _process_cpu_s(proc.pid)
+        res = asyncio.run(_load(port, "/v1/jobs", headers, clients, max(1, requests // clients)))
+        cpu1 = _process_cpu_s(proc.pid)
+        if cpu0 is not None and cpu1 is not None:
+            res["server_cpu_ms_per_request"] = round((cpu1 - cpu0) * 1000 / max(1, res["requests"]), 3)
+        res["scrapes"] = scraper.scrapes if scraper is not None else 0
+        res["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        return res
+    finally:
+        if scraper is not None:
+            scraper.stop.set()
+            scraper.thread.join(5)
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1600)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset (off is always run)")
+    args = ap.parse_args()
+    chosen = ["off", *[c for c in args.configs.split(",") if c in CONFIGS and c != "off"]]
+    receiver = Receiver()
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in chosen}
+    with tempfile.TemporaryDirectory(prefix="bench-obs-") as tmp:
+        for r in range(args.rounds):
+            order = chosen if r % 2 == 0 else list(reversed(chosen))
+            for config in order:
+                home = Path(tmp) / f"{config}-{r}"
+                home.mkdir()
+                res = measure(config, home, receiver, args.clients, args.requests)
+                runs[config].append(res)
+                print(
+                    f"round {r + 1} {config:>6}: {res['submissions_per_s']:8.1f} submissions/s  "
+                    f"p50 {res['p50_ms']:6.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
+                    f"cpu {res.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/request  "
+                    f"errors {res['errors']}  load {res['load_avg_1m']}",
+                    flush=True,
+                )
+    summary: dict[str, Any] = {}
+    for config, rs in runs.items():
+        summary[config] = {
+            "submissions_per_s_median": statistics.median(x["submissions_per_s"] for x in rs),
+            "server_cpu_ms_per_request_median": statistics.median(
+                x.get("server_cpu_ms_per_request", 0.0) for x in rs
+            ),
+            "p99_ms_median": statistics.median(x["p99_ms"] for x in rs),
+        }
+    base = summary["off"]
+    for config in chosen:
+        s = summary[config]
+        s["throughput_ratio_to_off"] = round(
+            s["submissions_per_s_median"] / base["submissions_per_s_median"], 3
+        )
+        s["cpu_ratio_to_off"] = round(
+            s["server_cpu_ms_per_request_median"] / max(1e-9, base["server_cpu_ms_per_request_median"]), 3
+        )
+    doc = {
+        "benchmark": "observability overhead on submissions (SQLite, executor none)",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "clients": args.clients,
+        "requests_per_round": args.requests,
+        "rounds": args.rounds,
+        "scrape_every_s": SCRAPE_EVERY_S,
+        "otlp_exports_received": receiver.requests,
+        "otlp_bytes_received": receiver.bytes,
+        "summary": summary,
+        "runs": runs,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+    for config in chosen:
+        s = summary[config]
+        print(
+            f"{config:>10}: {s['submissions_per_s_median']:8.1f} submissions/s "
+            f"(x{s['throughput_ratio_to_off']}), "
+            f"{s['server_cpu_ms_per_request_median']:.3f} ms CPU/request (x{s['cpu_ratio_to_off']})"
+        )
+    print(f"OTLP exports received: {receiver.requests} ({receiver.bytes} bytes)")
+
+
+if __name__ == "__main__":
+    main()
