@@ -32,11 +32,6 @@ class PlatformSnapshot:
     pool_devices: list[dict[str, Any]]  # {pool, accelerator, market, total, available, in_use, price}
 
 
-def _budget(spec: dict[str, Any]) -> float | None:
-    b = (spec.get("objective") or {}).get("budget_usd")
-    return float(b) if isinstance(b, int | float) else None
-
-
 @dataclass(frozen=True)
 class _OpenJob:
     id: str
@@ -63,7 +58,8 @@ def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
         JobRow.progress,
         JobRow.attempt_started_at_s,
         JobRow.cost_usd,
-        JobRow.spec,
+        # only the budget, extracted in the database: open jobs' specs are not loaded on every scrape
+        JobRow.spec[("objective", "budget_usd")].as_float().label("budget_usd"),
     ).where(JobRow.state.in_(OPEN_STATES))
     if tenant_id is not None:
         q = q.where(JobRow.tenant_id == tenant_id)
@@ -79,7 +75,7 @@ def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
             progress=dict(r.progress or {}),
             attempt_started_at_s=r.attempt_started_at_s,
             cost_usd=float(r.cost_usd or 0.0),
-            budget_usd=_budget(r.spec or {}),
+            budget_usd=float(r.budget_usd) if r.budget_usd is not None else None,
         )
         for r in s.execute(q)
     ]
