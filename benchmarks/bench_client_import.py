@@ -4,8 +4,9 @@ Each sample is a fresh interpreter that times one import with ``time.perf_counte
 interpreter's own start-up is not counted), so nothing is cached in the process; the median of
 ``--runs`` samples is reported. Alongside, as reference points on the same machine and load: the two
 libraries the client is built on (``httpx``, ``pydantic``; together they are the floor), the job spec
-(``trainyard.spec``) and a first typed document (import, then parse a job document, which builds the
-models' schemas on first use).
+(``trainyard.spec``), a first typed document (import, then parse a job document, which builds the
+models' schemas on first use) and a first client (``TrainyardClient()``, which imports httpx: the
+client imports it on first use, not at import).
 
 Usage:  python benchmarks/bench_client_import.py [--runs 15]
 Writes: benchmarks/results/bench_client_import.json
@@ -42,6 +43,10 @@ CASES: dict[str, str] = {
     "trainyard.client": "import trainyard.client",
     "trainyard.spec": "import trainyard.spec",
     "trainyard.client + first document": "import trainyard.client\n" + FIRST_DOCUMENT,
+    # httpx is imported when the first client is made: this is the cost before the first request
+    "trainyard.client + TrainyardClient()": (
+        "import trainyard.client\ntrainyard.client.TrainyardClient('http://127.0.0.1:9', 'k').close()"
+    ),
 }
 HEAVY = ("torch", "fastapi", "sqlalchemy", "ray", "transformers", "uvicorn")
 

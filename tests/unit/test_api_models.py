@@ -84,3 +84,7 @@ def test_importing_the_models_and_the_client_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+    # httpx (most of the client's import time) comes with the first client, asyncio with the async one
+    lazy = "import sys, trainyard.client\nprint(sorted({'httpx', 'asyncio'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote as _quote
 
-import httpx
-
 from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client._core import Call, Upload
@@ -30,7 +28,7 @@ T = TypeVar("T")
 D = TypeVar("D", bound=M.Document)
 
 UPLOAD_CHUNK_BYTES = 768 * 1024  # model files: below the API's body limit
-_STREAMING = httpx.Timeout(30.0, read=None, write=None)
+_STREAMING = (30.0, None, None, 30.0)  # httpx (connect, read, write, pool): a stream may take long
 
 
 def _seg(value: str, safe: str = "") -> str:
@@ -159,7 +157,7 @@ def job_logs(
         f"/v1/jobs/{_seg(job_id)}/logs",
         _doc(M.LogChunk),
         params=params,
-        timeout=httpx.Timeout(30.0 + wait_s),
+        timeout=30.0 + wait_s,
     )
 
 

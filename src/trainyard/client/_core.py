@@ -7,15 +7,17 @@ httpx.AsyncClient) and sleep (time or asyncio), so both behave the same by const
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trainyard import errors as E
+
+if TYPE_CHECKING:
+    import httpx
 
 T = TypeVar("T")
 
@@ -62,14 +64,20 @@ _BY_STATUS: dict[int, type[E.TrainyardError]] = {
     503: E.ServiceUnavailableError,
 }
 
-#: Errors of the transport (no HTTP answer); see :func:`may_retry`.
-TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
-)
+
+@functools.cache
+def transport_errors() -> tuple[type[Exception], ...]:
+    """Errors of the transport (no HTTP answer); see :func:`may_retry`. httpx is imported on a client's
+    first use, not when ``trainyard.client`` is (it is most of the import time)."""
+    import httpx
+
+    return (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.RemoteProtocolError,
+        httpx.ReadError,
+        httpx.WriteError,
+    )
 
 
 def resolve_api_key(explicit: str | None = None, home: str | Path | None = None) -> str | None:
@@ -123,7 +131,7 @@ class Call(Generic[T]):
     content: bytes | None = None
     upload: Upload | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
-    timeout: httpx.Timeout | None = None
+    timeout: float | tuple[float | None, float | None, float | None, float | None] | None = None
 
     def request_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` (the body of an :class:`Upload` aside)."""
@@ -149,6 +157,8 @@ class Call(Generic[T]):
 def may_retry(exc: Exception, call: Call[Any], attempt: int, retries: int) -> bool:
     """Refused/unreachable: nothing was sent, always safe to retry. A connection dropped after sending
     is retried only when resending cannot act twice; a streamed upload is never resent."""
+    import httpx
+
     sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
     return attempt < retries and (not sent or (call.resendable and call.upload is None))
 

@@ -11,13 +11,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client import _calls as C
 from trainyard.client._core import (
-    TRANSPORT_ERRORS,
     Call,
     default_headers,
     may_retry,
@@ -25,11 +22,14 @@ from trainyard.client._core import (
     read_response,
     resolve_api_key,
     resolve_url,
+    transport_errors,
     unreachable,
 )
 from trainyard.client.progress import JobProgress, Watcher
 
 if TYPE_CHECKING:
+    import httpx
+
     from trainyard.client._calls import SpecLike
 
 T = TypeVar("T")
@@ -60,6 +60,8 @@ class AsyncTrainyardClient:
         self.api_key = resolve_api_key(api_key)
         self.retries = retries
         self.backoff_s = backoff_s
+        import httpx
+
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=default_headers(self.api_key), timeout=timeout_s, transport=transport
         )
@@ -83,7 +85,7 @@ class AsyncTrainyardClient:
                 kwargs["content"] = _achunks(call.upload.path, call.upload.chunk_bytes, call.upload.progress)
             try:
                 resp = await self._http.request(call.method, call.path, **kwargs)
-            except TRANSPORT_ERRORS as exc:
+            except transport_errors() as exc:
                 if not may_retry(exc, call, attempt, self.retries):
                     raise unreachable(self.url, exc) from None
                 await asyncio.sleep(delay)
@@ -109,7 +111,7 @@ class AsyncTrainyardClient:
             try:
                 resp = await self._http.request(method, path, headers=headers, **kwargs)
                 break
-            except TRANSPORT_ERRORS as exc:
+            except transport_errors() as exc:
                 if not may_retry(exc, call, attempt, self.retries):
                     raise unreachable(self.url, exc) from None
                 await asyncio.sleep(delay)

@@ -15,13 +15,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
-
 from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client import _calls as C
 from trainyard.client._core import (
-    TRANSPORT_ERRORS,
     Call,
     default_headers,
     may_retry,
@@ -29,12 +26,15 @@ from trainyard.client._core import (
     read_response,
     resolve_api_key,
     resolve_url,
+    transport_errors,
     unreachable,
 )
 from trainyard.client.progress import JobProgress, Watcher
 from trainyard.enums import TERMINAL_JOB_STATES
 
 if TYPE_CHECKING:
+    import httpx
+
     from trainyard.client._calls import SpecLike
 
 T = TypeVar("T")
@@ -68,6 +68,8 @@ class TrainyardClient:
         self.api_key = resolve_api_key(api_key)
         self.retries = retries
         self.backoff_s = backoff_s
+        import httpx
+
         self._http = httpx.Client(
             base_url=self.url, headers=default_headers(self.api_key), timeout=timeout_s, transport=transport
         )
@@ -91,7 +93,7 @@ class TrainyardClient:
                 kwargs["content"] = _chunks(call.upload.path, call.upload.chunk_bytes, call.upload.progress)
             try:
                 resp = self._http.request(call.method, call.path, **kwargs)
-            except TRANSPORT_ERRORS as exc:
+            except transport_errors() as exc:
                 if not may_retry(exc, call, attempt, self.retries):
                     raise unreachable(self.url, exc) from None
                 time.sleep(delay)
@@ -115,7 +117,7 @@ class TrainyardClient:
             try:
                 resp = self._http.request(method, path, headers=headers, **kwargs)
                 break
-            except TRANSPORT_ERRORS as exc:
+            except transport_errors() as exc:
                 if not may_retry(exc, call, attempt, self.retries):
                     raise unreachable(self.url, exc) from None
                 time.sleep(delay)
