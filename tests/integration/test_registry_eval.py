@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,10 +23,11 @@ from trainyard import errors as E
 from trainyard.api.app import create_app
 from trainyard.client.client import TrainyardClient
 from trainyard.executors.local import LocalExecutor
+from trainyard.executors.sandbox import Sandbox
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
-from trainyard.store.repositories import TenantRepo
+from trainyard.store.repositories import JobRepo, TenantRepo
 
 
 class Live:
@@ -53,7 +55,9 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     home = tmp_path_factory.mktemp("registry")
-    executor = LocalExecutor(heartbeat_timeout_s=120.0)
+    # workers in the bubblewrap sandbox, as `trainyard up` runs them: fine-tunes read a registered base
+    # and evaluations read both models and the split through staged copies
+    executor = LocalExecutor(heartbeat_timeout_s=120.0, sandbox=Sandbox(), warm_start=False)
     platform = Platform.open(
         Settings(home=home),
         PlatformOptions(
@@ -249,6 +253,16 @@ def test_evaluation_gate_and_alias_history(live: Live, world: dict[str, Any]) ->
     # the evaluation job was placed and billed like any job
     job = c.get_job(better["job_id"])
     assert job["state"] == "succeeded" and job["cost_usd"] > 0
+    # its sandboxed worker was told where its own tenant's request is, and a job of another tenant
+    # naming this evaluation in its tags is told nothing
+    with live.p.db.session() as s:
+        row = JobRepo(s).get(better["job_id"])
+        assert row is not None
+        tenant_id, spec = row.tenant_id, row.spec
+    evaluations = live.p.evaluations
+    env = evaluations.launch_env(SimpleNamespace(spec=spec, tenant_id=tenant_id))
+    assert Path(env["TRAINYARD_EVAL_REQUEST"]).is_file()
+    assert evaluations.launch_env(SimpleNamespace(spec=spec, tenant_id="tnt-someone-else")) == {}
     assert c.get_model("copy@1")["evaluation"]["id"] == better["id"]
     assert c.get_job(world["full"]["id"])["result"]["evaluation"]["id"] == better["id"]
 

@@ -9,6 +9,7 @@ plane computes the paired statistics when the job succeeds.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainyard.evaluation.evaluator import evaluate_pair, read_rows
 
     session = ty.init()
-    req_path = Path(args[0])
+    # a sandboxed worker reads the staged copy of the request (TRAINYARD_EVAL_REQUEST, set by staging)
+    req_path = Path(os.environ.get("TRAINYARD_EVAL_REQUEST") or args[0])
     req = json.loads(req_path.read_text())
     rows = read_rows(req["split_path"], limit=req.get("max_examples"))
     total = 2 * len(rows)
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         max_new_tokens=int(req.get("max_new_tokens", 32)),
         progress=progress,
     )
-    out = req_path.parent / "results.json"
+    out = Path(req["results_path"]) if req.get("results_path") else req_path.parent / "results.json"
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res))
     tmp.replace(out)

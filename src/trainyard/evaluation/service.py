@@ -40,6 +40,7 @@ from trainyard.store.repositories import JobRepo, TenantRepo
 log = structlog.get_logger("trainyard.evaluation")
 
 EVAL_TAG = "trainyard.evaluation"
+EVAL_RESULTS_FILE = "eval-results.json"
 MAX_EXAMPLES_SHOWN = 5
 DEFAULT_MAX_EXAMPLES = 2000
 SplitResolver = Callable[[str, str, str, str], tuple[Path, str | None]]
@@ -273,9 +274,35 @@ class EvaluationService:
             row.state = "running"
             row.doc = {**row.doc, "format": fmt, "n_requested": len(rows), "out_dir": str(out_dir)}
 
-    # ---- completion ----------------------------------------------------------------------------------
+    # ---- launch and completion -----------------------------------------------------------------------
     def is_evaluation_job(self, job: Any) -> str | None:
         return ((job.spec or {}).get("tags") or {}).get(EVAL_TAG)
+
+    def launch_env(self, job: Any) -> dict[str, str]:
+        """Where the evaluation job's request is (``TRAINYARD_EVAL_REQUEST``): a sandboxed worker gets
+        copies of what it names (both models' weights, the split) staged into its run directory, since
+        the server's files are not readable there. Only the job's own tenant's evaluation is named."""
+        eval_id = self.is_evaluation_job(job)
+        if not eval_id:
+            return {}
+        with self.db.session() as s:
+            mine = (EvaluationRow.id == eval_id, EvaluationRow.tenant_id == job.tenant_id)
+            if s.scalars(select(EvaluationRow.id).where(*mine)).first() is None:
+                return {}
+            tenant = TenantRepo(s).by_id(job.tenant_id)
+        if tenant is None:
+            return {}
+        out_dir = tenant_area(self.registry.root, tenant.name, "evaluations") / eval_id  # as create wrote it
+        return {"TRAINYARD_EVAL_REQUEST": str(out_dir / "request.json")}
+
+    @staticmethod
+    def results_path(out_dir: Path, job: Any) -> Path:
+        """``results.json`` beside the request (an unsandboxed worker), else the staged copy's output in
+        the job's run directory (``outputs-a<attempt>/eval-results.json``)."""
+        beside = out_dir / "results.json"
+        if beside.is_file() or not getattr(job, "run_dir", None):
+            return beside
+        return Path(job.run_dir) / f"outputs-a{job.attempt}" / EVAL_RESULTS_FILE
 
     def finish(self, s: Session, job: Any) -> dict[str, Any]:
         """The evaluation job succeeded: compute the comparison and store it (inside the supervisor's
@@ -284,7 +311,10 @@ class EvaluationService:
         if row is None:
             return {}
         out_dir = Path(row.doc["out_dir"])
-        res = json.loads((out_dir / "results.json").read_text())
+        found = self.results_path(out_dir, job)
+        res = json.loads(found.read_text())
+        if found != out_dir / "results.json":  # kept with the evaluation, beside its request
+            (out_dir / "results.json").write_text(json.dumps(res))
         price = float((job.placement.price_usd_per_device_hour if job.placement else 0.0) or 0.0)
         doc = self.document_from_results(row, res, price)
         row.doc = {**row.doc, **doc}

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,7 @@ JOB_ENV = (
     "TRAINYARD_BASE_MODEL_PATH",
     "TRAINYARD_CHECKPOINT_COMMIT_DELAY_S",
     "TRAINYARD_CHECKPOINT_INTERVAL_S",
+    "TRAINYARD_EVAL_REQUEST",  # an evaluation job's request (the staged copy inside the sandbox)
     "TRAINYARD_TRACEPARENT",  # the attempt's W3C trace context (also as TRACEPARENT): worker spans join it
 )
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "DATABASE", "DSN")
@@ -303,6 +304,10 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
         for f in sorted(p for p in base_dir.iterdir() if p.is_file()):
             copy(f, staged / f.name)
         env["TRAINYARD_BASE_MODEL_PATH"] = str(staged)
+    request = env.get("TRAINYARD_EVAL_REQUEST")
+    request_file = local_path(request) if request else None
+    if request_file is not None and request_file.is_file():
+        env["TRAINYARD_EVAL_REQUEST"] = str(stage_evaluation(request_file, inputs, sandbox, copy))
     raw = env.get("TRAINYARD_DATASET_MANIFEST")
     if raw:
         manifest = json.loads(raw)
@@ -311,6 +316,32 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
             if src is not None and src.is_file():
                 split["url"] = copy(src, inputs / f"dataset-{name}.jsonl").as_uri()
         env["TRAINYARD_DATASET_MANIFEST"] = json.dumps(manifest, sort_keys=True)
+
+
+def stage_evaluation(
+    request_file: Path, inputs: Path, sandbox: Sandbox, copy: Callable[[Path, Path], Path]
+) -> Path:
+    """An evaluation job's inputs (both models' weights, the split) copied under ``inputs``, a request
+    naming the copies, and a directory the worker owns for its results (``outputs-a<attempt>`` beside
+    ``inputs``, where the control plane reads them)."""
+    req = json.loads(request_file.read_text())
+    for key, name in (("model_dir", "eval-model"), ("baseline_dir", "eval-baseline")):
+        src = Path(req[key])
+        staged = inputs / name
+        staged.mkdir(exist_ok=True)
+        sandbox.share_dir(staged)
+        for f in sorted(p for p in src.iterdir() if p.is_file()):
+            copy(f, staged / f.name)
+        req[key] = str(staged)
+    req["split_path"] = str(copy(Path(req["split_path"]), inputs / "eval-split.jsonl"))
+    outputs = inputs.with_name(inputs.name.replace("inputs-", "outputs-", 1))
+    outputs.mkdir(exist_ok=True)
+    sandbox.own(outputs)
+    req["results_path"] = str(outputs / "eval-results.json")
+    staged_request = inputs / "eval-request.json"
+    staged_request.write_text(json.dumps(req, indent=1))
+    sandbox.give_read(staged_request)
+    return staged_request
 
 
 def unpack_code(code_url: str) -> Path:

@@ -212,7 +212,12 @@ class Platform:
             principal.tenant_id, spec
         )
         if self.supervisor is not None:
-            self.supervisor.launch_env = self.registry.launch_env
+            registry_env, evaluation_env = self.registry.launch_env, self.evaluations.launch_env
+
+            def launch_env(job: Job) -> dict[str, str]:  # a registered base model; an evaluation's request
+                return {**registry_env(job), **evaluation_env(job)}
+
+            self.supervisor.launch_env = launch_env
             self.supervisor.on_job_succeeded = self._on_job_succeeded
 
     def _split_resolver(self) -> Any:
