@@ -160,8 +160,8 @@ def test_start_up_imports_no_heavy_module(args: list[str], tmp_path: Any) -> Non
     assert loaded == "LOADED ", (args, loaded)
     if args == ["jobs", "list"]:  # no server there: one line, exit 8
         assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr
-    if args in (["--version"], ["status"], ["--help"]):
-        # nor pydantic's validators: options read by every command are taken as typed
+    if args in (["--version"], ["status"], ["--help"], ["jobs", "list"]):
+        # nor pydantic's validators: strings, numbers and flags are coerced without them
         light = subprocess.run(
             [sys.executable, "-c", PROBE % (("typer._adapters",),), *args],
             env=env,
@@ -171,3 +171,34 @@ def test_start_up_imports_no_heavy_module(args: list[str], tmp_path: Any) -> Non
             timeout=120,
         )
         assert "LOADED \n" in light.stderr, light.stderr
+
+
+def test_light_coercion_matches_typers_own() -> None:
+    """Strings, numbers and flags coerced without pydantic give Typer's results and messages."""
+    from typer._coercion import build_runtime_param
+
+    from trainyard.cli.coercion import light_runtime_param
+
+    checked = 0
+    for path, command in LEAVES:
+        for param in command.params:
+            light = light_runtime_param(param.type_descriptor)
+            if light is None:
+                continue
+            typer_own = build_runtime_param(param.type_descriptor)
+            samples: list[Any] = [param.default, None]
+            if not (param.multiple or param.nargs == -1):
+                samples += ["7", "0", "-3", "2.5", "x", "1e3", "600"] if param.type_descriptor.annotation in (
+                    int, float, str) else []  # fmt: skip
+            else:
+                samples += [("a", "b"), ("3",)]
+            for value in samples:
+                outcomes = []
+                for runtime in (light, typer_own):
+                    try:
+                        outcomes.append(("ok", runtime.coerce(value, param=param, ctx=CTX)))
+                    except Exception as exc:  # the message is what a user sees
+                        outcomes.append(("error", getattr(exc, "message", str(exc))))
+                assert outcomes[0] == outcomes[1], (path, param.name, value, outcomes)
+            checked += 1
+    assert checked > 100

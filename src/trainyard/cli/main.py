@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from trainyard import __version__
 
@@ -106,11 +106,24 @@ def _light_help_option(command: Any) -> None:
         option.__class__ = _TextOption
 
 
+def _light_coercion(command: Any) -> None:
+    """Plain strings, numbers (with their min/max) and flags are coerced without pydantic, with the
+    same results and messages; anything else (paths, choices, files, parsers, clamping) keeps Typer's."""
+    from trainyard.cli.coercion import light_runtime_param
+
+    for param in command.params:
+        if isinstance(param, TyperOption | TyperArgument) and param._runtime_param is None:
+            light = light_runtime_param(param.type_descriptor)
+            if light is not None:
+                param._runtime_param = light
+
+
 def _plain_help(command: Any) -> Any:
     """Plain help text everywhere (option names are never cut, whatever the width), and -h."""
     if isinstance(command, TyperCommand | TyperGroup):
         command.rich_markup_mode = None
         _light_help_option(command)
+        _light_coercion(command)
     if getattr(command, "context_settings", None) is not None:
         command.context_settings = {**CONTEXT_SETTINGS, **command.context_settings}
     for sub in getattr(command, "commands", {}).values():
@@ -272,6 +285,7 @@ class RootGroup(LazyGroup):
             if param.name == "url" and type(param) is TyperOption:
                 param.__class__ = _TextOption
         _light_help_option(self)
+        _light_coercion(self)
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in GROUPS:
