@@ -1,6 +1,6 @@
 """Observability: Prometheus metrics (HTTP ones live in the API middleware; jobs, pools, budgets, the
 training series of running jobs, the control loop and serving here), OpenTelemetry traces (one per job,
-carried into the workers; OpenTelemetry's own FastAPI, SQLAlchemy and httpx instrumentation), structured
+carried into the workers; OpenTelemetry's own ASGI, SQLAlchemy and httpx instrumentation), structured
 logs (``observability.logging``) and alert rules (``observability.alerts`` for the built-in evaluation,
 ``observability.rules`` for Prometheus).
 

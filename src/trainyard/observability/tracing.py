@@ -1,5 +1,5 @@
 """OpenTelemetry tracing: the tracer provider, its exporters and sampler, and OpenTelemetry's own
-instrumentation of the API (FastAPI), the database (SQLAlchemy) and outgoing HTTP (httpx).
+instrumentation of the API (ASGI), the database (SQLAlchemy) and outgoing HTTP (httpx).
 
 Configuration (read once when the app is built): ``TRAINYARD_TRACE_EXPORTER`` (``memory`` | ``console``
 | ``otlp`` | ``none``) wins when set; otherwise the standard ``OTEL_TRACES_EXPORTER`` (a comma list of
@@ -92,7 +92,9 @@ class ObservabilitySettings(BaseSettings):
     )
     otel_fastapi_excluded_urls: str | None = Field(
         None,
-        validation_alias=AliasChoices("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS"),
+        validation_alias=AliasChoices(
+            "OTEL_PYTHON_ASGI_EXCLUDED_URLS", "OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS"
+        ),
     )
 
     def exporters(self) -> list[str]:
