@@ -133,6 +133,13 @@ def test_a_job_is_one_trace_from_submission_through_its_workers_to_completion(en
     assert running[("trainyard_job_step_time_seconds", labels)] == 0.5
     assert running[("trainyard_job_device_memory_bytes", labels)] == 0.5 * 2**30
     assert running[("trainyard_job_checkpoint_duration_seconds", labels)] == 1.5
+    from trainyard.catalog.accelerators import get_accelerator
+    from trainyard.predict.workload import training_flops_per_step
+    from trainyard.spec.loader import spec_from_dict
+
+    flops = training_flops_per_step(spec_from_dict(req.spec))
+    peak = get_accelerator(req.accelerator or "cpu").peak_flops("fp32") * req.world_size
+    assert running[("trainyard_job_mfu_ratio", labels)] == pytest.approx(flops / 0.5 / peak)
     assert running[("trainyard_job_preemptions_total", labels)] == 0
     assert ("trainyard_job_cost_usd_total", labels) in running
     assert running[("trainyard_checkpoint_duration_seconds_count", ())] == 1

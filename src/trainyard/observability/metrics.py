@@ -184,6 +184,39 @@ class PlatformCollector(Collector):
         self.thresholds = thresholds or AlertThresholds()
         self.telemetry = telemetry  # JobTelemetry: checkpoint durations and failures per open job
         self.max_job_series = max_job_series
+        # job id -> (model FLOPs per step, peak FLOP/s of its placement) or None when unknown: for MFU
+        self._mfu_basis: dict[str, tuple[float, float] | None] = {}
+
+    def _mfu_bases(self, job_ids: list[str]) -> dict[str, tuple[float, float] | None]:
+        """Model FLOPs per step and the placement's dense peak FLOP/s of each job (computed once a job)."""
+        missing = [j for j in job_ids if j not in self._mfu_basis]
+        if missing:
+            from sqlalchemy import select
+
+            from trainyard.catalog.accelerators import get_accelerator
+            from trainyard.predict.workload import compute_dtype, training_flops_per_step
+            from trainyard.spec.loader import spec_from_dict
+            from trainyard.store.models import JobRow
+
+            with self.platform.db.session() as s:
+                rows = s.execute(
+                    select(JobRow.id, JobRow.spec, JobRow.placement).where(JobRow.id.in_(missing))
+                ).all()
+            for r in rows:
+                basis = None
+                try:
+                    spec = spec_from_dict(r.spec)
+                    place = r.placement or {}
+                    peak = get_accelerator(str(place["accelerator"])).peak_flops(
+                        compute_dtype(spec.workload.precision)
+                    ) * int(place["devices"])
+                    basis = (training_flops_per_step(spec), peak) if peak > 0 else None
+                except Exception:  # a custom model without a shape, an unknown accelerator: no MFU
+                    basis = None
+                self._mfu_basis[r.id] = basis
+            while len(self._mfu_basis) > 4 * self.max_job_series + 1000:
+                self._mfu_basis.pop(next(iter(self._mfu_basis)))
+        return {j: self._mfu_basis.get(j) for j in job_ids}
 
     def describe(self) -> list[Any]:
         return []  # collected lazily; nothing is read at registration time
@@ -275,9 +308,15 @@ class PlatformCollector(Collector):
         restarts = counter("trainyard_job_restarts", "Restarts after failures of a running job so far")
         spent = counter("trainyard_job_cost_usd", "Dollars a running job has cost so far, all attempts")
         budget = gauge("trainyard_job_budget_usd", "The job's own budget (objective.budget_usd)")
+        bases = (
+            self._mfu_bases([j.job_id for j in kept if (j.progress or {}).get("mfu") is None]) if kept else {}
+        )
         for j in kept:
             key = [j.job_id, j.tenant_name]
-            p = j.progress or {}
+            p = dict(j.progress or {})
+            basis, step_s = bases.get(j.job_id), _num(p.get("step_time_s"))
+            if p.get("mfu") is None and basis is not None and step_s:
+                p["mfu"] = basis[0] / step_s / basis[1]  # achieved over peak dense FLOP/s
             if j.last_report_age_s is not None:
                 age.add_metric(key, j.last_report_age_s)
             for fam, field, scale in (
