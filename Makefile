@@ -16,7 +16,7 @@ OAPI_VENV := .venv-openapi
 OAPI_STAMP := $(OAPI_VENV)/.installed
 OPENAPI_CLIENT := openapi-python-client==0.29.1
 
-.PHONY: run test lint format bench clean sandbox browser prometheus
+.PHONY: run test lint format bench clean sandbox browser prometheus mutation mutation-fast
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,3 +75,20 @@ bench: $(STAMP) sandbox
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) $(OAPI_VENV) build dist src/*.egg-info
+
+# Mutation testing (docs/testing.md): mutmut over the modules where a bug costs money or crosses a wall
+# ([tool.mutmut] in pyproject.toml), then the score per module (benchmarks/mutation_score.py). The full
+# run takes hours on 2 cores; `mutation-fast` mutates only the listed modules a change touched
+# (against BASE, default origin/main or main) and reuses earlier results.
+MUTATE_BASE ?= $(shell git rev-parse -q --verify origin/main >/dev/null && echo origin/main || echo main)
+mutation: $(STAMP)
+	@rm -rf mutants
+	@HYPOTHESIS_PROFILE=mutation PYTHONPATH= $(VENV)/bin/mutmut run --max-children 2
+	@$(PY) benchmarks/mutation_score.py
+
+mutation-fast: $(STAMP)
+	@changed=$$(git diff --name-only $(MUTATE_BASE) -- src/trainyard | $(PY) benchmarks/mutation_score.py --globs-for-changed); \
+	if [ -z "$$changed" ]; then echo "no mutated module changed since $(MUTATE_BASE)"; exit 0; fi; \
+	echo "mutating: $$changed"; \
+	HYPOTHESIS_PROFILE=mutation PYTHONPATH= $(VENV)/bin/mutmut run --max-children 2 $$changed && \
+	$(PY) benchmarks/mutation_score.py

@@ -217,10 +217,10 @@ def usd_per_effective_step(price_usd_per_hour: float, step_time_s: float, overhe
 
 def poisson_quantile(mean: float, q: float) -> int:
     """Smallest k with P(N ≤ k) ≥ q for N ~ Poisson(mean) (normal approximation for large means)."""
-    if mean <= 0:
-        return 0
     if not 0.0 < q < 1.0:
         raise ValueError("q must be in (0, 1)")
+    if mean <= 0:
+        return 0
     if mean > 500:
         from statistics import NormalDist
 
