@@ -9,6 +9,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+MAX_LISTED_ERRORS = 50  # a message names every validation error up to this many (details has them all)
+
+
+def list_errors(errors: list[dict[str, Any]]) -> str:
+    """Every validation error in one message: ``field: message; field: message`` (the first 50, and how
+    many there are beyond; ``details.errors`` always holds the whole list)."""
+    head = errors[:MAX_LISTED_ERRORS]
+    shown = [f"{e.get('field', '(input)')}: {e.get('message', 'invalid')}" for e in head]
+    text = "; ".join(shown) or "invalid input"
+    if len(errors) > MAX_LISTED_ERRORS:
+        text += f"; {len(errors) - MAX_LISTED_ERRORS} further errors are in details.errors"
+    return text
+
 
 class TrainyardError(Exception):
     """Base of every error trainyard raises on purpose."""

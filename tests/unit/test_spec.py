@@ -186,3 +186,24 @@ def test_transformer_without_seq_len_names_the_field(arch: str) -> None:
 def test_custom_tokens_count_samples_without_seq_len() -> None:
     doc = {**CUSTOM, "workload": {"global_batch": 100, "tokens": 1_000}}
     assert spec_from_dict(doc).total_steps == 10
+
+
+def test_every_validation_error_is_named_in_the_message() -> None:
+    """The one-line message names every error (CLI, API and dashboard show it), not the first and a count."""
+    from trainyard.errors import MAX_LISTED_ERRORS, SpecError, list_errors
+
+    bad = {
+        "name": "t",
+        "model": {"architecture": "decoder", "n_layers": -1, "d_model": 0, "n_heads": 4},
+        "workload": {"seq_len": 0, "global_batch": 8, "steps": -5},
+    }
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(bad)
+    errors = info.value.details["errors"]
+    assert len(errors) >= 4
+    for e in errors:
+        assert f"{e['field']}: {e['message']}" in info.value.message
+    assert "more)" not in info.value.message
+    many = [{"field": f"f{i}", "message": "bad"} for i in range(MAX_LISTED_ERRORS + 3)]
+    text = list_errors(many)
+    assert text.count("bad") == MAX_LISTED_ERRORS and text.endswith("3 further errors are in details.errors")

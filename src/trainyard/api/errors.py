@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainyard.errors import RateLimitedError, TrainyardError
+from trainyard.errors import RateLimitedError, TrainyardError, list_errors
 
 log = structlog.get_logger("trainyard.api")
 
@@ -114,13 +114,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = validation_errors(exc)
-        first = errors[0] if errors else {"field": "(body)", "message": "invalid"}
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        errors = validation_errors(exc) or [{"field": "(body)", "message": "invalid"}]
         return envelope(
             422,
             "invalid_input",
-            f"{first['field']}: {first['message']}{more}",
+            list_errors(errors),
             "Fix the field named above; /openapi.json describes every request body.",
             {"errors": errors},
         )

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainyard.catalog.names import ACCELERATOR_NAMES, normalize_accelerator_name
-from trainyard.errors import PoolsFileError, SpecError
+from trainyard.errors import PoolsFileError, SpecError, list_errors
 from trainyard.spec.models import Market
 
 
@@ -89,11 +89,7 @@ def pools_from_dict(data: Any, source: str = "pools") -> list[Pool]:
         return PoolsFile.model_validate(data).pools
     except ValidationError as exc:
         errors = describe_validation_error(exc)
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise PoolsFileError(
-            f"{source}: {first['field']}: {first['message']}{more}", details={"errors": errors}
-        ) from None
+        raise PoolsFileError(f"{source}: {list_errors(errors)}", details={"errors": errors}) from None
 
 
 def load_pools(path: str | Path) -> list[Pool]:

@@ -100,7 +100,11 @@ def resolve_api_key(explicit: str | None = None, home: str | Path | None = None)
 
 
 def resolve_url(explicit: str | None = None) -> str:
-    return (explicit or os.environ.get("TRAINYARD_URL") or DEFAULT_URL).rstrip("/")
+    """``url``, else ``TRAINYARD_URL``, else the live ``trainyard up`` of ``$TRAINYARD_HOME``
+    (``server.json``), else the default — the order the CLI uses."""
+    from trainyard.serverfile import resolve_url as resolve
+
+    return resolve(explicit)[0]
 
 
 def default_headers(api_key: str | None) -> dict[str, str]:

@@ -40,7 +40,8 @@ __all__ = ["AsyncTrainyardClient"]
 class AsyncTrainyardClient:
     """An asyncio client of one trainyard server; ``async with`` it or ``await close()``.
 
-    ``url`` defaults to ``TRAINYARD_URL`` (else ``http://127.0.0.1:8080``); ``api_key`` to
+    ``url`` defaults to ``TRAINYARD_URL``, else the live ``trainyard up`` of ``$TRAINYARD_HOME``
+    (``server.json``), else ``http://127.0.0.1:8080``; ``api_key`` to
     ``TRAINYARD_API_KEY`` (else ``$TRAINYARD_HOME/api_key``, written by ``trainyard up``).
     """
 

@@ -48,7 +48,8 @@ __all__ = ["TERMINAL_STATES", "TrainyardClient", "resolve_api_key"]
 class TrainyardClient:
     """A client of one trainyard server; use it as a context manager or call :meth:`close`.
 
-    ``url`` defaults to ``TRAINYARD_URL`` (else ``http://127.0.0.1:8080``); ``api_key`` to
+    ``url`` defaults to ``TRAINYARD_URL``, else the live ``trainyard up`` of ``$TRAINYARD_HOME``
+    (``server.json``), else ``http://127.0.0.1:8080``; ``api_key`` to
     ``TRAINYARD_API_KEY`` (else ``$TRAINYARD_HOME/api_key``, written by ``trainyard up``).
     """
 

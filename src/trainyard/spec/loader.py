@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from trainyard.errors import SpecError
+from trainyard.errors import SpecError, list_errors
 from trainyard.spec.models import JobSpec
 
 _NAMED = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+): (.+)$", re.DOTALL)
@@ -65,9 +65,7 @@ def spec_from_dict(data: Any, source: str = "spec") -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
         errors = describe_validation_error(exc)
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise SpecError(f"{first['field']}: {first['message']}{more}", details={"errors": errors}) from None
+        raise SpecError(list_errors(errors), details={"errors": errors}) from None
 
 
 # A job spec or pools file is a few kilobytes; anything past this is refused before parsing.
