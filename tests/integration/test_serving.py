@@ -172,7 +172,7 @@ def _reference_outputs(models: dict[str, Path]) -> dict[str, str]:
 # ---- the OpenAI-compatible API ------------------------------------------------------------------
 def test_deployment_document_matches_the_contract(tc: TrainyardClient, deployed: dict[str, Any]) -> None:
     doc = tc.get_deployment("chat")
-    assert {"name", "state", "model", "routes", "replicas", "url"} <= set(doc)
+    assert {"name", "state", "model", "routes", "replicas", "url"} <= set(doc.to_dict())
     assert doc["state"] == "ready" and doc["replicas"] == 1 and doc["model"] == "tiny@1"
     assert doc["routes"][0]["model"] == "tiny@1" and doc["routes"][0]["shadow"] is False
     assert doc["url"].endswith("/openai/v1")
