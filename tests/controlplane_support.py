@@ -65,6 +65,56 @@ def database_url(kind: str, tmp: Path) -> Iterator[str]:
         raise ValueError(kind)
 
 
+@contextmanager
+def in_process_platform(
+    settings: Any, *, heartbeat_timeout_s: float = 60.0, price_usd_per_device_hour: float | None = None
+) -> Iterator[tuple[Any, Any, dict[str, str]]]:
+    """A platform on ``settings`` with a real local executor and its control loop running, behind
+    FastAPI's TestClient (no port): yields (platform, client, admin headers); stops everything after."""
+    from fastapi.testclient import TestClient
+
+    from trainyard.api.app import create_app
+    from trainyard.executors.local import LocalExecutor
+    from trainyard.services.platform import Platform, PlatformOptions
+    from trainyard.services.scheduling import GreedyCheapestRound
+
+    executor = LocalExecutor(heartbeat_timeout_s=heartbeat_timeout_s)
+    platform = Platform.open(
+        settings,
+        PlatformOptions(
+            executor=executor,
+            schedule_round=GreedyCheapestRound(),
+            cpu_count=2,
+            with_catalog=False,
+            loop_interval_s=0.1,
+        ),
+    )
+    if price_usd_per_device_hour is not None:
+        platform.pools.update("local-cpu", {"price_usd_per_device_hour": price_usd_per_device_hour})
+    platform.start_loop()
+    client = TestClient(create_app(platform, access_log=False))
+    headers = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
+    try:
+        with client:
+            yield platform, client, headers
+    finally:
+        platform.stop_loop()
+        executor.shutdown(kill_workers=True)
+        platform.close()
+
+
+def wait_done(client: Any, headers: dict[str, str], job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Poll a job through the API until it ends; its document."""
+    deadline = time.monotonic() + timeout_s
+    doc: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        doc = client.get(f"/v1/jobs/{job_id}", headers=headers).json()
+        if doc["state"] in ("succeeded", "failed", "cancelled"):
+            return doc
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} not done in {timeout_s} s: {doc.get('state')} {doc.get('progress')}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -17,13 +17,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane_support import tiny_spec
-from trainyard.api.app import create_app
+from controlplane_support import in_process_platform, tiny_spec
 from trainyard.executors.base import ExecutorEvent
-from trainyard.executors.local import LocalExecutor
 from trainyard.observability.webhooks import SIGNATURE_HEADER, verify_signature
-from trainyard.services.platform import Platform, PlatformOptions
-from trainyard.services.scheduling import GreedyCheapestRound
+from trainyard.services.platform import Platform
 from trainyard.settings import Settings
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -75,7 +72,6 @@ class Receiver:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
     home = tmp_path_factory.mktemp("alerts")
-    executor = LocalExecutor(heartbeat_timeout_s=60.0)
     settings = Settings(
         home=home,
         webhook_allowed_networks="127.0.0.1/32",
@@ -85,25 +81,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, T
         alert_loss_min_steps=3,
         alert_scan_interval_s=0.0,
     )
-    platform = Platform.open(
-        settings,
-        PlatformOptions(
-            executor=executor,
-            schedule_round=GreedyCheapestRound(),
-            cpu_count=2,
-            with_catalog=False,
-            loop_interval_s=0.1,
-        ),
-    )
-    platform.pools.update("local-cpu", {"price_usd_per_device_hour": 36.0})
-    platform.start_loop()
-    client = TestClient(create_app(platform, access_log=False))
-    admin = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
-    with client:
-        yield platform, client, admin
-    platform.stop_loop()
-    executor.shutdown(kill_workers=True)
-    platform.close()
+    with in_process_platform(settings, price_usd_per_device_hour=36.0) as live:
+        yield live
 
 
 def tenant(c: TestClient, admin: dict[str, str], name: str) -> dict[str, str]:

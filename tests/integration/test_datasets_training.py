@@ -5,7 +5,6 @@ immutable run record, and `reproduce` reruns it to bit-identical weights on CPU.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from controlplane_support import tiny_spec
-from trainyard.api.app import create_app
-from trainyard.executors.local import LocalExecutor
-from trainyard.services.platform import Platform, PlatformOptions
-from trainyard.services.scheduling import GreedyCheapestRound
+from controlplane_support import in_process_platform, tiny_spec
+from controlplane_support import wait_done as wait_job
+from trainyard.services.platform import Platform
 from trainyard.settings import Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -28,37 +25,14 @@ SEQ_LEN = 48
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
-    home = tmp_path_factory.mktemp("ds-train")
-    executor = LocalExecutor(heartbeat_timeout_s=120.0)
-    platform = Platform.open(
-        Settings(home=home),
-        PlatformOptions(
-            executor=executor,
-            schedule_round=GreedyCheapestRound(),
-            cpu_count=2,
-            with_catalog=False,
-            loop_interval_s=0.1,
-        ),
-    )
-    platform.start_loop()
-    client = TestClient(create_app(platform, access_log=False))
-    headers = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
-    with client:
-        yield platform, client, headers
-    platform.stop_loop()
-    executor.shutdown(kill_workers=True)
-    platform.close()
+    with in_process_platform(
+        Settings(home=tmp_path_factory.mktemp("ds-train")), heartbeat_timeout_s=120.0
+    ) as live:
+        yield live
 
 
 def wait_done(client: TestClient, h: dict[str, str], job_id: str, timeout_s: float = 400.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        doc = client.get(f"/v1/jobs/{job_id}", headers=h).json()
-        if doc["state"] in ("succeeded", "failed", "cancelled"):
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"{job_id} not done in {timeout_s} s: {doc.get('state')} {doc.get('progress')}")
+    return wait_job(client, h, job_id, timeout_s)
 
 
 def test_train_on_a_registered_version_then_reproduce(live: Any, tmp_path: Path) -> None:

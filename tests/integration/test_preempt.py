@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane_support import tiny_spec
+from controlplane_support import in_process_platform, tiny_spec
 from fakes import FakeExecutor, ManualClock
-from trainyard.api.app import create_app
-from trainyard.executors.local import LocalExecutor
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
@@ -40,27 +38,9 @@ def spec(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
-    home = tmp_path_factory.mktemp("preempt")
-    executor = LocalExecutor(heartbeat_timeout_s=60.0)
-    platform = Platform.open(
-        Settings(home=home),
-        PlatformOptions(
-            executor=executor,
-            schedule_round=GreedyCheapestRound(),
-            cpu_count=2,
-            with_catalog=False,
-            loop_interval_s=0.1,
-        ),
-    )
-    platform.pools.update("local-cpu", {"price_usd_per_device_hour": 3.6})
-    platform.start_loop()
-    client = TestClient(create_app(platform, access_log=False))
-    headers = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
-    with client:
-        yield platform, client, headers
-    platform.stop_loop()
-    executor.shutdown(kill_workers=True)
-    platform.close()
+    settings = Settings(home=tmp_path_factory.mktemp("preempt"))
+    with in_process_platform(settings, price_usd_per_device_hour=3.6) as live:
+        yield live
 
 
 def wait_for(client: TestClient, h: dict[str, str], job_id: str, pred: Any, timeout_s: float = 150.0) -> dict:

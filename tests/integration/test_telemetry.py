@@ -12,11 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from controlplane_support import tiny_spec
-from trainyard.api.app import create_app
-from trainyard.executors.local import LocalExecutor
-from trainyard.services.platform import Platform, PlatformOptions
-from trainyard.services.scheduling import GreedyCheapestRound
+from controlplane_support import in_process_platform, tiny_spec, wait_done
+from trainyard.services.platform import Platform
 from trainyard.settings import Settings
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -26,37 +23,9 @@ STEPS = 30
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
-    home = tmp_path_factory.mktemp("telemetry")
-    executor = LocalExecutor(heartbeat_timeout_s=60.0)
-    platform = Platform.open(
-        Settings(home=home, metrics_max_rows_per_s=0),
-        PlatformOptions(
-            executor=executor,
-            schedule_round=GreedyCheapestRound(),
-            cpu_count=2,
-            with_catalog=False,
-            loop_interval_s=0.1,
-        ),
-    )
-    platform.start_loop()
-    client = TestClient(create_app(platform, access_log=False))
-    headers = {"Authorization": f"Bearer {platform.settings.api_key_path.read_text().strip()}"}
-    with client:
-        yield platform, client, headers
-    platform.stop_loop()
-    executor.shutdown(kill_workers=True)
-    platform.close()
-
-
-def wait_done(client: TestClient, h: dict[str, str], job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    doc: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        doc = client.get(f"/v1/jobs/{job_id}", headers=h).json()
-        if doc["state"] in ("succeeded", "failed", "cancelled"):
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"{job_id} did not finish in {timeout_s} s: {doc.get('state')}")
+    settings = Settings(home=tmp_path_factory.mktemp("telemetry"), metrics_max_rows_per_s=0)
+    with in_process_platform(settings) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
