@@ -31,21 +31,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "bench_checkpoint_io.json"
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-
-def disk_write_bandwidth(directory: Path, n_bytes: int) -> float:
-    block = os.urandom(4 * 2**20)
-    path = directory / "bw.bin"
-    t0 = time.perf_counter()
-    with open(path, "wb") as fh:
-        written = 0
-        while written < n_bytes:
-            fh.write(block)
-            written += len(block)
-        fh.flush()
-        os.fsync(fh.fileno())
-    dt = time.perf_counter() - t0
-    path.unlink()
-    return written / dt
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_runtime import disk_write_bandwidth  # noqa: E402  (the same fsync'd write ceiling)
 
 
 def plain_read_bandwidth(files: list[Path]) -> float:

@@ -3,7 +3,6 @@ cost and how long it takes; `--dry-run` for the quote and placement only, `--wai
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -13,37 +12,23 @@ import typer
 from trainyard.api_models import DatasetDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import Col, console, handle_errors, hours, market, print_json, print_table, usd
-from trainyard.errors import InvalidInputError, SpecError
+from trainyard.errors import InvalidInputError
 from trainyard.spec import load_spec
 
 
 def upload_local_dataset(spec_doc: dict[str, Any], spec_dir: Path, *, quiet: bool) -> DatasetDoc | None:
     """A ``workload.dataset`` that names a local file is uploaded as a dataset version first, and the
     spec then names that version (DESIGN §3.6): the server never reads a path a client typed. A path
-    relative to the spec file is taken from the spec's directory."""
-    workload = spec_doc.get("workload") or {}
-    ref = workload.get("dataset")
-    if not isinstance(ref, str) or ref.startswith("ds://"):
-        return None
-    if ref.startswith("file://"):
-        local = Path(ref[len("file://") :])
-    elif "://" in ref:
-        return None  # a URL: the server checks it against the tenant's storage roots
-    else:
-        local = Path(ref).expanduser()
-        if not local.is_absolute() and not local.exists():
-            local = spec_dir / local
-    if not local.is_file():
-        raise SpecError(
-            f"workload.dataset: {ref} is not a file on this machine",
-            hint="Name an existing JSONL file, or a registered version such as ds://NAME@3.",
-            details={"errors": [{"field": "workload.dataset", "message": "no such file"}]},
-        )
+    relative to the spec file is taken from the spec's directory. The same rules as the Python client's
+    (``client._calls.local_dataset``); here with a progress bar for large files."""
     from trainyard.cli.datasets_cmd import upload_file
+    from trainyard.client._calls import dataset_name_for, local_dataset
 
-    name = re.sub(r"[^a-z0-9._-]+", "-", local.stem.lower()).strip("-._")[:100] or "dataset"
-    doc = upload_file(local, name=name, show_progress=not quiet)
-    spec_doc["workload"] = {**workload, "dataset": doc["id"]}
+    local = local_dataset(spec_doc, spec_dir)
+    if local is None:
+        return None
+    doc = upload_file(local, name=dataset_name_for(local), show_progress=not quiet)
+    spec_doc["workload"] = {**(spec_doc.get("workload") or {}), "dataset": doc["id"]}
     return doc
 
 

@@ -15,13 +15,11 @@ from starlette.concurrency import run_in_threadpool
 from trainyard.errors import NotFoundError, TrainyardError
 from trainyard.web import actions, lifecycle
 from trainyard.web.rendering import (
-    FormTooLarge,
-    csrf_ok,
     current,
     error_page,
     first,
     not_found,
-    read_form,
+    posted_form,
     redirect,
     render,
     to_login,
@@ -94,15 +92,10 @@ def model_page(request: Request, ref: str, offset: str | None = None) -> Respons
 
 @router.post("/models/{ref}/promote")
 async def model_promote(request: Request, ref: str) -> Response:
-    principal = current(request)
-    if principal is None:
-        return to_login(request)
-    try:
-        form = await read_form(request)
-    except FormTooLarge:
-        return error_page(request, principal, 413, "The form is too large.")
-    if not csrf_ok(request, form):
-        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    posted = await posted_form(request)
+    if not isinstance(posted, tuple):
+        return posted
+    principal, form = posted
     alias = first(form, "alias").strip()
     evaluation = first(form, "evaluation").strip() or None
     try:
@@ -165,15 +158,10 @@ def deployment_page(request: Request, name: str) -> Response:
 
 @router.post("/deployments/{name}/traffic")
 async def deployment_traffic(request: Request, name: str) -> Response:
-    principal = current(request)
-    if principal is None:
-        return to_login(request)
-    try:
-        form = await read_form(request, max_fields=80)
-    except FormTooLarge:
-        return error_page(request, principal, 413, "The form is too large.")
-    if not csrf_ok(request, form):
-        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    posted = await posted_form(request, max_fields=80)
+    if not isinstance(posted, tuple):
+        return posted
+    principal, form = posted
     try:
         routes = lifecycle.parse_traffic_form(form)
         await run_in_threadpool(actions.set_traffic, request.app.state.platform, principal, name[:63], routes)

@@ -204,5 +204,22 @@ def csrf_ok(request: Request, form: dict[str, list[str]] | None = None) -> bool:
     return sess.csrf_ok(sent)
 
 
+async def posted_form(
+    request: Request, max_fields: int = 40
+) -> tuple[Principal, dict[str, list[str]]] | RedirectResponse | HTMLResponse:
+    """The signed-in principal and the form of an action POST, or the response that ends the request:
+    the login page, 413 for a form too large, 403 without the session's CSRF token."""
+    principal = current(request)
+    if principal is None:
+        return to_login(request)
+    try:
+        form = await read_form(request, max_fields=max_fields)
+    except FormTooLarge:
+        return error_page(request, principal, 413, "The form is too large.")
+    if not csrf_ok(request, form):
+        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    return principal, form
+
+
 def now_s(request: Request) -> float:
     return float(request.app.state.platform.options.clock())

@@ -23,6 +23,7 @@ from trainyard.web.rendering import (
     json_response,
     not_found,
     now_s,
+    posted_form,
     read_form,
     redirect,
     render,
@@ -226,15 +227,10 @@ def job_page(request: Request, job_id: str) -> Response:
 
 
 async def _job_action(request: Request, job_id: str, what: str) -> Response:
-    principal = current(request)
-    if principal is None:
-        return to_login(request)
-    try:
-        form = await read_form(request)
-    except FormTooLarge:
-        return error_page(request, principal, 413, "The form is too large.")
-    if not csrf_ok(request, form):
-        return error_page(request, principal, 403, "The form expired; reload the page and retry.")
+    posted = await posted_form(request)
+    if not isinstance(posted, tuple):
+        return posted
+    principal, _form = posted
     platform = request.app.state.platform
     from starlette.concurrency import run_in_threadpool
 
