@@ -278,3 +278,68 @@ def test_job_page_curves_come_from_step_metrics_when_the_workers_send_them(env: 
     env.p.tick()
     news = b.get(f"{live['url']}?after={live['after']}&since_step={live['since_step']}").json()
     assert news["loss"] == {"1": [[301.0, 0.01]]} and news["next_since_step"] == 301
+
+
+def test_the_gate_with_non_inferiority_guardrails_through_api_and_page(env: Env, tiny_model: Path) -> None:
+    """An A/A comparison (two imports of the same weights) with a margin on exact match: the guardrail
+    holds, the primary metric (loss) is not better, so the gate stays shut and says why — in the API
+    document, on the evaluation page and in the promotion refusal. The scores come from the real
+    evaluator run on the evaluation's own request; only the worker process is scripted."""
+    from trainyard.evaluation.evaluator import evaluate_pair, read_rows
+
+    import_versions(env, tiny_model, "tiny", 2)
+    area = Path(env.p.storage_policy.area("default", "datasets").removeprefix("file://"))
+    area.mkdir(parents=True, exist_ok=True)
+    split = area / "eval.jsonl"
+    split.write_text("".join(json.dumps(r) + "\n" for r in completion_rows(40, seed=5)))
+    body = {"model": "tiny@2", "baseline": "tiny@1", "dataset": f"file://{split}"}
+    bad = env.client().post(
+        "/v1/evaluations",
+        json={**body, "primary_metric": "bleu", "non_inferiority": {"exact_match": -0.1, "loss": 0.1}},
+        headers=env.h,
+    )
+    assert bad.status_code == 422, bad.text
+    fields = {e["field"] for e in bad.json()["error"]["details"]["errors"]}
+    assert fields == {"primary_metric", "non_inferiority.exact_match"}
+    r = env.client().post(
+        "/v1/evaluations", json={**body, "non_inferiority": {"exact_match": 0.2}}, headers=env.h
+    )
+    assert r.status_code == 201, r.text
+    doc = r.json()
+    assert doc["gate"] == {
+        "primary_metric": "loss",
+        "non_inferiority": {"exact_match": 0.2},
+        "alpha": 0.05,
+        "correction": "holm",
+    }
+    env.p.tick()  # place and launch the evaluation job
+    out_dir = Path(env.p.storage_policy.area("default", "evaluations").removeprefix("file://")) / doc["id"]
+    req = json.loads((out_dir / "request.json").read_text())
+    rows = read_rows(req["split_path"])
+    res = evaluate_pair(req["model_dir"], req["baseline_dir"], rows, fmt=req["format"], max_new_tokens=4)
+    (out_dir / "results.json").write_text(json.dumps(res))
+    env.event(doc["job_id"], "started", {"rank": 0, "pid": 4242, "host": "fakehost", "resumed_from_step": 0})
+    env.clock.now += 5
+    env.event(doc["job_id"], "succeeded", {"final_step": 2 * len(rows)})
+    env.p.tick()
+    doc = env.client().get(f"/v1/evaluations/{doc['id']}", headers=env.h).json()
+    assert doc["state"] == "succeeded", doc
+    assert doc["n"] == 40 and doc["metrics"]["loss"]["delta"] == 0.0
+    (ni,) = [g for g in doc["guardrails"] if g["kind"] == "non_inferiority"]
+    assert ni["name"] == "exact_match" and ni["test"] == "tango_score" and ni["passed"] is True
+    assert ni["threshold"] == -0.2 and ni["value"] > -0.2 and ni["p_adjusted"] < 0.05
+    assert {g["kind"] for g in doc["guardrails"]} == {"threshold", "non_inferiority"}
+    assert doc["verdict"] == "no_difference" and doc["passed"] is False
+    assert doc["reasons"][0].startswith("primary metric loss: no_difference")
+    assert any(x.startswith("exact_match: non-inferior within margin 0.2") for x in doc["reasons"])
+    page = env.browser().get(f"/evaluations/{doc['id']}")
+    assert page.status_code == 200 and 'id="reasons"' in page.text
+    assert "non-inferiority, margin 0.2" in page.text and "primary metric loss: no_difference" in page.text
+    first = {"alias": "production", "force": True, "reason": "the first production version"}
+    r = env.client().post("/v1/models/tiny@1/promote", json=first, headers=env.h)
+    assert r.status_code == 200, r.text
+    blocked = env.client().post("/v1/models/tiny@2/promote", json={"alias": "production"}, headers=env.h)
+    assert blocked.status_code == 409, blocked.text
+    err = blocked.json()["error"]
+    assert err["code"] == "promotion_blocked" and "primary metric loss: no_difference" in err["message"]
+    assert err["details"]["reasons"] == doc["reasons"]

@@ -79,6 +79,8 @@ class EvaluationDoc(Document):
     verdict: str | None = None
     passed: bool = False
     examples: list[dict[str, Any]] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    gate: dict[str, Any] | None = None
 
 
 class EvaluationList(Document):

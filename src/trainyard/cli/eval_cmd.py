@@ -7,6 +7,7 @@ import typer
 from trainyard.api_models import EvaluationDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import WIDE_OPTION_HELP, Col, console, handle_errors, print_json, print_table
+from trainyard.errors import InvalidInputError
 
 app = typer.Typer(help="Evaluate a model against a baseline (paired statistics).", no_args_is_help=True)
 
@@ -19,14 +20,36 @@ def run(
     dataset: str = typer.Option(..., "--dataset", help="ds://NAME@V (or a file:// URL in your storage)."),
     split: str = typer.Option("eval", "--split", help="Split of the dataset version."),
     max_examples: int = typer.Option(None, "--max-examples", min=1, help="Evaluate the first N rows."),
+    primary_metric: str = typer.Option(
+        None, "--primary-metric", help="Metric that must be significantly better (default: loss)."
+    ),
+    non_inferiority: list[str] = typer.Option(
+        None,
+        "--non-inferiority",
+        help="METRIC=MARGIN (repeatable): a guardrail metric that must be non-inferior within MARGIN, "
+        "in the metric's units (e.g. exact_match=0.02).",
+    ),
+    alpha: float = typer.Option(None, "--alpha", min=0.0, max=0.5, help="Significance level (default 0.05)."),
+    correction: str = typer.Option(
+        None, "--correction", help="Correction across guardrails: holm (default) or none."
+    ),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the result."),
     timeout_s: float = typer.Option(3600.0, "--timeout-s", help="Give up waiting after this long."),
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation document as JSON."),
 ) -> None:
     """Run an evaluation as a job; the result carries the verdict and the gate."""
+    margins = _margins(non_inferiority or [])
     with client() as c:
         doc = c.run_evaluation(
-            model=model, baseline=baseline, dataset=dataset, split=split, max_examples=max_examples
+            model=model,
+            baseline=baseline,
+            dataset=dataset,
+            split=split,
+            max_examples=max_examples,
+            primary_metric=primary_metric,
+            non_inferiority=margins or None,
+            alpha=alpha,
+            correction=correction,
         )
         if wait:
             doc = c.wait_evaluation(doc["id"], timeout_s=timeout_s)
@@ -34,6 +57,24 @@ def run(
         print_json(doc)
         return
     _print(doc)
+
+
+def _margins(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            margin = float(value)
+        except ValueError:
+            margin = float("nan")
+        if not sep or not name.strip() or not margin > 0:
+            raise InvalidInputError(
+                f"--non-inferiority {item!r}: expected METRIC=MARGIN with a positive margin",
+                hint="For example --non-inferiority exact_match=0.02 (the margin is in the metric's units).",
+                details={"errors": [{"field": "non_inferiority", "message": "expected METRIC=MARGIN"}]},
+            )
+        out[name.strip()] = margin
+    return out
 
 
 @app.command("get")
@@ -99,4 +140,14 @@ def _print(doc: EvaluationDoc) -> None:
             f"ci95 [{m['ci95'][0]:+.4g}, {m['ci95'][1]:+.4g}] p {m['p_value']:.3g} ({m['test']})"
         )
     for g in doc.get("guardrails") or []:
-        console.print(f"  guardrail {g['name']}: {g['value']:.4g} (limit {g['threshold']:.4g}) {g['passed']}")
+        if g.get("kind") == "non_inferiority":
+            console.print(
+                f"  non-inferiority {g['name']} (margin {g['margin']:g}): bound {g['value']:+.4g} "
+                f"vs {g['threshold']:+.4g}, p {g['p_adjusted']:.3g} ({g['test']}) {g['passed']}"
+            )
+        else:
+            console.print(
+                f"  guardrail {g['name']}: {g['value']:.4g} (limit {g['threshold']:.4g}) {g['passed']}"
+            )
+    for reason in doc.get("reasons") or []:
+        console.print(f"  - {reason}")

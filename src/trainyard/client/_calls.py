@@ -434,8 +434,12 @@ def run_evaluation(
     split: str,
     max_examples: int | None,
     guardrails: Mapping[str, float] | None,
+    primary_metric: str | None = None,
+    non_inferiority: Mapping[str, float] | None = None,
+    alpha: float | None = None,
+    correction: str | None = None,
 ) -> Call[M.EvaluationDoc]:
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "baseline": baseline,
         "dataset": dataset,
@@ -443,6 +447,15 @@ def run_evaluation(
         "max_examples": max_examples,
         "guardrails": dict(guardrails) if guardrails is not None else None,
     }
+    # the gate's options go only when given, so the body stays what an older server accepts
+    for key, value in (
+        ("primary_metric", primary_metric),
+        ("non_inferiority", dict(non_inferiority) if non_inferiority is not None else None),
+        ("alpha", alpha),
+        ("correction", correction),
+    ):
+        if value is not None:
+            body[key] = value
     return Call("POST", "/v1/evaluations", _doc(M.EvaluationDoc), json=body)
 
 

@@ -458,8 +458,25 @@ class TrainyardClient:
         split: str = "eval",
         max_examples: int | None = None,
         guardrails: Mapping[str, float] | None = None,
+        primary_metric: str | None = None,
+        non_inferiority: Mapping[str, float] | None = None,
+        alpha: float | None = None,
+        correction: str | None = None,
     ) -> M.EvaluationDoc:
-        return self._do(C.run_evaluation(model, dataset, baseline, split, max_examples, guardrails))
+        return self._do(
+            C.run_evaluation(
+                model,
+                dataset,
+                baseline,
+                split,
+                max_examples,
+                guardrails,
+                primary_metric=primary_metric,
+                non_inferiority=non_inferiority,
+                alpha=alpha,
+                correction=correction,
+            )
+        )
 
     def get_evaluation(self, eval_id: str) -> M.EvaluationDoc:
         return self._do(C.get_evaluation(eval_id))

@@ -28,8 +28,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from trainyard.errors import InvalidInputError, NotFoundError, TrainyardError
-from trainyard.evaluation.evaluator import detect_format, read_rows, split_example
-from trainyard.evaluation.stats import Guardrail, MetricInput, compare, largest_differences
+from trainyard.evaluation.evaluator import METRICS, detect_format, read_rows, split_example
+from trainyard.evaluation.stats import (
+    ALPHA,
+    Guardrail,
+    MetricInput,
+    NonInferiority,
+    compare,
+    largest_differences,
+)
 from trainyard.registry.service import RegistryService, tenant_area
 from trainyard.services.domain import Principal, iso
 from trainyard.store.db import Database
@@ -43,6 +50,9 @@ EVAL_TAG = "trainyard.evaluation"
 EVAL_RESULTS_FILE = "eval-results.json"
 MAX_EXAMPLES_SHOWN = 5
 DEFAULT_MAX_EXAMPLES = 2000
+DEFAULT_PRIMARY_METRIC = "loss"
+# per-example metrics the built-in evaluator measures (plug-ins add theirs, higher is better)
+BUILTIN_METRICS = {"loss": False, "exact_match": True}  # name -> higher_is_better
 SplitResolver = Callable[[str, str, str, str], tuple[Path, str | None]]
 # the evaluation job runs this script; a ``python script.py`` entrypoint runs inside the warm worker
 RUNNER = str(Path(__file__).with_name("runner.py"))
@@ -84,6 +94,47 @@ def file_split_resolver(root: Callable[[], Path]) -> SplitResolver:
         return path, None
 
     return resolve
+
+
+def gate_options(
+    primary_metric: str | None,
+    non_inferiority: dict[str, float] | None,
+    alpha: float | None,
+    correction: str | None,
+) -> dict[str, Any]:
+    """The gate's configuration as stored on an evaluation, checked (422 naming each bad field)."""
+    known = set(BUILTIN_METRICS) | set(METRICS)
+    primary = DEFAULT_PRIMARY_METRIC if primary_metric is None else primary_metric
+    margins = dict(non_inferiority or {})
+    errors: list[dict[str, str]] = []
+    if primary not in known:
+        errors.append({"field": "primary_metric", "message": f"unknown metric; one of {sorted(known)}"})
+    for name, margin in margins.items():
+        field = f"non_inferiority.{name}"
+        if name not in known:
+            errors.append({"field": field, "message": f"unknown metric; one of {sorted(known)}"})
+        elif name == primary:
+            errors.append({"field": field, "message": "the primary metric cannot also be a guardrail"})
+        if not isinstance(margin, int | float) or not math.isfinite(margin) or margin <= 0:
+            errors.append({"field": field, "message": "the margin must be a positive number (metric units)"})
+    a = ALPHA if alpha is None else alpha
+    if not isinstance(a, int | float) or not 0.0 < a < 0.5:
+        errors.append({"field": "alpha", "message": "must lie in (0, 0.5)"})
+    corr = correction or "holm"
+    if corr not in ("holm", "none"):
+        errors.append({"field": "correction", "message": "holm or none"})
+    if errors:
+        raise InvalidInputError(
+            "invalid evaluation gate: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
+            hint="Margins are in the metric's own units, e.g. non_inferiority: {exact_match: 0.02}.",
+            details={"errors": errors},
+        )
+    return {
+        "primary_metric": primary,
+        "non_inferiority": {k: float(v) for k, v in margins.items()},
+        "alpha": float(a),
+        "correction": corr,
+    }
 
 
 class EvaluationService:
@@ -128,7 +179,12 @@ class EvaluationService:
         split: str = "eval",
         max_examples: int | None = None,
         guardrails: dict[str, float] | None = None,
+        primary_metric: str | None = None,
+        non_inferiority: dict[str, float] | None = None,
+        alpha: float | None = None,
+        correction: str | None = None,
     ) -> dict[str, Any]:
+        gate = gate_options(primary_metric, non_inferiority, alpha, correction)
         with self.db.session() as s:
             if baseline is None:
                 base = self.registry.resolve_in(s, principal.tenant_id, model).base
@@ -148,6 +204,7 @@ class EvaluationService:
                 split=split,
                 max_examples=max_examples,
                 guardrails=guardrails,
+                gate=gate,
             )
             eval_id = row.id
         self.launch_pending(only=eval_id)
@@ -166,6 +223,7 @@ class EvaluationService:
         max_examples: int | None = None,
         guardrails: dict[str, float] | None = None,
         auto: bool = False,
+        gate: dict[str, Any] | None = None,
     ) -> EvaluationRow:
         model_id, baseline_id = self._check(s, tenant_id, tenant_name, model, baseline, dataset, split)
         row = EvaluationRow(
@@ -181,6 +239,7 @@ class EvaluationService:
                 "max_examples": max_examples or DEFAULT_MAX_EXAMPLES,
                 "guardrail_thresholds": dict(guardrails or {}),
                 "auto": auto,
+                "gate": gate or gate_options(None, None, None, None),
             },
             created_at_s=self.clock(),
         )
@@ -342,6 +401,10 @@ class EvaluationService:
         }
         if "exact_match" in m and "exact_match" in b:
             inputs["exact_match"] = MetricInput(m["exact_match"], b["exact_match"], binary=True)
+        for name in METRICS:  # task plug-ins: per-example scores, higher is better
+            if name not in inputs and isinstance(m.get(name), list) and isinstance(b.get(name), list):
+                inputs[name] = MetricInput(m[name], b[name], higher_is_better=True)
+        gate = dict(row.doc.get("gate") or gate_options(None, None, None, None))
         thresholds = dict(row.doc.get("guardrail_thresholds") or {})
         guardrails: list[Guardrail] = []
         lat_m, lat_b = m.get("latency_s_per_token"), b.get("latency_s_per_token")
@@ -362,7 +425,15 @@ class EvaluationService:
                     cost_m,
                 )
             )
-        comp = compare(inputs, guardrails=guardrails, seed=0)
+        comp = compare(
+            inputs,
+            guardrails=guardrails,
+            seed=0,
+            alpha=float(gate["alpha"]),
+            primary=gate["primary_metric"],
+            non_inferiority=[NonInferiority(k, float(v)) for k, v in gate["non_inferiority"].items()],
+            correction=gate["correction"],
+        )
         metrics = comp.metrics_document()
         lo, hi = comp.metrics["loss"].ci95
         ppl_m, ppl_b = float(m["perplexity"]), float(b["perplexity"])
@@ -401,9 +472,13 @@ class EvaluationService:
         return {
             "n": comp.n,
             "metrics": metrics,
-            "guardrails": [g.to_dict() for g in comp.guardrails],
+            "guardrails": [
+                *({"kind": "threshold", **g.to_dict()} for g in comp.guardrails),
+                *(g.to_dict() for g in comp.non_inferiority),
+            ],
             "verdict": comp.verdict,
             "passed": comp.passed,
+            "reasons": comp.reasons,
             "alpha": comp.alpha,
             "min_examples": comp.min_examples,
             "examples": examples,
@@ -428,6 +503,8 @@ class EvaluationService:
             "guardrails": d.get("guardrails") or [],
             "verdict": d.get("verdict"),
             "passed": bool(d.get("passed", False)),
+            "reasons": d.get("reasons") or [],
+            "gate": d.get("gate"),
             "examples": d.get("examples") or [],
             "state": state,
             "job_id": row.job_id,

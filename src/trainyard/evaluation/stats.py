@@ -18,6 +18,25 @@ any is better, else ``no_difference``; ``passed`` (the promotion gate) needs ``b
 guardrail passing. Holm controls the family-wise error rate, so under the null the gate passes at
 most ``alpha`` of the time.
 
+Primary metric and non-inferiority guardrails (``compare(primary=..., non_inferiority=[...])``): the
+gate then needs the primary metric to be significantly better, and every guardrail metric to be
+non-inferior within its margin ``delta`` (in the metric's own units): a one-sided test of
+``H0: mu <= -delta`` against ``H1: mu > -delta``, where ``mu`` is the mean change of the metric in its
+good direction. A metric under a margin is judged by that test alone, so a small (significant) loss
+within the margin does not block the gate; every other metric must still not be ``worse``.
+
+- continuous scores: the one-sided paired t test on the per-example differences
+  (``scipy.stats.ttest_1samp(g, -delta, alternative="greater")`` with ``g`` the oriented differences);
+  its bound is the one-sided ``1 - alpha`` confidence bound of the mean change;
+- binary (0/1) scores: Tango's score test for a difference of paired proportions (Tango 1998, Stat Med
+  17:891), the score statistic with the variance at the restricted maximum-likelihood estimate under
+  ``H0`` (a closed-form root of a quadratic); unlike a Wald test it stays valid with few or no
+  discordant pairs. Its bound is the score test inverted (``brentq``);
+- the guardrail family is Holm-corrected (``correction="holm"``, the default; ``"none"`` tests each at
+  ``alpha``). The gate needs every guardrail to pass, an intersection-union test, which already keeps
+  the chance of passing a model inferior on any guardrail at or below ``alpha``; Holm is stricter and
+  also controls the family-wise error of the individual "non-inferior" claims reported.
+
 Large splits: scipy's generic resampling materialises every resample and its BCa jackknife is
 quadratic in n. Above ``SCIPY_MAX_N`` examples the same estimators are computed in closed form for the
 mean (bootstrap means as a counts-matrix product shared by all metrics, the jackknife of a mean in
@@ -28,7 +47,7 @@ agree with scipy.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -107,6 +126,55 @@ class Guardrail:
 
 
 @dataclass(frozen=True)
+class NonInferiority:
+    """A guardrail metric that must not be worse than the baseline by ``margin`` or more (metric units)."""
+
+    metric: str
+    margin: float
+
+
+@dataclass(frozen=True)
+class NonInferiorityResult:
+    metric: str
+    margin: float  # in the metric's units, > 0
+    n: int
+    delta: float  # mean(model - baseline), as in the metric's result
+    bound: float  # one-sided (1 - alpha) confidence bound of delta on the bad side
+    p_value: float  # one-sided p-value of H0: inferior by margin or more
+    p_adjusted: float  # after the family's correction
+    test: str  # "paired_t_one_sided" | "tango_score" | "none"
+    higher_is_better: bool
+    alpha: float
+    correction: str
+    passed: bool
+    reason: str
+
+    @property
+    def limit(self) -> float:
+        """The change that is "inferior": ``-margin`` for higher-is-better metrics, ``+margin`` otherwise."""
+        return -self.margin if self.higher_is_better else self.margin
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.metric,
+            "kind": "non_inferiority",
+            "threshold": self.limit,
+            "value": self.bound,
+            "passed": self.passed,
+            "margin": self.margin,
+            "delta": self.delta,
+            "p_value": self.p_value,
+            "p_adjusted": self.p_adjusted,
+            "alpha": self.alpha,
+            "correction": self.correction,
+            "test": self.test,
+            "n": self.n,
+            "higher_is_better": self.higher_is_better,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class Comparison:
     n: int
     metrics: dict[str, MetricResult]
@@ -114,10 +182,50 @@ class Comparison:
     verdict: Verdict = "inconclusive"
     alpha: float = ALPHA
     min_examples: int = MIN_EXAMPLES
+    primary: str | None = None
+    non_inferiority: list[NonInferiorityResult] = field(default_factory=list)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the gate passed or did not, one line per condition (failures first)."""
+        bad: list[str] = []
+        good: list[str] = []
+        if self.n < self.min_examples:
+            bad.append(f"{self.n} paired examples, fewer than the minimum {self.min_examples}: inconclusive")
+        if self.primary is not None:
+            r = self.metrics.get(self.primary)
+            if r is None:
+                bad.append(f"primary metric {self.primary} was not measured")
+            else:
+                line = (
+                    f"primary metric {self.primary}: {r.verdict} (delta {r.delta:+.4g}, "
+                    f"Holm-adjusted p {r.p_adjusted:.3g}, alpha {self.alpha:g})"
+                )
+                (good if r.verdict == "better" else bad).append(line)
+        elif self.n >= self.min_examples:
+            (good if self.verdict == "better" else bad).append(f"verdict {self.verdict}")
+        guarded = {g.metric for g in self.non_inferiority}
+        for name, r in self.metrics.items():
+            if name != self.primary and name not in guarded and r.verdict == "worse":
+                bad.append(
+                    f"{name} is significantly worse "
+                    f"(delta {r.delta:+.4g}, Holm-adjusted p {r.p_adjusted:.3g})"
+                )
+        for g in self.non_inferiority:
+            (good if g.passed else bad).append(f"{g.metric}: {g.reason}")
+        for t in self.guardrails:
+            op = "<=" if t.kind == "upper" else ">="
+            line = f"{t.name} {t.value:.4g} {'' if t.passed else 'not '}{op} {t.threshold:.4g}"
+            (good if t.passed else bad).append(line)
+        return bad + good
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "better" and all(g.passed for g in self.guardrails)
+        return (
+            self.verdict == "better"
+            and all(g.passed for g in self.non_inferiority)
+            and all(g.passed for g in self.guardrails)
+        )
 
     def metrics_document(self) -> dict[str, dict[str, Any]]:
         return {name: r.to_dict() for name, r in self.metrics.items()}
@@ -257,6 +365,133 @@ def _fast_permutation_ps(d: np.ndarray, n_resamples: int, rng: np.random.Generat
     return [float(min(1.0, 2 * min(a, b))) for a, b in zip(p_ge, p_le, strict=True)]
 
 
+# ---- non-inferiority ----------------------------------------------------------------------------------
+
+
+def paired_t_noninferiority(g: np.ndarray, margin: float, alpha: float) -> tuple[float, float]:
+    """One-sided paired t test of ``H0: mean(g) <= -margin`` on oriented differences ``g`` (good > 0):
+    ``(p_value, bound)``, the bound being the one-sided ``1 - alpha`` lower confidence bound of the mean."""
+    n = g.shape[0]
+    mean = float(g.mean())
+    sd = float(g.std(ddof=1)) if n >= 2 else 0.0
+    if n < 2 or sd == 0.0:  # every difference equal: the mean is known exactly
+        return (0.0 if mean > -margin else 1.0), mean
+    se = sd / math.sqrt(n)
+    t = (mean + margin) / se
+    return float(sps.t.sf(t, n - 1)), float(mean - sps.t.ppf(1 - alpha, n - 1) * se)
+
+
+def tango_restricted_mle(wins: int, losses: int, n: int, d0: float) -> float:
+    """The maximum-likelihood estimate of P(loss) — the baseline right and the model wrong — for paired
+    binary data under ``P(win) - P(loss) = d0`` (Tango 1998, eq. 4: the positive root of a quadratic)."""
+    a = 2.0 * n
+    b = -wins - losses + (2.0 * n - wins + losses) * d0
+    c = -losses * d0 * (1.0 - d0)
+    disc = max(0.0, b * b - 4.0 * a * c)
+    return (math.sqrt(disc) - b) / (2.0 * a)
+
+
+def tango_z(wins: int, losses: int, n: int, d0: float) -> float:
+    """Tango's score statistic for ``H0: P(win) - P(loss) = d0`` (``wins``/``losses``: discordant pairs
+    in the model's / the baseline's favour, ``n`` pairs in all)."""
+    q = tango_restricted_mle(wins, losses, n, d0)
+    var = n * (2.0 * q + d0 - d0 * d0)
+    num = wins - losses - n * d0
+    if var <= 0.0:
+        return math.copysign(math.inf, num) if num != 0 else 0.0
+    return num / math.sqrt(var)
+
+
+def tango_noninferiority(wins: int, losses: int, n: int, margin: float, alpha: float) -> tuple[float, float]:
+    """One-sided Tango score test of ``H0: P(win) - P(loss) <= -margin``: ``(p_value, bound)``, the bound
+    being the smallest difference the test does not reject at ``alpha`` (the score interval's end)."""
+    p = float(sps.norm.sf(tango_z(wins, losses, n, -margin)))
+    observed = (wins - losses) / n
+    lo = -1.0 + 1e-12
+
+    def excess(d0: float) -> float:
+        return float(sps.norm.sf(tango_z(wins, losses, n, d0))) - alpha
+
+    if excess(lo) >= 0:
+        return p, -1.0
+    hi = min(observed, 1.0 - 1e-12)
+    if excess(hi) <= 0:  # alpha >= 0.5 or a degenerate table
+        return p, hi
+    from scipy.optimize import brentq
+
+    return p, float(brentq(excess, lo, hi, xtol=1e-10))
+
+
+def _noninferiority_results(
+    specs: Sequence[NonInferiority],
+    metrics: Mapping[str, MetricInput],
+    arrays: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    n: int,
+    *,
+    alpha: float,
+    min_examples: int,
+    correction: str,
+) -> list[NonInferiorityResult]:
+    raw: list[tuple[NonInferiority, str, float, float, float, bool]] = []
+    for spec in specs:
+        mi = metrics.get(spec.metric)
+        if mi is None:
+            raw.append((spec, "none", 1.0, math.nan, math.nan, True))
+            continue
+        m, b = arrays[spec.metric]
+        d = m - b
+        sign = 1.0 if mi.higher_is_better else -1.0
+        g = sign * d
+        if n < 1:
+            p, bound, test = 1.0, math.nan, "none"
+        elif mi.binary:
+            wins, losses = int(np.sum(g > 0)), int(np.sum(g < 0))
+            p, bound = tango_noninferiority(wins, losses, n, spec.margin, alpha)
+            test = "tango_score"
+        else:
+            p, bound = paired_t_noninferiority(g, spec.margin, alpha)
+            test = "paired_t_one_sided"
+        raw.append((spec, test, p, float(d.mean()) if n else math.nan, sign * bound, mi.higher_is_better))
+    ps = [r[2] for r in raw]
+    adjusted = holm(ps) if correction == "holm" else list(ps)
+    out = []
+    for (spec, test, p, delta, bound, hib), p_adj in zip(raw, adjusted, strict=True):
+        adj = "Holm-adjusted " if correction == "holm" and len(raw) > 1 else ""
+        if spec.metric not in metrics:
+            passed, reason = False, f"not measured, so not shown non-inferior within {spec.margin:g}"
+        elif n < min_examples:
+            passed = False
+            reason = f"{n} paired examples, fewer than the minimum {min_examples}: inconclusive"
+        else:
+            passed = p_adj < alpha
+            side = ">" if hib else "<"
+            limit = -spec.margin if hib else spec.margin
+            verb = "non-inferior" if passed else "not shown non-inferior"
+            reason = (
+                f"{verb} within margin {spec.margin:g}: delta {delta:+.4g}, "
+                f"{1 - alpha:.0%} bound {bound:+.4g} (needs {side} {limit:+.4g}), "
+                f"one-sided {adj}p {p_adj:.3g} {'<' if passed else '>='} alpha {alpha:g} ({test})"
+            )
+        out.append(
+            NonInferiorityResult(
+                metric=spec.metric,
+                margin=spec.margin,
+                n=n,
+                delta=delta,
+                bound=bound,
+                p_value=p,
+                p_adjusted=p_adj,
+                test=test,
+                higher_is_better=hib,
+                alpha=alpha,
+                correction=correction,
+                passed=passed,
+                reason=reason,
+            )
+        )
+    return out
+
+
 # ---- the comparison -----------------------------------------------------------------------------------
 
 
@@ -275,10 +510,26 @@ def compare(
     min_examples: int = MIN_EXAMPLES,
     n_resamples: int = N_RESAMPLES,
     seed: int = 0,
+    primary: str | None = None,
+    non_inferiority: Sequence[NonInferiority] = (),
+    correction: Literal["holm", "none"] = "holm",
 ) -> Comparison:
     """Paired comparison of every metric, Holm-corrected, with the overall verdict (see module doc)."""
     if not metrics:
         raise ValueError("compare needs at least one metric")
+    if not 0.0 < alpha < 0.5:
+        raise ValueError("alpha must lie in (0, 0.5)")
+    if correction not in ("holm", "none"):
+        raise ValueError("correction must be 'holm' or 'none'")
+    seen: set[str] = set()
+    for spec in non_inferiority:
+        if not (math.isfinite(spec.margin) and spec.margin > 0):
+            raise ValueError(f"non-inferiority margin of {spec.metric} must be a positive number")
+        if spec.metric == primary:
+            raise ValueError(f"{spec.metric} is the primary metric; it cannot also be a guardrail")
+        if spec.metric in seen:
+            raise ValueError(f"{spec.metric} has two non-inferiority margins")
+        seen.add(spec.metric)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     n = -1
     for name, mi in metrics.items():
@@ -360,23 +611,43 @@ def compare(
             verdict=verdict,
             discordant=discordant.get(name),
         )
+    ni = _noninferiority_results(
+        non_inferiority,
+        metrics,
+        arrays,
+        n,
+        alpha=alpha,
+        min_examples=min_examples,
+        correction=correction,
+    )
     return Comparison(
         n=n,
         metrics=results,
         guardrails=list(guardrails),
-        verdict=overall_verdict(results.values(), n, min_examples),
+        verdict=overall_verdict(results.values(), n, min_examples, primary, (g.metric for g in ni)),
         alpha=alpha,
         min_examples=min_examples,
+        primary=primary,
+        non_inferiority=ni,
     )
 
 
-def overall_verdict(results: Any, n: int, min_examples: int) -> Verdict:
+def overall_verdict(
+    results: Any, n: int, min_examples: int, primary: str | None = None, guarded: Iterable[str] = ()
+) -> Verdict:
+    """``inconclusive`` below ``min_examples``; ``worse`` if any metric not under a non-inferiority margin
+    is worse; then ``better`` if the primary metric (without one: any metric) is better; else
+    ``no_difference``."""
     if n < min_examples:
         return "inconclusive"
-    verdicts = [r.verdict for r in results]
-    if "worse" in verdicts:
+    skip = set(guarded) - ({primary} if primary is not None else set())
+    judged = [r for r in results if r.name not in skip]
+    if any(r.verdict == "worse" for r in judged):
         return "worse"
-    if "better" in verdicts:
+    if primary is not None:
+        primary_better = any(r.name == primary and r.verdict == "better" for r in judged)
+        return "better" if primary_better else "no_difference"
+    if any(r.verdict == "better" for r in judged):
         return "better"
     return "no_difference"
 

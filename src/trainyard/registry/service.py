@@ -877,11 +877,14 @@ class RegistryService:
             if (e.doc or {}).get("passed") is True:
                 return e.id
         latest = evals[0] if evals else None
+        reasons = list((latest.doc or {}).get("reasons") or []) if latest is not None else []
         why = (
             f"its latest evaluation against {baseline} ({latest.id}) says {(latest.doc or {}).get('verdict')}"
             if latest is not None
             else f"it has no finished evaluation against {baseline}"
         )
+        if reasons:  # the failing conditions come first
+            why += f"; {reasons[0]}"
         raise PromotionBlockedError(
             f"{v.id} cannot become production: {why}",
             hint=f"Run `trainyard eval run --model {v.id} --baseline {baseline} --dataset ds://NAME@V`; "
@@ -891,6 +894,7 @@ class RegistryService:
                 "baseline": baseline,
                 "evaluation": latest.id if latest is not None else None,
                 "verdict": (latest.doc or {}).get("verdict") if latest is not None else None,
+                "reasons": reasons,
             },
         )
 

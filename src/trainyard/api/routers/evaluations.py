@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -29,6 +29,22 @@ class EvaluationRequest(BaseModel):
     guardrails: dict[str, float] | None = Field(
         default=None, description="Thresholds: latency_s_per_token, cost_usd_per_1k_tokens."
     )
+    primary_metric: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The metric that must be significantly better for the gate (default: loss).",
+    )
+    non_inferiority: dict[str, float] | None = Field(
+        default=None,
+        max_length=32,
+        description="Guardrail metrics and their margins in the metric's units, e.g. {exact_match: 0.02}: "
+        "each must be shown non-inferior within its margin (one-sided test at alpha).",
+        examples=[{"exact_match": 0.02}],
+    )
+    alpha: float | None = Field(default=None, gt=0, lt=0.5, description="Significance level (default 0.05).")
+    correction: Literal["holm", "none"] | None = Field(
+        default=None, description="Multiple-comparison correction across the guardrails (default holm)."
+    )
 
 
 def _platform(request: Request) -> Any:
@@ -51,6 +67,10 @@ def run_evaluation(body: EvaluationRequest, request: Request, principal: Current
         split=body.split,
         max_examples=body.max_examples,
         guardrails=body.guardrails,
+        primary_metric=body.primary_metric,
+        non_inferiority=body.non_inferiority,
+        alpha=body.alpha,
+        correction=body.correction,
     )
     return JSONResponse(doc, status_code=201, headers={"Location": f"/v1/evaluations/{doc['id']}"})
 
