@@ -101,6 +101,138 @@ def _times(
     return t
 
 
+class CandidateGrid:
+    """A spec's candidates (every pool × device count, feasible or not, in pool order) as columns, with
+    the :class:`Candidate` of a row made only when it is asked for (and kept: one object per row).
+
+    ``pools`` are the round's pools (``pool`` holds a row's index into them). The numeric columns hold the
+    feasible rows' values (what the round sorts, filters and prunes on); rows made by the scalar path (a
+    reason in words, a pool the spec can never use) are kept as made."""
+
+    __slots__ = (
+        "_markets",
+        "capacity",
+        "cost",
+        "devices",
+        "feasible",
+        "finish",
+        "hours",
+        "interval",
+        "made",
+        "n",
+        "nodes",
+        "objective",
+        "p90",
+        "pool",
+        "pools",
+        "price_h",
+        "step",
+    )  # fmt: skip
+
+    def __init__(self, pools: Sequence[Pool], n: int, markets: Sequence[str]) -> None:
+        self.pools = pools
+        self.n = n
+        self._markets = markets  # per pool
+        self.made: list[Candidate | None] = [None] * n
+        self.pool = np.zeros(n, dtype=np.int64)
+        self.feasible = np.zeros(n, dtype=bool)
+        self.devices = np.zeros(n, dtype=np.int64)
+        self.nodes = np.ones(n, dtype=np.int64)
+        self.capacity = np.zeros(n, dtype=np.int64)
+        self.cost = np.zeros(n)
+        self.hours = np.zeros(n)
+        self.p90 = np.zeros(n)
+        self.step = np.zeros(n)
+        self.price_h = np.zeros(n)
+        self.interval = np.zeros(n)
+        self.finish = np.zeros(n)
+        self.objective = np.zeros(n)
+
+    @classmethod
+    def of(cls, cands: Sequence[Candidate], pools: Sequence[Pool], markets: Sequence[str]) -> CandidateGrid:
+        """The grid of a list of candidates of ``pools`` (the scalar path's)."""
+        g = cls(pools, len(cands), markets)
+        index = {p.name: i for i, p in enumerate(pools)}
+        for i, c in enumerate(cands):
+            g.made[i] = c
+            g.pool[i] = index[c.pool]
+            if c.feasible:
+                g._set(i, c)
+        return g
+
+    def _set(self, i: int, c: Candidate) -> None:
+        self.feasible[i] = True
+        self.devices[i] = c.devices
+        self.nodes[i] = c.nodes
+        self.capacity[i] = c.capacity_devices
+        self.cost[i] = c.expected_cost_usd
+        self.hours[i] = c.expected_hours
+        self.p90[i] = c.expected_hours_p90
+        self.step[i] = c.step_time_s
+        self.price_h[i] = c.price_usd_per_hour
+        self.interval[i] = c.checkpoint_interval_s
+        self.finish[i] = c.finish_s
+        self.objective[i] = c.objective_usd
+
+    def candidate(self, i: int) -> Candidate:
+        """Row ``i`` as a candidate (the same object every time)."""
+        c = self.made[i]
+        if c is None:
+            pool = self.pools[int(self.pool[i])]
+            dpn = pool.devices_per_node
+            nodes = int(self.nodes[i])
+            d = int(self.devices[i])
+            iv = float(self.interval[i])
+            c = self.made[i] = Candidate(
+                job_id="",
+                tenant="",
+                pool=pool.name,
+                accelerator=pool.accelerator,
+                devices=d,
+                nodes=nodes,
+                devices_per_node=dpn,
+                market=self._markets[int(self.pool[i])],
+                expected_cost_usd=float(self.cost[i]),
+                expected_hours=float(self.hours[i]),
+                expected_hours_p90=float(self.p90[i]),
+                step_time_s=float(self.step[i]),
+                price_usd_per_hour=float(self.price_h[i]),
+                checkpoint_interval_s=iv if iv else 0.0,
+                finish_s=float(self.finish[i]),
+                feasible=True,
+                reasons=(),
+                capacity_devices=int(self.capacity[i]),
+                objective_usd=float(self.objective[i]),
+            )
+        return c
+
+    def candidates(self) -> list[Candidate]:
+        return [self.candidate(i) for i in range(self.n)]
+
+
+class Rows(Sequence[Candidate]):
+    """Some rows of a :class:`CandidateGrid`, in a given order, as a sequence of candidates made on demand."""
+
+    __slots__ = ("grid", "idx")
+
+    def __init__(self, grid: CandidateGrid, idx: list[int]) -> None:
+        self.grid = grid
+        self.idx = idx
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.grid.candidate(k) for k in self.idx[i]]
+        return self.grid.candidate(self.idx[i])
+
+    def __iter__(self) -> Any:
+        cand = self.grid.candidate
+        for k in self.idx:
+            yield cand(k)
+
+
 def spec_candidates(
     spec: JobSpec,
     pools: Sequence[Pool],
@@ -119,25 +251,51 @@ def spec_candidates(
     (``candidates.prefetch_predictions_many``); any it could not make are predicted one by one.
     ``screened``: each pool's device counts and eligibility reason for the spec, when the caller has them
     (``candidates.device_counts`` and ``candidates.eligibility``, in ``pools`` order)."""
+    return spec_grid(
+        spec, pools, config, cache, elapsed_fraction, prefetched=prefetched, screened=screened
+    ).candidates()
+
+
+def pool_markets(pools: Sequence[Pool], cache: CandidateCache) -> list[str]:
+    return [_market(cache, p) for p in pools]
+
+
+def spec_grid(
+    spec: JobSpec,
+    pools: Sequence[Pool],
+    config: SchedulerConfig,
+    cache: CandidateCache,
+    elapsed_fraction: float = 0.0,
+    *,
+    prefetched: bool = False,
+    screened: list[tuple[Pool, list[int], str]] | None = None,
+    markets: Sequence[str] | None = None,
+) -> CandidateGrid:
+    """:func:`spec_candidates` as a :class:`CandidateGrid` (``markets``: :func:`pool_markets`)."""
     if not 0.0 <= elapsed_fraction < 1.0:
         raise ValueError(f"elapsed_fraction must be in [0, 1), got {elapsed_fraction}")
     if screened is None:
         screened = [(p, device_counts(spec, p, cache), eligibility(spec, p, cache)) for p in pools]
+    if markets is None:
+        markets = pool_markets(pools, cache)
     if not prefetched:
         prefetch_predictions(
             spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache
         )
     time_value = config.time_value_usd_per_hour if spec.objective.minimize == Minimize.TIME else None
-    slots: list[Candidate | None] = []  # in output order; None: a vectorised row
+    made: list[Candidate | None] = []  # in output order; None: a vectorised row
+    slot_pool: list[int] = []
     # the vectorised rows' inputs, one entry per row
-    rows_pool: list[Pool] = []
+    vec_slots: list[int] = []
+    rows_pool: list[int] = []
     rows: list[tuple[int, float, AllocationTimes]] = []  # (devices, price per device-hour, times)
     scalar_rows: list[tuple[int, Pool, int]] = []  # (slot, pool, devices) priced the reference way
     interconnect = spec.resources.min_interconnect_gbps is not None
     times, base = cache.times, cache.base(spec)
-    for pool, counts, why in screened:
+    for pi, (pool, counts, why) in enumerate(screened):
         if why or not counts:
-            slots.append(_never_memo(spec, pool, counts, why, cache))
+            slot_pool.append(pi)
+            made.append(_never_memo(spec, pool, counts, why, cache))
             continue
         try:
             # counts lie inside the spec's device range and the pool's shape (``candidate_device_counts``),
@@ -147,36 +305,48 @@ def spec_candidates(
             price = None
         acc, pclass = cache.pool_class(pool)
         for devices in counts:
+            slot_pool.append(pi)
             t = None
             if price is not None and not interconnect:
                 t = times.get((base, pclass, devices))
                 if t is None:
                     t = _times(spec, pool, devices, acc, pclass, cache)
             if t is None:
-                scalar_rows.append((len(slots), pool, devices))
-                slots.append(None)
+                scalar_rows.append((len(made), pool, devices))
+                made.append(None)
                 continue
             if t.prediction is None or t.reason:
-                slots.append(_rejected(pool, devices, t, price if price is not None else 0.0))
+                made.append(_rejected(pool, devices, t, price if price is not None else 0.0))
                 continue
-            rows_pool.append(pool)
+            vec_slots.append(len(made))
+            rows_pool.append(pi)
             rows.append((devices, price if price is not None else 0.0, t))
-            slots.append(None)
+            made.append(None)
     progress = elapsed_fraction
-    priced = iter(_price_rows(spec, rows_pool, rows, progress, config, cache, time_value))
-    scalar_at = {slot: (pool, devices) for slot, pool, devices in scalar_rows}
-    out: list[Candidate] = []
-    for i, c in enumerate(slots):
-        if c is None:
-            hit = scalar_at.get(i)
-            if hit is None:
-                out.append(next(priced))  # the time value is in already
-                continue
-            c = _scalar(spec, hit[0], hit[1], progress, config, cache)
-        if time_value is not None:
-            c = _with_time_value(c, time_value)
-        out.append(c)
-    return out
+    for slot, pool, devices in scalar_rows:
+        c = _scalar(spec, pool, devices, progress, config, cache)
+        made[slot] = _with_time_value(c, time_value) if time_value is not None else c
+    g = CandidateGrid(pools, len(made), markets)
+    g.pool[:] = slot_pool
+    if rows:
+        cols = _price_rows(spec, [pools[i] for i in rows_pool], rows, progress, config, cache, time_value)
+        words = cols.pop("words")
+        at = np.asarray(vec_slots, dtype=np.int64)
+        ok = ~words
+        sel = at[ok]
+        g.feasible[sel] = True
+        for name, col in cols.items():
+            getattr(g, name)[sel] = col[ok]
+        for k in np.flatnonzero(words).tolist():
+            pool, (d, _price, _t) = pools[rows_pool[k]], rows[k]
+            c = _scalar(spec, pool, d, progress, config, cache)
+            made[vec_slots[k]] = _with_time_value(c, time_value) if time_value is not None else c
+    for i, m in enumerate(made):
+        if m is not None:
+            g.made[i] = m
+            if m.feasible:
+                g._set(i, m)
+    return g
 
 
 def _never_memo(spec: JobSpec, pool: Pool, counts: list[int], why: str, cache: CandidateCache) -> Candidate:
@@ -249,10 +419,9 @@ def _price_rows(
     config: SchedulerConfig,
     cache: CandidateCache,
     time_value: float | None,
-) -> list[Candidate]:
-    """``price_work`` + ``to_candidate`` (+ the time value) of every row at once."""
-    if not rows:
-        return []
+) -> dict[str, np.ndarray]:
+    """``price_work`` + ``to_candidate`` (+ the time value) of every row at once: the grid's columns, and
+    ``words``, the rows whose reason needs words (priced again the scalar way)."""
     facts = cache.facts(spec)
     params = _PARAMS
     n = len(rows)
@@ -323,51 +492,19 @@ def _price_rows(
     if time_value is not None:
         objective = objective + time_value * hours
     finish_s = 0.0 + p90_h * 3600.0
-    out: list[Candidate] = []
-    cols = zip(
-        pools,
-        markets,
-        devices.tolist(),
-        nodes_t.tolist(),
-        cost_usd.tolist(),
-        hours.tolist(),
-        p90_h.tolist(),
-        step_s.tolist(),
-        price_h.tolist(),
-        interval_s.tolist(),
-        finish_s.tolist(),
-        objective.tolist(),
-        words.tolist(),
-        strict=True,
-    )
-    for pool, market, d, nd, cost, h, h90, step, ph, iv, fin, obj, w in cols:
-        if w:
-            c = _scalar(spec, pool, d, progress, config, cache)
-            out.append(_with_time_value(c, time_value) if time_value is not None else c)
-            continue
-        dpn = pool.devices_per_node
-        nodes = nd if nd > 1 else 1
-        out.append(
-            Candidate(
-                job_id="",
-                tenant="",
-                pool=pool.name,
-                accelerator=pool.accelerator,
-                devices=d,
-                nodes=nodes,
-                devices_per_node=dpn,
-                market=market,
-                expected_cost_usd=cost,
-                expected_hours=h,
-                expected_hours_p90=h90,
-                step_time_s=step,
-                price_usd_per_hour=ph,
-                checkpoint_interval_s=iv if iv else 0.0,
-                finish_s=fin,
-                feasible=True,
-                reasons=(),
-                capacity_devices=nodes * dpn if nodes > 1 else d,
-                objective_usd=obj,
-            )
-        )
-    return out
+    nodes = np.maximum(nodes_t, 1)
+    dpn = np.fromiter((p.devices_per_node for p in pools), dtype=np.int64, count=n)
+    return {
+        "devices": devices,
+        "nodes": nodes,
+        "capacity": np.where(nodes > 1, nodes * dpn, devices),
+        "cost": cost_usd,
+        "hours": hours,
+        "p90": p90_h,
+        "step": step_s,
+        "price_h": price_h,
+        "interval": interval_s,
+        "finish": finish_s,
+        "objective": objective,
+        "words": words,
+    }

@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from trainyard.catalog.pools import Pool
 from trainyard.schedule.candidates import (
@@ -24,7 +27,7 @@ from trainyard.schedule.candidates import (
     price_option,
     to_candidate,
 )
-from trainyard.schedule.grid import spec_candidates
+from trainyard.schedule.grid import CandidateGrid, Rows, pool_markets, spec_grid
 from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
 from trainyard.schedule.solver import (
     PoolCapacity,
@@ -218,26 +221,105 @@ def _placement_reason(
 
 
 @dataclass(frozen=True)
+class _Static:
+    """One distinct spec's priced candidates, memoised across rounds (``CandidateCache.views``): they depend
+    on the pools' prices and shapes, not on their free capacity nor on the clock."""
+
+    grid: CandidateGrid
+    order: np.ndarray  # feasible rows, sorted by ``_sort_key``
+    by_cost: np.ndarray  # feasible rows, sorted by ``_cost_key``
+    fastest: float  # the fastest feasible option's pessimistic hours
+    # per row of ``order``: whether another row dominates it, and the earliest finish of those that do
+    # (:func:`dominators`, :func:`pareto_rows`)
+    has_dominator: np.ndarray
+    dominator_finish_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class _SpecView:
     """One distinct spec's candidates this round (shared by every queued job with that spec)."""
 
-    cands: list[Candidate]
-    feasible: list[Candidate]  # sorted by objective
-    fitting: list[Candidate]  # feasible and fitting the pools' free capacity now, sorted
+    static: _Static
+    fits: np.ndarray  # per grid row: fits the pools' free capacity now
+    feasible: Rows  # sorted by objective
+    fitting: Rows  # feasible and fitting the pools' free capacity now, sorted
     pruned: tuple[Candidate, ...]
-    by_cost: list[Candidate]  # feasible, sorted by expected cost (alternatives in explanations)
+    by_cost: Rows  # feasible, sorted by expected cost (alternatives in explanations)
     min_p90_h: float  # the fastest feasible option's pessimistic hours
-    seed: tuple[Candidate, ...]  # the wider option list the greedy seeding pass looks at
+    seed: Sequence[Candidate]  # the wider option list the greedy seeding pass looks at
+
+    @property
+    def cands(self) -> list[Candidate]:
+        return self.static.grid.candidates()
+
+
+def dominators(grid: CandidateGrid, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every row of ``order`` (feasible rows sorted by ``_sort_key``): whether an earlier row of the same
+    pool dominates it, and the earliest p90 finish among the rows that do. Row ``i`` dominates row ``j`` when
+    it sorts first (so it costs the objective no more) and takes no more of anything the round's constraints
+    count: devices (tenant quotas), the pool capacity it consumes, whole nodes."""
+    n = len(order)
+    if n < 2:
+        return np.zeros(n, dtype=bool), np.full(n, math.inf)
+    pool = grid.pool[order]
+    dev = grid.devices[order]
+    cap = grid.capacity[order]
+    nodes = grid.nodes[order]
+    span = np.where(nodes > 1, nodes, 0)  # whole nodes a multi-node option takes (single-node: none)
+    dom = (
+        (pool[:, None] == pool[None, :])
+        & (dev[:, None] <= dev[None, :])
+        & (cap[:, None] <= cap[None, :])
+        & (span[:, None] <= span[None, :])
+    )
+    dom &= np.tri(n, k=-1, dtype=bool).T  # i < j
+    fin = grid.finish[order]
+    return dom.any(axis=0), np.where(dom, fin[:, None], math.inf).min(axis=0)
+
+
+def pareto_rows(static: _Static, left_s: float | None, rows_ok: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``static.order`` worth a place in the model for a job with ``left_s`` seconds to its
+    deadline (None: no deadline; only rows finishing by it are options then), among those ``rows_ok`` (a mask
+    over the grid's rows) allows: the rows no option of the same pool that also finishes in time dominates.
+
+    Whatever the free capacity or a quota, a dominated option can be swapped for the one that dominates it
+    without breaking a constraint or raising the objective, and the greedy passes, which try options in
+    order, reach the dominating one first: dropping dominated options before the solver leaves the optimum,
+    and the greedy's pick, as they were (a property test checks the optimum). Pareto in (objective, finish
+    time): a dominating option that misses the deadline does not prune."""
+    order, has, fin = static.order, static.has_dominator, static.dominator_finish_s
+    keep = ~has if left_s is None else ~has | (fin > left_s)
+    if left_s is not None:
+        keep &= static.grid.finish[order] <= left_s
+    if rows_ok is not None:
+        keep &= rows_ok[order]
+    return order[keep]
+
+
+def _static(
+    cands_or_grid: Any, pools: Sequence[Pool], name_rank: np.ndarray, markets: Sequence[str]
+) -> _Static:
+    grid = (
+        cands_or_grid
+        if isinstance(cands_or_grid, CandidateGrid)
+        else CandidateGrid.of(cands_or_grid, pools, markets)
+    )
+    f = np.flatnonzero(grid.feasible)
+    rank = name_rank[grid.pool[f]]
+    dev = grid.devices[f]
+    order = f[np.lexsort((dev, rank, grid.p90[f], grid.objective[f]))]
+    by_cost = f[np.lexsort((dev, rank, grid.hours[f], grid.cost[f]))]
+    fastest = float(grid.p90[f].min()) if f.size else 0.0
+    return _Static(grid, order, by_cost, fastest, *dominators(grid, order))
 
 
 def _spec_view(
     qj: QueuedJob,
     pools: Sequence[Pool],
-    pool_by_name: Mapping[str, Pool],
+    rnd: _RoundPools,
     pools_key: tuple[Any, ...],
     cfg: SchedulerConfig,
     cache: CandidateCache,
-    room: Mapping[str, tuple[int, int]] | None = None,
     screened: Mapping[str, list[tuple[Pool, list[int], str]]] | None = None,
 ) -> _SpecView:
     """Candidates of one spec: the priced part is memoised across rounds (it depends on the pools' prices
@@ -249,9 +331,11 @@ def _spec_view(
     if static is None:
         if cfg.vectorised_pricing:
             pre = None if screened is None else screened.get(cache.key(qj.spec))
-            cands = spec_candidates(qj.spec, pools, cfg, cache, progress, prefetched=True, screened=pre)
+            src: Any = spec_grid(
+                qj.spec, pools, cfg, cache, progress, prefetched=True, screened=pre, markets=rnd.markets
+            )
         else:
-            cands = [
+            src = [
                 _objective_for_job(c, qj.spec.objective.minimize, cfg)
                 for c in candidates_for(
                     job_id="",
@@ -265,20 +349,77 @@ def _spec_view(
                     elapsed_fraction=progress,
                 )
             ]
-        feasible_all = sorted((c for c in cands if c.feasible), key=_sort_key)
-        fastest = min((c.expected_hours_p90 for c in feasible_all), default=0.0)
-        static = (cands, feasible_all, sorted(feasible_all, key=_cost_key), fastest)
+        static = _static(src, pools, rnd.name_rank, rnd.markets)
         cache.views[skey] = static
-    cands, feasible, by_cost, fastest = static
-    if room is None:
-        fitting = [c for c in feasible if fits_now(c, pool_by_name[c.pool])]
-    else:  # fits_now against each pool's room computed once per round (free_room)
-        fitting = [
-            c
-            for c in feasible
-            if (c.nodes <= room[c.pool][0] if c.nodes > 1 else c.devices <= room[c.pool][1])
-        ]
-    return _SpecView(cands, feasible, fitting, prune(fitting, cfg), by_cost, fastest, _seed(fitting, cfg))
+    grid = static.grid
+    fits = rnd.fits(grid)
+    feasible = static.order
+    fitting = feasible[fits[feasible]]
+    useful_fitting = pareto_rows(static, None, fits) if cfg.pareto_pruning else fitting
+    return _SpecView(
+        static,
+        fits,
+        Rows(grid, feasible.tolist()),
+        Rows(grid, fitting.tolist()),
+        _prune_rows(grid, useful_fitting, cfg),
+        Rows(grid, static.by_cost.tolist()),
+        static.fastest,
+        _seed_rows(grid, useful_fitting, cfg),
+    )
+
+
+@dataclass(frozen=True)
+class _RoundPools:
+    """What the round's views read of its pools: the free room per pool, the pools' rank by name (the
+    candidates' tie-break) and their markets."""
+
+    whole: np.ndarray  # whole free nodes per pool
+    single: np.ndarray  # largest single-node gang that fits now per pool
+    name_rank: np.ndarray
+    markets: list[str]
+
+    @classmethod
+    def of(cls, pools: Sequence[Pool], cache: CandidateCache) -> _RoundPools:
+        room = [free_room(p) for p in pools]
+        names = [p.name for p in pools]
+        _, rank = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+        return cls(
+            np.asarray([r[0] for r in room], dtype=np.int64),
+            np.asarray([r[1] for r in room], dtype=np.int64),
+            np.asarray(rank, dtype=np.int64).reshape(-1),
+            pool_markets(pools, cache),
+        )
+
+    def fits(self, grid: CandidateGrid) -> np.ndarray:
+        """``fits_now`` of every row of ``grid``."""
+        p = grid.pool
+        return np.where(grid.nodes > 1, grid.nodes <= self.whole[p], grid.devices <= self.single[p])
+
+
+def _prune_rows(
+    grid: CandidateGrid, rows: np.ndarray, cfg: SchedulerConfig, limit: int | None = None
+) -> tuple[Candidate, ...]:
+    """:func:`prune` of the grid's ``rows`` (sorted cheapest first)."""
+    cap = cfg.max_options_per_job if limit is None else limit
+    per_pool_max = cfg.max_options_per_pool
+    kept: list[int] = []
+    per_pool: dict[int, int] = defaultdict(int)
+    pools = grid.pool
+    for k in rows.tolist():
+        p = int(pools[k])
+        if per_pool[p] >= per_pool_max:
+            continue
+        kept.append(k)
+        per_pool[p] += 1
+        if len(kept) >= cap:
+            break
+    return tuple(grid.candidate(k) for k in kept)
+
+
+def _seed_rows(grid: CandidateGrid, rows: np.ndarray, cfg: SchedulerConfig) -> Sequence[Candidate]:
+    if cfg.seed_options_per_job is None:
+        return Rows(grid, rows.tolist())
+    return _prune_rows(grid, rows, cfg, cfg.seed_options_per_job)
 
 
 def _view_key(
@@ -325,12 +466,6 @@ def queued_progress(qj: QueuedJob) -> float:
     return min(max(float(qj.progress_fraction), 0.0), 0.999)
 
 
-def _seed(fitting: Sequence[Candidate], cfg: SchedulerConfig) -> tuple[Candidate, ...]:
-    if cfg.seed_options_per_job is None:
-        return tuple(fitting)
-    return prune(fitting, cfg, cfg.seed_options_per_job)
-
-
 def _tenant_limits(cfg: SchedulerConfig, running: Sequence[RunningJob]) -> dict[str, TenantLimit]:
     """Quota left per tenant after its running jobs."""
     devices: dict[str, int] = defaultdict(int)
@@ -369,7 +504,7 @@ def schedule_round(
     pool_by_name = {p.name: p for p in pools}
     problem: list[ProblemJob] = []
     # job -> (feasible, fitting now: both by objective; feasible by expected cost)
-    info: dict[str, tuple[list[Candidate], list[Candidate], list[Candidate]]] = {}
+    info: dict[str, tuple[Sequence[Candidate], Sequence[Candidate], Sequence[Candidate]]] = {}
     unplaced: list[Unplaced] = []
     kept: list[str] = []
     running_by_id: dict[str, RunningJob] = {}
@@ -377,33 +512,49 @@ def schedule_round(
 
     views: dict[tuple[str, Minimize, float], _SpecView] = {}
     late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
-    full: list[tuple[ProblemJob, list[Candidate]]] = []
+    full: list[tuple[ProblemJob, Sequence[Candidate]]] = []
     # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
     pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
-    room = {p.name: free_room(p) for p in pools}
+    rnd = _RoundPools.of(pools, cache)
     screened = _prefetch_queue(jobs, pools, pools_key, cfg, cache) if cfg.vectorised_pricing else None
+    tv = cfg.time_value_usd_per_hour
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
         view = views.get(vkey)
         if view is None:
-            view = _spec_view(qj, pools, pool_by_name, pools_key, cfg, cache, room, screened)
+            view = _spec_view(qj, pools, rnd, pools_key, cfg, cache, screened)
             views[vkey] = view
+        static = view.static
+        grid = static.grid
+        feasible_rows = static.order
         if deadline is None:
             feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
+            seed_pool = view.seed
         else:
             left_s = deadline - now_s  # the view's finish_s is the p90 duration
-            feasible = [c for c in view.feasible if c.finish_s <= left_s]
-            fitting = [c for c in view.fitting if c.finish_s <= left_s]
-            pruned = prune(fitting, cfg)
-            by_cost = [c for c in view.by_cost if c.finish_s <= left_s]
-            if not feasible and view.feasible:
+            on_time = grid.finish <= left_s
+            feasible_rows = static.order[on_time[static.order]]
+            if not feasible_rows.size and static.order.size:
                 # No option can finish by the deadline any more (it has passed, or the job waited too
                 # long): the deadline is missed whatever happens, so the job is placed as if it had none
                 # (cheapest, or soonest for objective.minimize: time) rather than stranded in the queue.
                 # Its waiting cost keeps the deadline's urgency, so it goes first when capacity is short.
                 late[qj.job_id] = deadline
+                feasible_rows = static.order
                 feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
+                seed_pool = view.seed
+            else:
+                ok = on_time & view.fits
+                feasible = Rows(grid, feasible_rows.tolist())
+                fitting = Rows(grid, feasible_rows[view.fits[feasible_rows]].tolist())
+                if cfg.pareto_pruning:
+                    useful = pareto_rows(static, left_s, view.fits)
+                else:
+                    useful = static.order[ok[static.order]]
+                pruned = _prune_rows(grid, useful, cfg)
+                by_cost = Rows(grid, static.by_cost[on_time[static.by_cost]].tolist())
+                seed_pool = _seed_rows(grid, useful, cfg)
         if not feasible:
             unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(view.cands, pools)))
             continue
@@ -411,9 +562,7 @@ def schedule_round(
         # what the job is expected to cost when it runs later, in objective terms but at list prices
         # (reserved capacity is not assumed to be free later)
         if qj.spec.objective.minimize == Minimize.TIME:
-            reference = min(
-                c.expected_cost_usd + cfg.time_value_usd_per_hour * c.expected_hours for c in feasible
-            )
+            reference = float((grid.cost[feasible_rows] + tv * grid.hours[feasible_rows]).min())
         else:
             reference = by_cost[0].expected_cost_usd
         wait = waiting_cost_usd(
@@ -421,8 +570,7 @@ def schedule_round(
             reference_usd=reference,
             queued_s=now_s - qj.submit_s,
             deadline_abs_s=deadline,
-            needed_s=(view.min_p90_h if deadline is None else min(c.expected_hours_p90 for c in feasible))
-            * 3600.0,
+            needed_s=(view.min_p90_h if deadline is None else float(grid.p90[feasible_rows].min())) * 3600.0,
             now_s=now_s,
             config=cfg,
         )
@@ -433,8 +581,7 @@ def schedule_round(
             unplaced_usd=reference + wait,
             rank_usd=wait,
         )
-        seed_pool = view.seed if deadline is None or qj.job_id in late else _seed(fitting, cfg)
-        full.append((pj, list(seed_pool)))
+        full.append((pj, seed_pool))
 
     # Keep the model small (the cheapest few options per job) without losing good packings: each job also
     # keeps the option a greedy pass over a wider list of its fitting options gives it.
@@ -444,14 +591,13 @@ def schedule_round(
         )
         for p in pools
     }
-    seeds = greedy(
-        [replace(pj, options=tuple(f)) for pj, f in full], capacities, _tenant_limits(cfg, running)
-    )
-    for pj, fitting in full:
+    # (the wider lists are made into candidates only as far as the greedy pass reads them)
+    seeds = greedy([replace(pj, options=f) for pj, f in full], capacities, _tenant_limits(cfg, running))
+    for pj, wider in full:
         opts = list(pj.options)
         g = seeds.get(pj.job_id)
-        if g is not None and not any(o is fitting[g] for o in opts):
-            opts.append(fitting[g])
+        if g is not None and not any(o is wider[g] for o in opts):
+            opts.append(wider[g])
             opts.sort(key=_sort_key)
         problem.append(replace(pj, options=tuple(opts)) if len(opts) != len(pj.options) else pj)
 
@@ -491,25 +637,25 @@ def schedule_round(
             others = tuple(_alternative(o) for o in pj.options if o is not chosen)[:2]
             placements.append(_placement(pj, chosen, reason, others, from_pool=rj.pool))
             continue
-        feasible, fitting, by_cost = info[pj.job_id]
+        feasible_now, fitting_now, by_cost_now = info[pj.job_id]
         if idx is None:
             unplaced.append(
                 Unplaced(
                     pj.job_id,
                     pj.tenant,
-                    _unplaced_reason(pj, feasible, fitting, usage, pool_by_name, tenants),
+                    _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants),
                 )
             )
             continue
         chosen = pj.options[idx]
-        reason = _placement_reason(chosen, fitting, feasible, by_cost, pool_by_name)
+        reason = _placement_reason(chosen, fitting_now, feasible_now, by_cost_now, pool_by_name)
         if pj.job_id in late:
             over_s = now_s + chosen.expected_hours_p90 * 3600.0 - late[pj.job_id]
             reason += (
                 f"; misses its deadline: no option finishes by it any more (p90 finish "
                 f"{_fmt_dur(max(over_s, 0.0))} after it)"
             )
-        placements.append(_placement(pj, chosen, reason, _alternatives(chosen, by_cost)))
+        placements.append(_placement(pj, chosen, reason, _alternatives(chosen, by_cost_now)))
     order = {qj.job_id: i for i, qj in enumerate(jobs)}
     order.update({rj.job_id: len(jobs) + i for i, rj in enumerate(running)})
     placements.sort(key=lambda p: order.get(p.job_id, 0))

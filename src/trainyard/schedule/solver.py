@@ -39,7 +39,9 @@ from trainyard.schedule.types import Candidate, SchedulerConfig
 class ProblemJob:
     job_id: str
     tenant: str
-    options: tuple[Candidate, ...]  # feasible and structurally able to fit now; cheapest objective first
+    # feasible and structurally able to fit now; cheapest objective first (the greedy seeding pass also
+    # takes wider, lazily made sequences)
+    options: Sequence[Candidate]
     unplaced_usd: float | None  # reference + waiting cost if left out; None = must be placed (running job)
     rank_usd: float = 0.0  # greedy order: larger goes first (priority × urgency × waiting cost)
     current_devices: int = 0  # devices held now (running jobs), for the tenant device quota

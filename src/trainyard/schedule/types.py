@@ -121,6 +121,10 @@ class SchedulerConfig:
     # Price each spec's pool × device-count grid as arrays (``schedule.grid``); False: one quote per option
     # (``candidates.price_option``), the reference the vectorised path equals option for option.
     vectorised_pricing: bool = True
+    # Drop each job's dominated options before the model (``round.pareto_rows``: another option of the same
+    # pool costs no more, finishes no later and takes no more capacity); the optimum is unchanged, and the
+    # per-job option limits above then keep only options that can matter.
+    pareto_pruning: bool = True
 
 
 @dataclass(frozen=True)
