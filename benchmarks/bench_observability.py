@@ -6,7 +6,9 @@ that the machine's background load hits each alike:
 
 - ``off``: tracing off (``OTEL_SDK_DISABLED=true``), nobody scrapes ``/metrics``;
 - ``tracing``: spans exported over OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp``) to a receiver on 127.0.0.1;
-- ``metrics``: tracing off, ``/metrics`` scraped every ``SCRAPE_EVERY_S`` as Prometheus would;
+- ``metrics``: tracing off, ``/metrics`` scraped as Prometheus would, every ``--scrape-every-s`` (default
+  1 s, 5-15 times a usual Prometheus interval, so that every round has several scrapes; the first one
+  as the measurement starts), with the open jobs the load leaves queued (executor none) to collect;
 - ``both``: tracing and scraping;
 - ``both_10pct``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1.
 
@@ -49,7 +51,7 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     "both": ("otlp", True),
     "both_10pct": ("otlp-10%", True),
 }
-SCRAPE_EVERY_S = 5.0
+SCRAPE_EVERY_S = 1.0
 
 
 class Receiver:
@@ -82,20 +84,25 @@ class Receiver:
 
 
 class Scraper:
-    """GETs /metrics every SCRAPE_EVERY_S with the admin key, as a Prometheus server would."""
+    """GETs /metrics with the admin key as a Prometheus server would: once as the measurement starts,
+    then every ``every_s``; keeps each scrape's wall time."""
 
-    def __init__(self, url: str, key: str) -> None:
-        self.url, self.key = url, key
+    def __init__(self, url: str, key: str, every_s: float) -> None:
+        self.url, self.key, self.every_s = url, key, every_s
         self.stop = threading.Event()
         self.scrapes = 0
+        self.durations_ms: list[float] = []
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        with httpx.Client(timeout=10) as c:
-            while not self.stop.wait(SCRAPE_EVERY_S):
+        with httpx.Client(timeout=30) as c:
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
                 r = c.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.key}"})
                 if r.status_code == 200:
                     self.scrapes += 1
+                    self.durations_ms.append((time.perf_counter() - t0) * 1000)
+                self.stop.wait(self.every_s)
 
 
 def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subprocess.Popen[bytes], int]:
@@ -142,7 +149,9 @@ def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subproces
     return proc, port
 
 
-def measure(config: str, home: Path, receiver: Receiver, clients: int, requests: int) -> dict[str, Any]:
+def measure(
+    config: str, home: Path, receiver: Receiver, clients: int, requests: int, scrape_every_s: float
+) -> dict[str, Any]:
     proc, port = start_server(config, home, receiver)
     scraper = None
     try:
@@ -150,14 +159,19 @@ def measure(config: str, home: Path, receiver: Receiver, clients: int, requests:
         headers = {"Authorization": f"Bearer {key}"}
         asyncio.run(_load(port, "/v1/jobs", headers, clients, max(1, 200 // clients)))  # warm-up
         if CONFIGS[config][1]:
-            scraper = Scraper(f"http://127.0.0.1:{port}", key)
+            scraper = Scraper(f"http://127.0.0.1:{port}", key, scrape_every_s)
             scraper.thread.start()
         cpu0 = _process_cpu_s(proc.pid)
         res = asyncio.run(_load(port, "/v1/jobs", headers, clients, max(1, requests // clients)))
         cpu1 = _process_cpu_s(proc.pid)
         if cpu0 is not None and cpu1 is not None:
             res["server_cpu_ms_per_request"] = round((cpu1 - cpu0) * 1000 / max(1, res["requests"]), 3)
+        if scraper is not None:
+            scraper.stop.set()
+            scraper.thread.join(30)
         res["scrapes"] = scraper.scrapes if scraper is not None else 0
+        if scraper is not None and scraper.durations_ms:
+            res["scrape_ms_median"] = round(statistics.median(scraper.durations_ms), 2)
         res["load_avg_1m"] = round(os.getloadavg()[0], 2)
         return res
     finally:
@@ -173,6 +187,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1600)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON results go")
+    ap.add_argument("--scrape-every-s", type=float, default=SCRAPE_EVERY_S)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset (off is always run)")
     args = ap.parse_args()
     chosen = ["off", *[c for c in args.configs.split(",") if c in CONFIGS and c != "off"]]
@@ -184,12 +200,13 @@ def main() -> None:
             for config in order:
                 home = Path(tmp) / f"{config}-{r}"
                 home.mkdir()
-                res = measure(config, home, receiver, args.clients, args.requests)
+                res = measure(config, home, receiver, args.clients, args.requests, args.scrape_every_s)
                 runs[config].append(res)
                 print(
                     f"round {r + 1} {config:>6}: {res['submissions_per_s']:8.1f} submissions/s  "
                     f"p50 {res['p50_ms']:6.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
                     f"cpu {res.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/request  "
+                    f"scrapes {res['scrapes']} ({res.get('scrape_ms_median', 0)} ms)  "
                     f"errors {res['errors']}  load {res['load_avg_1m']}",
                     flush=True,
                 )
@@ -201,6 +218,10 @@ def main() -> None:
                 x.get("server_cpu_ms_per_request", 0.0) for x in rs
             ),
             "p99_ms_median": statistics.median(x["p99_ms"] for x in rs),
+            "scrapes": sum(x["scrapes"] for x in rs),
+            "scrape_ms_median": statistics.median(
+                [x["scrape_ms_median"] for x in rs if "scrape_ms_median" in x] or [0.0]
+            ),
         }
     base = summary["off"]
     for config in chosen:
@@ -218,14 +239,14 @@ def main() -> None:
         "clients": args.clients,
         "requests_per_round": args.requests,
         "rounds": args.rounds,
-        "scrape_every_s": SCRAPE_EVERY_S,
+        "scrape_every_s": args.scrape_every_s,
         "otlp_exports_received": receiver.requests,
         "otlp_bytes_received": receiver.bytes,
         "summary": summary,
         "runs": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
     for config in chosen:
         s = summary[config]
         print(

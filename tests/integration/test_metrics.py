@@ -129,3 +129,37 @@ def test_serving_metrics_per_deployment_and_version_are_bounded() -> None:
         == 1
     )
     assert reg.get_sample_value("trainyard_inference_time_to_first_token_seconds_count", other) == 1
+
+
+def test_the_snapshot_reads_a_queue_narrowly_and_counts_failures_per_open_job(
+    live: tuple[Platform, FakeExecutor, TestClient, dict],
+) -> None:
+    from trainyard.observability import snapshot
+    from trainyard.store.models import JobEventRow
+
+    p, ex, c, h = live
+    running = tiny_spec("running")
+    running["resources"] = {"max_devices": 1}
+    jid = c.post("/v1/jobs", json={"spec": running}, headers=h).json()["id"]
+    p.tick()
+    ex.emit(jid, "heartbeat", {"rank": 0, "step": 3, "loss": 2.0, "step_time_s": 0.1})
+    p.tick()
+    waiting = tiny_spec("waiting")
+    waiting["resources"] = {"min_devices": 2, "max_devices": 2}  # waits for the running job's device
+    waiting["objective"] = {"budget_usd": 7.5}
+    queued = [c.post("/v1/jobs", json={"spec": waiting}, headers=h).json()["id"] for _ in range(3)]
+    p.tick()
+    with p.db.session() as s:
+        for kind in ("failed", "lost", "restart", "heartbeat"):
+            s.add(JobEventRow(job_id=queued[1], kind=kind, data={}, time_s=1.0))
+        s.commit()
+    snap = snapshot.take(p, p.options.clock())
+    by_id = {j.job_id: j for j in snap.open_jobs}
+    assert [j.job_id for j in snap.open_jobs] == [*reversed(queued), jid]  # newest first, across states
+    assert by_id[jid].state == "running" and by_id[jid].progress["step"] == 3
+    assert all(by_id[q].progress == {} and by_id[q].budget_usd == 7.5 for q in queued)
+    assert (by_id[queued[1]].failures, by_id[queued[1]].restarts) == (2, 1)
+    assert by_id[queued[0]].failures == 0 and by_id[jid].failures == 0
+    text = c.get("/metrics", headers=h).text
+    firing = r'trainyard_alerts_firing\{rule="job_failing_repeatedly",severity="warning"\} 1\.0'
+    assert re.search(firing, text)

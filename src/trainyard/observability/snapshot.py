@@ -7,6 +7,7 @@ except for the open ones (which the alert rules look at one by one).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import func, select
@@ -19,6 +20,9 @@ from trainyard.store.models import JobEventRow, JobRow
 from trainyard.store.repositories import TenantRepo
 
 OPEN_STATES = [s.value for s in JobState if s not in TERMINAL_STATES]
+ACTIVE_VALUES = sorted(s.value for s in ACTIVE_STATES)
+WAITING_VALUES = [v for v in OPEN_STATES if v not in ACTIVE_VALUES]
+COUNTED_EVENTS = ["failed", "lost", "preempted", "restart"]
 MAX_OPEN_JOBS = 10_000
 
 
@@ -47,38 +51,66 @@ class _OpenJob:
 
 
 def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
-    """Open jobs, reading only the columns the rules need (not the stored quotes)."""
-    q = select(
+    """Open jobs, newest first, reading only the columns the rules need (not the stored quotes). Only
+    the ones holding devices (starting, running) have their placement and last heartbeat decoded: the
+    queue, however long, costs one narrow indexed read and no JSON."""
+    base = (
+        JobRow.seq,
         JobRow.id,
         JobRow.tenant_id,
         JobRow.name,
         JobRow.state,
         JobRow.attempt,
-        JobRow.placement,
-        JobRow.progress,
         JobRow.attempt_started_at_s,
         JobRow.cost_usd,
         # only the budget, extracted in the database: open jobs' specs are not loaded on every scrape
         JobRow.spec[("objective", "budget_usd")].as_float().label("budget_usd"),
-    ).where(JobRow.state.in_(OPEN_STATES))
+    )
+    active_q = select(*base, JobRow.placement, JobRow.progress).where(JobRow.state.in_(ACTIVE_VALUES))
+    waiting_q = select(*base).where(JobRow.state.in_(WAITING_VALUES))
+    if tenant_id is not None:
+        active_q = active_q.where(JobRow.tenant_id == tenant_id)
+        waiting_q = waiting_q.where(JobRow.tenant_id == tenant_id)
+    # (seq, id, tenant, name, state, attempt, started, cost, budget, placement, progress)
+    conn = s.connection()  # Core rows: no ORM loading for columns
+    rows = [tuple(r) for r in conn.execute(active_q.order_by(JobRow.seq.desc()).limit(MAX_OPEN_JOBS))]
+    rows.extend(
+        (*r, None, None) for r in conn.execute(waiting_q.order_by(JobRow.seq.desc()).limit(MAX_OPEN_JOBS))
+    )
+    rows.sort(key=itemgetter(0), reverse=True)
+    out = []
+    for _, jid, tid, name, state, attempt, started, cost, budget, placement, progress in rows[:MAX_OPEN_JOBS]:
+        out.append(
+            _OpenJob(
+                id=jid,
+                tenant_id=tid,
+                name=name,
+                state=JobState(state),
+                attempt=attempt,
+                placement=Placement.from_dict(placement) if placement else None,
+                progress=dict(progress or {}),
+                attempt_started_at_s=started,
+                cost_usd=float(cost or 0.0),
+                budget_usd=float(budget) if budget is not None else None,
+            )
+        )
+    return out
+
+
+def _failure_counts(s: Any, tenant_id: str | None) -> dict[tuple[str, str], int]:
+    """Failure, loss, preemption and restart events per open job, joined in the database (not an
+    ``IN`` list of every open job's id)."""
+    q = (
+        select(JobEventRow.job_id, JobEventRow.kind, func.count())
+        .join(JobRow, JobRow.id == JobEventRow.job_id)
+        .where(JobRow.state.in_(OPEN_STATES), JobEventRow.kind.in_(COUNTED_EVENTS))
+    )
     if tenant_id is not None:
         q = q.where(JobRow.tenant_id == tenant_id)
-    q = q.order_by(JobRow.seq.desc()).limit(MAX_OPEN_JOBS)
-    return [
-        _OpenJob(
-            id=r.id,
-            tenant_id=r.tenant_id,
-            name=r.name,
-            state=JobState(r.state),
-            attempt=r.attempt,
-            placement=Placement.from_dict(r.placement) if r.placement else None,
-            progress=dict(r.progress or {}),
-            attempt_started_at_s=r.attempt_started_at_s,
-            cost_usd=float(r.cost_usd or 0.0),
-            budget_usd=float(r.budget_usd) if r.budget_usd is not None else None,
-        )
-        for r in s.execute(q)
-    ]
+    return {
+        (jid, kind): int(n)
+        for jid, kind, n in s.connection().execute(q.group_by(JobEventRow.job_id, JobEventRow.kind))
+    }
 
 
 def take(
@@ -106,18 +138,7 @@ def take(
                 )
             }
         open_jobs = _open_jobs(s, tenant_id)
-        ids = [j.id for j in open_jobs]
-        counts: dict[tuple[str, str], int] = {}
-        if ids:
-            rows = s.execute(
-                select(JobEventRow.job_id, JobEventRow.kind, func.count())
-                .where(
-                    JobEventRow.job_id.in_(ids),
-                    JobEventRow.kind.in_(["failed", "lost", "preempted", "restart"]),
-                )
-                .group_by(JobEventRow.job_id, JobEventRow.kind)
-            )
-            counts = {(jid, kind): int(n) for jid, kind, n in rows}
+        counts = _failure_counts(s, tenant_id) if open_jobs else {}
     health = []
     used: dict[str, int] = {}
     for j in open_jobs:

@@ -66,5 +66,10 @@ async def metrics_reader(request: Request) -> None:
 async def metrics(request: Request) -> Response:
     await metrics_reader(request)
     state = request.app.state
-    await run_in_threadpool(state.refresh_gauges)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def render() -> bytes:
+        state.refresh_gauges()
+        return generate_latest(state.metrics.registry)
+
+    # collecting reads the store: in a worker thread, so that requests go on being served meanwhile
+    return Response(await run_in_threadpool(render), media_type=CONTENT_TYPE_LATEST)
