@@ -144,6 +144,7 @@ class CandidateCache:
     _pool_tokens: dict[tuple[Any, ...], int] = field(default_factory=dict)
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
     _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
+    _pool_topologies: dict[int, tuple[Pool, Any]] = field(default_factory=dict)
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
     # price of pools of that class is priced from it (``cost.quote.priced_option``)
     times: dict[tuple[Any, ...], AllocationTimes] = field(default_factory=dict)
@@ -180,6 +181,19 @@ class CandidateCache:
         if len(self._pool_classes) > 4096 and id(pool) not in self._pool_classes:
             self._pool_classes.clear()
         return _per_object(self._pool_classes, pool, self._pool_class)
+
+    def pool_topology(self, pool: Pool) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
+        """The pool's accelerator (``cost.quote.pool_accelerator``), its topology for the predictor
+        (``cost.quote.predict_kwargs``) and the group key of both (accelerator, memory, sorted topology),
+        memoised per pool object."""
+        if len(self._pool_topologies) > 4096 and id(pool) not in self._pool_topologies:
+            self._pool_topologies.clear()
+        return _per_object(self._pool_topologies, pool, self._pool_topology)
+
+    def _pool_topology(self, pool: Pool) -> tuple[Any, dict[str, Any], tuple[Any, ...]]:
+        acc = pool_accelerator(pool, self.accelerator(pool))
+        topology = predict_kwargs(pool, acc)
+        return acc, topology, (acc.name, acc.memory_gib, *sorted(topology.items()))
 
     def _pool_class(self, pool: Pool) -> tuple[Any, tuple[Any, ...]]:
         acc = pool_accelerator(pool, self.accelerator(pool))
@@ -269,13 +283,32 @@ def prefetch_predictions(
         _predict_one_spec(spec, acc, topology, missing, cache)
 
 
+#: Per accelerator, device memory and topology (a group key, ``CandidateCache.pool_topology``): the
+#: accelerator, the topology and the device counts wanted there.
+CountGroups = dict[tuple[Any, ...], tuple[Any, dict[str, Any], list[int]]]
+
+
+def count_groups(pools_counts: Sequence[tuple[Pool, Sequence[int]]], cache: CandidateCache) -> CountGroups:
+    """The device counts of ``pools_counts`` grouped by what the predictor reads of a pool; specs screened
+    alike on a round's pools (same eligibility and device range) share them."""
+    groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], set[int]]] = {}
+    for pool, counts in pools_counts:
+        acc, topology, gk = cache.pool_topology(pool)
+        group = groups.get(gk)
+        if group is None:
+            group = groups[gk] = (acc, topology, set())
+        group[2].update(counts)
+    return {gk: (acc, topology, sorted(counts)) for gk, (acc, topology, counts) in groups.items()}
+
+
 def prefetch_predictions_many(
-    work: Sequence[tuple[JobSpec, Sequence[tuple[Pool, Sequence[int]]]]], cache: CandidateCache
+    work: Sequence[tuple[JobSpec, Sequence[tuple[Pool, Sequence[int]]] | CountGroups]], cache: CandidateCache
 ) -> None:
     """:func:`prefetch_predictions` of many specs at once: per accelerator, device memory and topology, one
     ``trainyard.predict.predict_grouped`` call evaluates the plans of every spec that needs predictions
     there in one vectorised pass (equal to ``predict_many`` per spec). A group the predictor rejects is
-    predicted spec by spec, as :func:`prefetch_predictions` does."""
+    predicted spec by spec, as :func:`prefetch_predictions` does. A spec's pools may come as their
+    :func:`count_groups`."""
     groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], list[tuple[JobSpec, dict[int, Any]]]]] = {}
     requested: set[tuple[Any, ...]] = set()  # asked for by an earlier spec of the same shape
     for spec, pools_counts in work:
@@ -304,7 +337,7 @@ def prefetch_predictions_many(
 
 def _missing_predictions(
     spec: JobSpec,
-    pools_counts: Sequence[tuple[Pool, Sequence[int]]],
+    pools_counts: Sequence[tuple[Pool, Sequence[int]]] | CountGroups,
     cache: CandidateCache,
     requested: set[tuple[Any, ...]] | None = None,
 ) -> dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]]:
@@ -312,22 +345,20 @@ def _missing_predictions(
     (with their memo keys; none already memoised or in ``requested``), after the calibration hook answered
     what it could."""
     shape = cache.shape(spec)
+    cg = pools_counts if isinstance(pools_counts, dict) else count_groups(pools_counts, cache)
+    measured = spec.measured.step_time_s
+    ref = spec.resources.min_devices or 1
+    predictions = cache.predictions
     groups: dict[tuple[Any, ...], tuple[Any, dict[str, Any], dict[int, tuple[Any, ...]]]] = {}
-    for pool, counts in pools_counts:
-        acc = pool_accelerator(pool, cache.accelerator(pool))
-        topology = predict_kwargs(pool, acc)
-        gk = (acc.name, acc.memory_gib, *sorted(topology.items()))
-        group = groups.get(gk)
-        if group is None:
-            group = groups[gk] = (acc, topology, {})
-        wanted = list(counts)
-        if acc.name in spec.measured.step_time_s:
-            wanted.append(spec.resources.min_devices or 1)
-        missing = group[2]
+    for gk, (acc, topology, counts) in cg.items():
+        missing: dict[int, tuple[Any, ...]] = {}
+        groups[gk] = (acc, topology, missing)
+        wanted = [*counts, ref] if acc.name in measured else counts
+        name, mem, rest = gk[0], gk[1], gk[2:]
         for d in wanted:
             if d not in missing:
-                pk = _prediction_key(shape, acc, d, topology)
-                if pk not in cache.predictions and (requested is None or pk not in requested):
+                pk = (shape, name, mem, d, *rest)  # ``_prediction_key``
+                if pk not in predictions and (requested is None or pk not in requested):
                     missing[d] = pk
     if cache.calibrated is not None:
         for acc, topology, missing in groups.values():
@@ -431,6 +462,13 @@ def _eligibility_key(spec: JobSpec) -> tuple[Any, ...]:
         tuple(m.value for m in spec.objective.markets),
         spec.resources.min_memory_per_device_gib,
     )
+
+
+def screen_key(spec: JobSpec, cache: CandidateCache) -> tuple[Any, ...]:
+    """What :func:`eligibility` and :func:`device_counts` read of a spec: specs equal in it are screened
+    alike on every pool."""
+    r = spec.resources
+    return (_per_object(cache._eligibility_keys, spec, _eligibility_key), r.min_devices, r.max_devices)
 
 
 def eligibility(spec: JobSpec, pool: Pool, cache: CandidateCache) -> str:

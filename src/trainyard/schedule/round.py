@@ -17,14 +17,17 @@ import numpy as np
 from trainyard.catalog.pools import Pool
 from trainyard.schedule.candidates import (
     CandidateCache,
+    CountGroups,
     candidates_for,
     capacity_reason,
+    count_groups,
     device_counts,
     eligibility,
     fits_now,
     pool_price_key,
     prefetch_predictions_many,
     price_option,
+    screen_key,
     to_candidate,
 )
 from trainyard.schedule.grid import CandidateGrid, Rows, pool_markets, spec_grid
@@ -259,22 +262,29 @@ def dominators(grid: CandidateGrid, order: np.ndarray) -> tuple[np.ndarray, np.n
     it sorts first (so it costs the objective no more) and takes no more of anything the round's constraints
     count: devices (tenant quotas), the pool capacity it consumes, whole nodes."""
     n = len(order)
+    has = np.zeros(n, dtype=bool)
+    first = np.full(n, math.inf)
     if n < 2:
-        return np.zeros(n, dtype=bool), np.full(n, math.inf)
+        return has, first
     pool = grid.pool[order]
     dev = grid.devices[order]
     cap = grid.capacity[order]
     nodes = grid.nodes[order]
     span = np.where(nodes > 1, nodes, 0)  # whole nodes a multi-node option takes (single-node: none)
-    dom = (
-        (pool[:, None] == pool[None, :])
-        & (dev[:, None] <= dev[None, :])
-        & (cap[:, None] <= cap[None, :])
-        & (span[:, None] <= span[None, :])
-    )
-    dom &= np.tri(n, k=-1, dtype=bool).T  # i < j
     fin = grid.finish[order]
-    return dom.any(axis=0), np.where(dom, fin[:, None], math.inf).min(axis=0)
+    # rows grouped by pool, each group in order: compare every row with the ones k places before it
+    by_pool = np.argsort(pool, kind="stable")
+    grouped = pool[by_pool]
+    for k in range(1, n):
+        i, j = by_pool[:-k], by_pool[k:]
+        same = grouped[:-k] == grouped[k:]
+        if not same.any():
+            break
+        hit = same & (dev[i] <= dev[j]) & (cap[i] <= cap[j]) & (span[i] <= span[j])
+        if hit.any():
+            has[j[hit]] = True
+            np.minimum.at(first, j[hit], fin[i[hit]])
+    return has, first
 
 
 def pareto_rows(static: _Static, left_s: float | None, rows_ok: np.ndarray | None = None) -> np.ndarray:
@@ -440,15 +450,22 @@ def _prefetch_queue(
     """Predict, in one vectorised pass per accelerator and topology (``prefetch_predictions_many``), what
     the queue's specs without a memoised candidate list will be priced on; returns each such spec's pools
     with their device counts and eligibility reasons, by spec key."""
-    work = []
+    work: list[tuple[Any, CountGroups]] = []
     seen: dict[str, list[tuple[Pool, list[int], str]]] = {}
+    # specs alike in what screening reads (escape hatches, markets, memory, device range) share it
+    alike: dict[tuple[Any, ...], tuple[list[tuple[Pool, list[int], str]], CountGroups]] = {}
     for qj in jobs:
         key = cache.key(qj.spec)
         if key in seen or _view_key(qj, pools_key, cfg, cache) in cache.views:
             continue
-        screened = [(p, device_counts(qj.spec, p, cache), eligibility(qj.spec, p, cache)) for p in pools]
-        seen[key] = screened
-        work.append((qj.spec, [(p, counts) for p, counts, why in screened if counts and not why]))
+        sk = screen_key(qj.spec, cache)
+        hit = alike.get(sk)
+        if hit is None:
+            screened = [(p, device_counts(qj.spec, p, cache), eligibility(qj.spec, p, cache)) for p in pools]
+            groups = count_groups([(p, counts) for p, counts, why in screened if counts and not why], cache)
+            hit = alike[sk] = (screened, groups)
+        seen[key] = hit[0]
+        work.append((qj.spec, hit[1]))
     if work:
         prefetch_predictions_many(work, cache)
     return seen
