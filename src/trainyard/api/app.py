@@ -27,6 +27,7 @@ from trainyard.api.routers import (
     pools,
     quotes,
     records,
+    sweeps,
     tenants,
 )
 from trainyard.services.lifecycle import JobState
@@ -61,6 +62,7 @@ def create_app(
             {"name": "budgets", "description": "Dollar budgets per tenant and tag, alerts, hard limits."},
             {"name": "models", "description": "Model registry: versions, lineage, aliases, promotion."},
             {"name": "evaluations", "description": "Paired evaluations of a model against a baseline."},
+            {"name": "sweeps", "description": "Hyperparameter sweeps: group quotes, halving, one budget."},
             {"name": "code", "description": "Code archives that entrypoint jobs run in."},
             {"name": "deployments", "description": "Serve model versions: replicas, traffic, autoscaling."},
             {"name": "openai", "description": "OpenAI-compatible API over the tenant's deployments."},
@@ -91,6 +93,7 @@ def create_app(
         governance.router,
         models.router,
         evaluations.router,
+        sweeps.router,
         code.router,
         deployments.router,
         openai.router,

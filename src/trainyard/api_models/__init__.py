@@ -18,6 +18,8 @@ from trainyard.api_models.data import (
     EvaluationList,
     ModelList,
     ModelVersionDoc,
+    SweepDoc,
+    SweepList,
 )
 from trainyard.api_models.jobs import (
     CheckpointDoc,
@@ -89,6 +91,8 @@ __all__ = [
     "QuoteOptionDoc",
     "QuoteResponse",
     "ResultDoc",
+    "SweepDoc",
+    "SweepList",
     "TenantCreated",
     "TenantDoc",
     "TenantList",

@@ -87,6 +87,32 @@ class EvaluationList(Document):
     evaluations: list[EvaluationDoc]
 
 
+class SweepDoc(Document):
+    """A hyperparameter sweep: its state, its group quote, what its trials have spent against its budget,
+    the best trial and the model version registered from it (``trials`` on ``get``, not on ``list``)."""
+
+    id: str = Field(examples=["sweep-3f9a0c1b2d4e"])
+    name: str
+    state: str = Field(
+        examples=["succeeded"], description="running | cancelling | succeeded | failed | cancelled"
+    )
+    reason: str = ""
+    budget_usd: float | None = None
+    spent_usd: float = 0.0
+    budget_stopped: bool = False
+    best_trial: dict[str, Any] | None = None
+    model_version: str | None = None
+    trial_counts: dict[str, int] = Field(default_factory=dict)
+    quote: dict[str, Any] = Field(default_factory=dict)
+    trials: list[dict[str, Any]] | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
+class SweepList(Document):
+    sweeps: list[SweepDoc]
+
+
 class DeploymentDoc(Document):
     name: str
     state: str

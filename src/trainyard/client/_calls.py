@@ -459,6 +459,57 @@ def run_evaluation(
     return Call("POST", "/v1/evaluations", _doc(M.EvaluationDoc), json=body)
 
 
+# ---- sweeps ---------------------------------------------------------------------------------------
+def sweep_document(sweep: Any) -> dict[str, Any]:
+    """The JSON document of a sweep: a mapping (sent as it is; the server validates it), a
+    :class:`~trainyard.spec.sweep.SweepSpec`, or the path of a YAML/JSON sweep file (validated here first,
+    so every error is reported before anything is sent)."""
+    if isinstance(sweep, Mapping):
+        return dict(sweep)
+    if hasattr(sweep, "template") and hasattr(sweep, "model_dump"):
+        return {
+            **sweep.model_dump(mode="json", by_alias=True, exclude={"template"}),
+            "template": sweep.template.to_document(),
+        }
+    if isinstance(sweep, str | PathLike):
+        from trainyard.spec.loader import parse_document
+        from trainyard.spec.sweep import sweep_from_dict
+
+        path = Path(sweep).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise E.SpecError(
+                f"{path}: no such file", hint="Give the path of a sweep YAML or JSON file."
+            ) from None
+        doc = parse_document(text, str(path))
+        sweep_from_dict(doc, str(path))
+        return dict(doc)
+    raise E.InvalidInputError(
+        f"a sweep must be a dict, a SweepSpec or a sweep file path, not {type(sweep).__name__}",
+        hint="Pass the path of a kind: Sweep file, or its parsed document.",
+    )
+
+
+def create_sweep(sweep: Any) -> Call[M.SweepDoc]:
+    return Call("POST", "/v1/sweeps", _doc(M.SweepDoc), json=sweep_document(sweep))
+
+
+def get_sweep(sweep_id: str) -> Call[M.SweepDoc]:
+    return Call("GET", f"/v1/sweeps/{_seg(sweep_id)}", _doc(M.SweepDoc))
+
+
+def list_sweeps(limit: int) -> Call[M.SweepList]:
+    return Call("GET", "/v1/sweeps", _doc(M.SweepList), params={"limit": limit})
+
+
+def cancel_sweep(sweep_id: str) -> Call[M.SweepDoc]:
+    return Call("POST", f"/v1/sweeps/{_seg(sweep_id)}/cancel", _doc(M.SweepDoc))
+
+
+SWEEP_DONE = ("succeeded", "failed", "cancelled")
+
+
 def get_evaluation(eval_id: str) -> Call[M.EvaluationDoc]:
     return Call("GET", f"/v1/evaluations/{_seg(eval_id)}", _doc(M.EvaluationDoc))
 

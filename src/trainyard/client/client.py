@@ -496,6 +496,32 @@ class TrainyardClient:
                 raise E.ServiceUnavailableError(f"evaluation {eval_id} still {doc.state} after {timeout_s} s")
             time.sleep(poll_s)
 
+    # ---- sweeps ------------------------------------------------------------------------------------
+    def create_sweep(self, sweep: Any) -> M.SweepDoc:
+        """Create a sweep from a ``kind: Sweep`` document, a SweepSpec or a sweep file path: the answer
+        carries its group quote; its trials start as jobs on the server's next ticks."""
+        return self._do(C.create_sweep(sweep))
+
+    def get_sweep(self, sweep_id: str) -> M.SweepDoc:
+        return self._do(C.get_sweep(sweep_id))
+
+    def list_sweeps(self, *, limit: int = 100) -> M.SweepList:
+        return self._do(C.list_sweeps(limit))
+
+    def cancel_sweep(self, sweep_id: str) -> M.SweepDoc:
+        return self._do(C.cancel_sweep(sweep_id))
+
+    def wait_sweep(self, sweep_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0) -> M.SweepDoc:
+        """Poll a sweep until it ends (succeeded, failed or cancelled)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            doc = self.get_sweep(sweep_id)
+            if doc.state in C.SWEEP_DONE:
+                return doc
+            if deadline is not None and time.monotonic() > deadline:
+                raise E.ServiceUnavailableError(f"sweep {sweep_id} still {doc.state} after {timeout_s} s")
+            time.sleep(poll_s)
+
     # ---- deployments (DESIGN §3.9) -------------------------------------------------------------
     def create_deployment(
         self,

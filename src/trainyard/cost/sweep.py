@@ -17,7 +17,7 @@ sweep runs, so the quote gives:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -139,10 +139,13 @@ def quote_sweep(
     *,
     params: cm.CostParams = cm.DEFAULT_PARAMS,
     now: datetime | None = None,
+    quoter: Callable[[JobSpec, Sequence[Pool] | None], list[QuoteOption]] | None = None,
 ) -> SweepQuote:
+    """``quoter`` prices one trial (default: :func:`trainyard.cost.quote.quote` with ``params``); the
+    service passes the quote its admission uses, calibrated with the step times measured there."""
     trials: list[TrialQuote] = []
     for i, (values, spec) in enumerate(trial_specs(sweep)):
-        options = quote(spec, pools, params=params, now=now)
+        options = quoter(spec, pools) if quoter is not None else quote(spec, pools, params=params, now=now)
         best = next((o for o in options if o.feasible), None)
         reason = "" if best else (options[0].reason if options else "no pool can run it")
         steps = best.total_steps if best and best.total_steps else spec.workload.total_steps()
@@ -193,3 +196,23 @@ def quote_sweep(
     return SweepQuote(
         sweep.name, trials, rungs, expected, worst, hours, sweep.budget_usd, feasible, reason, notes
     )
+
+
+def rung_steps(rungs: Sequence[Rung], total_steps: int) -> list[int]:
+    """The step at which each rung ends for a trial of ``total_steps`` steps (the rung fractions applied
+    to that trial's own length)."""
+    return [max(1, math.ceil(total_steps * r.fraction)) for r in rungs]
+
+
+def promotes(value: float, competing: Sequence[float], reduction_factor: int, goal: str) -> bool:
+    """Asynchronous successive halving (ASHA, Li et al. 2020): a trial that reached a rung with ``value``
+    goes on when it ranks in the best ``⌊k/η⌋`` of the ``k`` values recorded at that rung so far (its own
+    included); while fewer than η have been recorded it goes on only as the best of them. This is the
+    rule of Optuna's ``SuccessiveHalvingPruner`` and Ray Tune's ``ASHAScheduler``: decisions are made as
+    trials arrive, so nothing waits for the slowest trial of a rung."""
+    if not competing:
+        return True
+    ordered = sorted(competing, reverse=goal == "maximize")
+    keep = max(1, len(ordered) // reduction_factor)
+    threshold = ordered[keep - 1]
+    return value >= threshold if goal == "maximize" else value <= threshold

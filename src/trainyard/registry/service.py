@@ -157,6 +157,7 @@ class ModelVersion:
             "metrics": self.doc.get("metrics") or {},
             "run_record": self.doc.get("run_record"),
             "evaluation": self.doc.get("evaluation"),
+            "sweep": self.doc.get("sweep"),
             "architecture": (self.doc.get("config") or {}).get("architectures"),
             "shape": self.doc.get("shape"),
             "files": self.doc.get("files") or {},
@@ -567,8 +568,12 @@ class RegistryService:
             ) from exc
 
     # ---- fine-tunes ---------------------------------------------------------------------------------
-    def register_job_output(self, s: Session, job: Any, result: dict[str, Any]) -> ModelVersion:
-        """Register a finished training job's model (inside the supervisor's transaction)."""
+    def register_job_output(
+        self, s: Session, job: Any, result: dict[str, Any], *, sweep: dict[str, Any] | None = None
+    ) -> ModelVersion:
+        """Register a finished training job's model (inside the supervisor's transaction); ``sweep`` is the
+        lineage of a sweep's best trial (the sweep, the trial, its parameters and value), kept in the
+        version's document."""
         spec = job.spec
         tenant = TenantRepo(s).by_id(job.tenant_id)
         tenant_name = tenant.name if tenant else job.tenant_id
@@ -634,6 +639,7 @@ class RegistryService:
                 "files": files,
                 "run_record": run_record,
                 "metrics": metrics,
+                **({"sweep": sweep} if sweep is not None else {}),
             },
             created_by=tenant_name,
         )

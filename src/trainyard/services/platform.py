@@ -163,6 +163,17 @@ class Platform:
             self.supervisor.metrics_max_rows_per_s = settings.metrics_max_rows_per_s
             self.supervisor.tenant_limits = self.tenants.all_limits
         self._wire_registry(clock)
+        from trainyard.services.sweeps import SweepService
+
+        supervisor = self.supervisor
+        self.sweeps = SweepService(
+            self.db,
+            self.jobs,
+            registry=self.registry,
+            live_pools=self.pools.pools,
+            executable=supervisor.executable if supervisor is not None else None,
+            clock=clock,
+        )
         from trainyard.serving.gateway import Gateway
         from trainyard.serving.models import ChainedModelSource, RegistryModelSource, StorageModelSource
         from trainyard.serving.service import ServingService
@@ -365,6 +376,10 @@ class Platform:
             self.evaluations.launch_pending()
         except Exception:
             log.exception("evaluation_launch_phase_failed")
+        try:  # after the supervisor: trials' new metrics, ends and cancels are in
+            self.sweeps.tick()
+        except Exception:
+            log.exception("sweep_phase_failed")
 
     def start_loop(self) -> None:
         if self._thread is not None:

@@ -126,4 +126,5 @@ from trainyard.store import datasets_models as _datasets_models  # noqa: E402,F4
 from trainyard.store import governance_models as _governance_models  # noqa: E402,F401  (tables on Base)
 from trainyard.store import registry_models as _registry_models  # noqa: E402,F401  (registers the tables)
 from trainyard.store import serving_models as _serving_models  # noqa: E402,F401  (registers the tables)
+from trainyard.store import sweep_models as _sweep_models  # noqa: E402,F401  (registers the tables)
 from trainyard.store import telemetry_models as _telemetry_models  # noqa: E402,F401  (registers the tables)

@@ -1,0 +1,162 @@
+"""Sweeps end to end on this machine: trials are real jobs on the local executor, successive halving
+reads their live step metrics and cancels the losers, one budget holds across all trials, and the best
+trial's model is registered with lineage to the sweep. Another tenant's sweep is 404."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controlplane_support import in_process_platform, tiny_spec
+from trainyard.services.platform import Platform
+from trainyard.settings import Settings
+
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+PRICE_USD_PER_DEVICE_HOUR = 36.0  # 1 cent a second per CPU device: a trial costs cents, visibly
+STEPS = 400
+LEARNING_RATES = [3e-3, 1e-6, 1e-2, 3e-6, 1e-3, 1e-5]  # six trials; the tiny ones barely move the loss
+
+
+def sweep_doc(name: str, *, budget_usd: float, rates: list[float], halving: bool = True) -> dict[str, Any]:
+    template = tiny_spec(name, steps=STEPS, seed=7)
+    template["checkpoint"] = {"interval": "1s"}  # stopped trials keep a checkpoint of where they were
+    doc: dict[str, Any] = {
+        "apiVersion": "trainyard/v1",
+        "kind": "Sweep",
+        "name": name,
+        "method": "grid",
+        "parameters": {"workload.learning_rate": {"values": rates}},
+        "max_parallel": 2,
+        "budget_usd": budget_usd,
+        "metric": {"name": "loss", "goal": "minimize"},
+        "template": template,
+    }
+    if halving:
+        doc["early_stopping"] = {"method": "successive_halving", "reduction_factor": 2, "min_fraction": 0.25}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
+    settings = Settings(home=tmp_path_factory.mktemp("sweeps"), metrics_max_rows_per_s=0)
+    with in_process_platform(settings, price_usd_per_device_hour=PRICE_USD_PER_DEVICE_HOUR) as live:
+        yield live
+
+
+def wait_sweep(c: TestClient, h: dict[str, str], sweep_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    doc: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        doc = c.get(f"/v1/sweeps/{sweep_id}", headers=h).json()
+        if doc["state"] in ("succeeded", "failed", "cancelled"):
+            return doc
+        time.sleep(0.5)
+    raise AssertionError(
+        f"{sweep_id} not done in {timeout_s} s: {doc.get('state')} {doc.get('trial_counts')}"
+    )
+
+
+def test_six_trial_sweep_is_quoted_run_halved_and_its_best_registered(live: Any) -> None:
+    _platform, c, h = live
+    budget = 5.0
+    r = c.post("/v1/sweeps", json=sweep_doc("lr-halving", budget_usd=budget, rates=LEARNING_RATES), headers=h)
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["state"] == "running"
+    assert len(created["trials"]) == 6
+    q = created["quote"]  # the group quote, before anything ran
+    assert q["expected_cost_usd"] > 0 and q["max_cost_usd"] >= q["expected_cost_usd"] * (1 - 1e-9)
+    assert [rung["steps"] for rung in q["rungs"]] == [100, 200, 400]
+
+    doc = wait_sweep(c, h, created["id"])
+    assert doc["state"] == "succeeded", doc
+    trials = doc["trials"]
+    stopped = [t for t in trials if t["state"] == "stopped"]
+    completed = [t for t in trials if t["state"] == "completed"]
+    assert stopped, [(t["name"], t["state"], t["rungs"], t["decisions"]) for t in trials]
+    assert completed
+    for t in stopped:  # stopped for real: the job was cancelled, its checkpoint is kept
+        job = c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()
+        assert job["state"] == "cancelled"
+        assert job["checkpoints"], job
+        assert t["checkpoint"]["step"] < STEPS
+        assert "successive halving" in t["reason"]
+        decided = [d for d in t["decisions"].values() if not d["continue"]]
+        assert len(decided) == 1 and decided[0]["rank"] > 1
+        # the metric the decision used is the one the platform serves for the job
+        curve = c.get(f"/v1/jobs/{t['job_id']}/metrics", headers=h).json()
+        assert curve["points"] and curve["last_step"] < STEPS
+
+    # the budget across every trial: what the jobs were charged, and never more than the budget
+    costs = [c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()["cost_usd"] for t in trials if t["job_id"]]
+    assert doc["spent_usd"] == pytest.approx(sum(costs), abs=1e-4)
+    assert 0 < doc["spent_usd"] <= budget
+
+    best = doc["best_trial"]
+    values = {t["index"]: t["final_value"] for t in completed}
+    assert best["index"] == min(values, key=lambda i: values[i])
+    version = c.get(f"/v1/models/{doc['model_version']}", headers=h).json()
+    assert version["name"] == "lr-halving"
+    assert version["source_job"] == best["job_id"]
+    assert version["sweep"]["id"] == doc["id"]
+    assert version["sweep"]["parameters"] == best["parameters"]
+    assert version["sweep"]["trial"] == best["index"]
+
+    listed = c.get("/v1/sweeps", headers=h).json()["sweeps"]
+    assert doc["id"] in [s["id"] for s in listed]
+
+
+def test_the_budget_caps_the_sweep(live: Any) -> None:
+    """A budget that fits about two trials: no more trials start than fit, and the spend stays within it."""
+    _platform, c, h = live
+    budget = 0.6
+    doc = sweep_doc("lr-budget", budget_usd=budget, rates=[1e-3, 2e-3, 3e-3, 4e-3], halving=False)
+    r = c.post("/v1/sweeps", json=doc, headers=h)
+    assert r.status_code == 201, r.text
+    done = wait_sweep(c, h, r.json()["id"])
+    states = [t["state"] for t in done["trials"]]
+    assert "skipped" in states or done["budget_stopped"], done
+    costs = [
+        c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()["cost_usd"] for t in done["trials"] if t["job_id"]
+    ]
+    assert sum(costs) == pytest.approx(done["spent_usd"], abs=1e-4)
+    assert done["spent_usd"] <= budget
+
+
+def test_another_tenants_sweep_is_404_and_cancel_stops_trials(live: Any) -> None:
+    _platform, c, h = live
+    r = c.post("/v1/tenants", json={"name": "other-team"}, headers=h)
+    assert r.status_code == 201, r.text
+    other = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    mine = c.post("/v1/sweeps", json=sweep_doc("lr-mine", budget_usd=5.0, rates=[1e-3, 2e-3]), headers=h)
+    assert mine.status_code == 201, mine.text
+    sweep_id = mine.json()["id"]
+    for method, path in (("get", f"/v1/sweeps/{sweep_id}"), ("post", f"/v1/sweeps/{sweep_id}/cancel")):
+        resp = getattr(c, method)(path, headers=other)
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"]["code"] == "not_found"
+    assert c.get("/v1/sweeps", headers=other).json()["sweeps"] == []
+    assert c.post(f"/v1/sweeps/{sweep_id}/cancel", headers=h).json()["state"] in ("cancelling", "cancelled")
+    done = wait_sweep(c, h, sweep_id, timeout_s=120)
+    assert done["state"] == "cancelled"
+    for t in done["trials"]:
+        assert t["state"] in ("cancelled", "skipped"), t
+        if t["job_id"]:
+            assert c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()["state"] in ("cancelled", "succeeded")
+
+
+def test_invalid_and_infeasible_sweeps_are_refused(live: Any) -> None:
+    _, c, h = live
+    bad = sweep_doc("lr-bad", budget_usd=1.0, rates=[1e-3])
+    bad["parameters"] = {"workload.nope.x": {"values": [1]}}
+    r = c.post("/v1/sweeps", json=bad, headers=h)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_spec", r.text
+    gpu = sweep_doc("lr-gpu", budget_usd=1.0, rates=[1e-3])
+    gpu["template"]["requirements"] = {"allow": ["h100"]}
+    r = c.post("/v1/sweeps", json=gpu, headers=h)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "infeasible", r.text
