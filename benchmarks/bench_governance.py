@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_api import _load, free_port, postgres_db, wait_ready
+from bench_api import _load, _process_cpu_s, free_port, postgres_db, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_governance.json"
@@ -120,10 +120,16 @@ def run_db(db: str, url: str, home: Path, args: argparse.Namespace) -> dict[str,
         off, on = [], []
         for _ in range(args.rounds):
             for key, out in ((plain, off), (governed, on)):
+                cpu0 = _process_cpu_s(proc.pid)
                 res = asyncio.run(
                     _load(port, "/v1/jobs", {"Authorization": f"Bearer {key}"}, args.clients, per_client)
                 )
+                cpu1 = _process_cpu_s(proc.pid)
                 assert res["errors"] == 0, res
+                if cpu0 is not None and cpu1 is not None:
+                    res["server_cpu_ms_per_request"] = round(
+                        (cpu1 - cpu0) * 1000 / max(1, res["requests"]), 3
+                    )
                 out.append(res)
         off_med = statistics.median(r["submissions_per_s"] for r in off)
         on_med = statistics.median(r["submissions_per_s"] for r in on)
@@ -138,6 +144,16 @@ def run_db(db: str, url: str, home: Path, args: argparse.Namespace) -> dict[str,
             "on_p99_ms": statistics.median(r["p99_ms"] for r in on),
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }
+        if all("server_cpu_ms_per_request" in r for r in off + on):
+            off_cpu = statistics.median(r["server_cpu_ms_per_request"] for r in off)
+            on_cpu = statistics.median(r["server_cpu_ms_per_request"] for r in on)
+            row.update(
+                off_server_cpu_ms_per_request=off_cpu,
+                on_server_cpu_ms_per_request=on_cpu,
+                # requests per server CPU-second, on as a share of off: the ratio load on the machine
+                # disturbs least
+                on_over_off_per_cpu=round(off_cpu / on_cpu, 3),
+            )
         if args.duration > 0:
             row["rate_limit"] = accuracy(port, limited, args.rate, args.duration)
         return row
@@ -173,6 +189,13 @@ def main() -> None:
         print(
             f"{db:<11} off {row['off_median']:>8.1f}/s  on {row['on_median']:>8.1f}/s  "
             f"on/off {row['on_over_off'] * 100:5.1f} %  "
+            + (
+                f"server CPU {row['off_server_cpu_ms_per_request']:.2f} vs "
+                f"{row['on_server_cpu_ms_per_request']:.2f} ms/request "
+                f"(on/off per CPU {row['on_over_off_per_cpu'] * 100:5.1f} %)  "
+                if "on_over_off_per_cpu" in row
+                else ""
+            )
             + (
                 f"rate limit {rl['admitted']} admitted / {rl['expected']} expected "
                 f"({rl['admitted_over_expected'] * 100:.1f} %) in {rl['duration_s']} s"

@@ -122,6 +122,106 @@ def test_hard_budget_edge_under_concurrent_submissions(db_url: str, tmp_path: Pa
         p.close()
 
 
+def _budget_reads(p: Platform) -> list[int]:
+    """A counter of the statements that read a tenant's budget definitions (the admission slow path)."""
+    from sqlalchemy import event
+
+    seen = [0]
+
+    @event.listens_for(p.db.engine, "before_cursor_execute")
+    def _count(_conn: Any, _cur: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().startswith("SELECT budgets.id") and "budgets.tenant_id" in statement:
+            seen[0] += 1
+
+    return seen
+
+
+def test_fast_admissions_from_cached_budgets_hold_the_edge_under_concurrency(
+    db_url: str, tmp_path: Path
+) -> None:
+    """With the tenant's budget definitions cached, admissions reserve in one conditional statement
+    (no read of the budgets): 100 concurrent ones, 5 rounds, still admit exactly what fits."""
+    p = _platform(tmp_path / "home", db_url)
+    try:
+        spec = JobSpec.model_validate(tiny_spec("fast-edge", steps=200))
+        doc = spec.to_document()
+        amount, _ = reservation_amount(p.jobs.quote_for(doc, spec_digest(doc)))
+        reads = _budget_reads(p)
+        fits = 41
+        for rnd in range(ROUNDS):
+            name = f"fast-{rnd}"
+            p.tenants.create(name)
+            p.governance.set_budget(name, usd=amount * (fits + 0.5), hard=True)
+            who = _principal(p, name)
+            p.jobs.submit(who, spec)  # the first admission reads the budgets and caches them
+            before = reads[0]
+            created, refused, other = _storm(p, who, spec)
+            assert not other, other[:3]
+            assert len(created) == fits - 1 and len(refused) == CONCURRENT - fits + 1
+            # the admitted ones took the fast path; only refusals (which explain themselves) read budgets
+            assert reads[0] - before == len(refused), (reads[0] - before, len(refused))
+            budget = p.governance.get_budget(who, name)
+            assert budget["reserved_usd"] == pytest.approx(fits * amount, rel=1e-9)
+            assert budget["reserved_usd"] <= budget["usd"] + 1e-6
+    finally:
+        p.close()
+
+
+def test_cached_budgets_never_admit_past_a_change_made_by_another_server(db_url: str, tmp_path: Path) -> None:
+    """Two platforms on one database stand for two server processes: A has the tenant's budgets cached;
+    B lowers the limit, adds a hard tag budget, makes the budget soft, raises it — every admission A
+    makes afterwards obeys the change at once (no cache lifetime, no overshoot)."""
+    clock = ManualClock(1_801_267_200.0)  # 2027-01-30: the test steps into the next month at its end
+    a = _platform(tmp_path / "a", db_url, clock=clock)
+    b = _platform(tmp_path / "b", db_url, clock=clock)
+    try:
+        spec = JobSpec.model_validate(tiny_spec("two", steps=200))
+        doc = spec.to_document()
+        amount, _ = reservation_amount(a.jobs.quote_for(doc, spec_digest(doc)))
+        a.tenants.create("shared")
+        a.governance.set_budget("shared", usd=amount * 10.5, hard=True)
+        who = _principal(a, "shared")
+        for _ in range(3):
+            a.jobs.submit(who, spec)
+        assert a.jobs.budget_cache.get(who.tenant_id) is not None
+        # B lowers the limit to what is already reserved: A refuses the next one
+        b.governance.set_budget("shared", usd=amount * 3.5, hard=True)
+        with pytest.raises(BudgetExceededError):
+            a.jobs.submit(who, spec)
+        # B raises it again: A admits at once
+        b.governance.set_budget("shared", usd=amount * 5.5, hard=True)
+        a.jobs.submit(who, spec)
+        # B adds a hard budget for one team that the cached definitions do not know of
+        b.governance.set_budget("shared", usd=amount * 0.5, hard=True, tag="team=support")
+        tagged = JobSpec.model_validate({**tiny_spec("two", steps=200), "tags": {"team": "support"}})
+        with pytest.raises(BudgetExceededError) as err:
+            a.jobs.submit(who, tagged)
+        assert err.value.details["tag"] == "team=support"
+        a.jobs.submit(who, spec)  # untagged work still has room under the tenant budget (5 of 5.5)
+        with pytest.raises(BudgetExceededError):
+            a.jobs.submit(who, spec)
+        # B makes the tenant budget soft: nothing more is reserved against it, and A admits
+        b.governance.set_budget("shared", usd=amount * 5.5, hard=False)
+        reserved = a.governance.get_budget(who, "shared")["reserved_usd"]
+        a.jobs.submit(who, spec)
+        assert a.governance.get_budget(who, "shared")["reserved_usd"] == pytest.approx(reserved)
+        # a new period (no period row yet) is reserved against from zero
+        b.governance.set_budget("shared", usd=amount * 1.5, hard=True)
+        with pytest.raises(BudgetExceededError):
+            a.jobs.submit(who, spec)
+        clock.now += 4 * 86400.0  # 2027-02
+        a.jobs.submit(who, spec)
+        with pytest.raises(BudgetExceededError):
+            a.jobs.submit(who, spec)
+        reconciled = a.governance.reconcile(
+            Principal(tenant_id="x", tenant_name="default", key_id="k", admin=True)
+        )
+        assert reconciled["mismatches"] == []
+    finally:
+        a.close()
+        b.close()
+
+
 # ---- rate limit under 100 concurrent requests ------------------------------------------------------------
 @pytest.mark.parametrize("store", ["memory", "database"])
 def test_rate_limit_bucket_admits_exactly_its_burst_under_concurrency(

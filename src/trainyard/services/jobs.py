@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -144,6 +144,8 @@ class JobService:
         self._quote_cache: dict[str, list[dict[str, Any]] | TrainyardError] = {}
         self._quote_cache_pools = ""
         self._quote_lock = threading.Lock()
+        # budget definitions per tenant for the admission fast path (see ledger.BudgetCache)
+        self.budget_cache = ledger.BudgetCache()
         # submission-time resolution of registry references (model.base), set by the platform
         self.spec_resolver: Callable[[Principal, JobSpec], JobSpec] | None = None
         # OpenTelemetry tracer for the ``job.submit`` span (set by observability.install_observability)
@@ -220,6 +222,11 @@ class JobService:
                 # a budget applies: quote now (cached by spec digest), to reserve the quoted cost in the
                 # same transaction as the job
                 reserve = reservation_amount(self.quote_for(doc, digest)) if principal.governed else None
+                tags = dict(doc.get("tags") or {})
+                if reserve is not None and principal.max_queued_jobs is None:
+                    fast = self._submit_reserving(principal, job, first_event, tags, reserve[0], now)
+                    if fast is not None:
+                        return fast, True
                 with self.db.session() as s:
                     # One serialising point per tenant: the tenant's row, locked for the transaction
                     # (SELECT … FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
@@ -237,15 +244,19 @@ class JobService:
                         open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
                         check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
                     if reserve is not None:
+                        conn = s.connection()
+                        budgets = ledger.tenant_budgets(conn, principal.tenant_id)
+                        self.budget_cache.put(principal.tenant_id, budgets)
                         ledger.reserve(
-                            s.connection(),
+                            conn,
                             tenant_id=principal.tenant_id,
                             tenant_name=principal.tenant_name,
                             job_id=job.id,
-                            tags=dict(doc.get("tags") or {}),
+                            tags=tags,
                             amount_usd=reserve[0],
                             basis=reserve[1],
                             now_s=now,
+                            budgets=budgets,
                         )
                     stored = repo.add(job, first_event=first_event)
             return stored, True
@@ -256,6 +267,43 @@ class JobService:
             if found is None:
                 raise
             return found, False
+
+    def _submit_reserving(
+        self,
+        principal: Principal,
+        job: Job,
+        first_event: tuple[str, dict[str, Any], float],
+        tags: dict[str, Any],
+        amount_usd: float,
+        now: float,
+    ) -> Job | None:
+        """The admission fast path of a tenant with one hard budget that applies to the job: reserve
+        and insert in one short Core transaction, from cached budget definitions (ledger.reserve_one
+        re-reads what decides inside its statement). None, with nothing written, when the slow path
+        (:func:`ledger.reserve` with fresh definitions, which also explains a refusal) has to decide."""
+        cached = self.budget_cache.get(principal.tenant_id)
+        pick = ledger.single_hard_budget(cached, tags) if cached is not None else None
+        if pick is None:
+            return None
+        budget, n_hard = pick
+        if self.db.dialect == "postgresql":
+            with self.db.write_connection(single_statement=True) as conn:
+                seq = ledger.reserve_one_and_insert_job(
+                    conn,
+                    budget=budget,
+                    n_hard=n_hard,
+                    job=job,
+                    first_event=first_event,
+                    amount_usd=amount_usd,
+                    now_s=now,
+                )
+            return None if seq is None else replace(job, seq=seq)
+        with self.db.write_connection() as conn:
+            if not ledger.reserve_one(
+                conn, budget=budget, n_hard=n_hard, job_id=job.id, amount_usd=amount_usd, now_s=now
+            ):
+                return None
+            return insert_job(conn, job, first_event)
 
     def check_walls(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
         """The spec document with every storage location it names in canonical form, after the tenant

@@ -140,7 +140,7 @@ class Platform:
         self.alerts.health = health
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
-        self.governance.on_budgets_changed = self.tenants.invalidate_tenant
+        self.governance.on_budgets_changed = self._budgets_changed
         self.rate_limiter = RateLimiter(make_store(self.db, settings.rate_limit_backend))
         self.supervisor: Supervisor | None = None
         if self.options.executor is not None:
@@ -363,6 +363,10 @@ class Platform:
             log.error("ledger_mismatch", mismatches=exc.details.get("mismatches", [])[:20])
 
     # ---- control loop ----------------------------------------------------------------------------
+    def _budgets_changed(self, tenant_id: str) -> None:
+        self.tenants.invalidate_tenant(tenant_id)
+        self.jobs.budget_cache.invalidate(tenant_id)
+
     def tick(self) -> None:
         if self.supervisor is not None:
             self.supervisor.tick()

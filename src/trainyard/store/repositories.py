@@ -127,7 +127,9 @@ class TenantRepo:
 
     def update(self, name: str, **fields: object) -> Tenant | None:
         """Set the given columns of tenant ``name`` (only the keys passed); the updated tenant."""
-        row = self.s.scalars(select(TenantRow).where(TenantRow.name == name).with_for_update()).first()
+        row = self.s.scalars(
+            select(TenantRow).where(TenantRow.name == name).with_for_update(key_share=True)
+        ).first()
         if row is None:
             return None
         for key, value in fields.items():
@@ -151,8 +153,11 @@ class TenantRepo:
     def lock(self, tenant_id: str) -> None:
         """Lock the tenant's row until the transaction ends (``SELECT … FOR UPDATE``): the one point that
         serialises a tenant's quota-checked submissions. SQLite has no row locks (the statement runs
-        without ``FOR UPDATE``); there ``BEGIN IMMEDIATE`` already makes every write transaction exclusive."""
-        self.s.execute(select(TenantRow.id).where(TenantRow.id == tenant_id).with_for_update())
+        without ``FOR UPDATE``); there ``BEGIN IMMEDIATE`` already makes every write transaction exclusive.
+        The lock is ``FOR NO KEY UPDATE``: it serialises lockers, but not the foreign-key checks of rows
+        that name the tenant (a job inserted by a transaction that already holds a budget period's row
+        lock), which would otherwise deadlock against a locker waiting for that period row."""
+        self.s.execute(select(TenantRow.id).where(TenantRow.id == tenant_id).with_for_update(key_share=True))
 
 
 class ApiKeyRepo:
@@ -220,7 +225,22 @@ def insert_job(
     """Insert a new job and, when given, its first (kind, data, time_s) event on ``conn`` (Core path, no
     ORM bookkeeping; statements compiled once); return the job with its sequence. On PostgreSQL the job
     and its event are one statement (a data-modifying CTE: atomic, one round trip)."""
-    params = {
+    params = job_insert_params(job)
+    if first_event is not None and conn.dialect.name == "postgresql":
+        kind, data, time_s = first_event
+        params.update(event_kind=kind, event_data=data, event_time_s=time_s)
+        seq = conn.execute(_INSERT_JOB_WITH_EVENT, params).scalar_one()
+    else:
+        seq = conn.execute(_INSERT_JOB, params).scalar_one()
+        if first_event is not None:
+            kind, data, time_s = first_event
+            conn.execute(_INSERT_EVENT, {"job_id": job.id, "kind": kind, "data": data, "time_s": time_s})
+    return replace(job, seq=int(seq))
+
+
+def job_insert_params(job: Job) -> dict[str, Any]:
+    """The bound parameters of a new job's row (one per column of ``jobs`` but ``seq``)."""
+    return {
         "id": job.id,
         "tenant_id": job.tenant_id,
         "name": job.name,
@@ -242,16 +262,6 @@ def insert_job(
         "attempt_started_at_s": None,
         "run_dir": None,
     }
-    if first_event is not None and conn.dialect.name == "postgresql":
-        kind, data, time_s = first_event
-        params.update(event_kind=kind, event_data=data, event_time_s=time_s)
-        seq = conn.execute(_INSERT_JOB_WITH_EVENT, params).scalar_one()
-    else:
-        seq = conn.execute(_INSERT_JOB, params).scalar_one()
-        if first_event is not None:
-            kind, data, time_s = first_event
-            conn.execute(_INSERT_EVENT, {"job_id": job.id, "kind": kind, "data": data, "time_s": time_s})
-    return replace(job, seq=int(seq))
 
 
 class JobRepo:

@@ -21,7 +21,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, bindparam, delete, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
 
 from trainyard.errors import BudgetExceededError, InvalidInputError, LedgerMismatchError
 from trainyard.store.governance_models import (
@@ -31,7 +43,8 @@ from trainyard.store.governance_models import (
     GovernanceEventRow,
     LedgerEntryRow,
 )
-from trainyard.store.models import JobRow
+from trainyard.store.models import JobEventRow, JobRow
+from trainyard.store.repositories import job_insert_params
 
 KIND_DEVICE = "device_seconds"
 KIND_STORAGE = "storage_gb_hours"
@@ -59,7 +72,89 @@ _RESERVE = (
     )
     .values(reserved_usd=_PERIODS.c.reserved_usd + bindparam("amount"))
 )
+
 _INSERT_RESERVATION = insert(_RESERVATIONS)
+# The admission fast path (:func:`reserve_one`): one conditional UPDATE that reads the limit and the
+# tenant's number of hard budgets from the budgets table in the same statement, so a reservation made
+# from cached budget definitions is exactly as strict as one made after reading them.
+_HARD_LIMIT = (
+    select(_BUDGETS.c.limit_usd)
+    .where(_BUDGETS.c.id == bindparam("b_id"), _BUDGETS.c.hard.is_(True))
+    .scalar_subquery()
+)
+_HARD_COUNT = (
+    select(func.count())
+    .select_from(_BUDGETS)
+    .where(_BUDGETS.c.tenant_id == bindparam("tenant_id"), _BUDGETS.c.hard.is_(True))
+    .scalar_subquery()
+)
+_RESERVE_ONE = (
+    update(_PERIODS)
+    .where(
+        _PERIODS.c.budget_id == bindparam("b_id"),
+        _PERIODS.c.period_key == bindparam("b_pk"),
+        _PERIODS.c.spent_usd + _PERIODS.c.reserved_usd + bindparam("amount") <= _HARD_LIMIT + 1e-9,
+        bindparam("n_hard") == _HARD_COUNT,
+    )
+    .values(reserved_usd=_PERIODS.c.reserved_usd + bindparam("amount"))
+)
+
+
+def _reserve_and_insert_job() -> Any:
+    """PostgreSQL: :func:`reserve_one` and the job with its first event as one statement (data-modifying
+    CTEs; atomic and one round trip, like the ungoverned submission)::
+
+        WITH reserved AS (UPDATE budget_periods … WHERE <room left> RETURNING budget_id),
+             reservation AS (INSERT INTO budget_reservations SELECT :id, budget_id, … FROM reserved),
+             new_job AS (INSERT INTO jobs SELECT … WHERE EXISTS (SELECT FROM reserved) RETURNING seq, id)
+        INSERT INTO job_events SELECT … FROM new_job RETURNING (SELECT seq FROM new_job)
+
+    No row comes back (and nothing is written) when the reservation is refused."""
+    jobs = cast(Table, JobRow.__table__)
+    events = cast(Table, JobEventRow.__table__)
+    reserved = _RESERVE_ONE.returning(_PERIODS.c.budget_id).cte("reserved")
+    reservation = (
+        insert(_RESERVATIONS)
+        .from_select(
+            ["job_id", "budget_id", "period_key", "remaining_usd"],
+            select(
+                bindparam("id", type_=jobs.c.id.type),
+                reserved.c.budget_id,
+                bindparam("b_pk", type_=_RESERVATIONS.c.period_key.type),
+                bindparam("amount", type_=_RESERVATIONS.c.remaining_usd.type),
+            ),
+        )
+        .cte("reservation")
+    )
+    cols = [c for c in jobs.c if c.name != "seq"]
+    new_job = (
+        insert(jobs)
+        .from_select(
+            [c.name for c in cols],
+            select(*[bindparam(c.name, type_=c.type) for c in cols]).where(
+                exists(select(reserved.c.budget_id))
+            ),
+        )
+        .returning(jobs.c.seq, jobs.c.id)
+        .cte("new_job")
+    )
+    return (
+        insert(events)
+        .from_select(
+            ["job_id", "kind", "data", "time_s"],
+            select(
+                new_job.c.id,
+                bindparam("event_kind", type_=events.c.kind.type),
+                bindparam("event_data", type_=events.c.data.type),
+                bindparam("event_time_s", type_=events.c.time_s.type),
+            ),
+        )
+        .returning(select(new_job.c.seq).scalar_subquery())
+        .add_cte(reservation)
+    )
+
+
+_RESERVE_AND_INSERT_JOB = _reserve_and_insert_job()
 
 
 @dataclass(frozen=True)
@@ -269,6 +364,105 @@ def reserve(
             ],
         )
     return out
+
+
+class BudgetCache:
+    """Each tenant's budget definitions, kept in process so that an admission needs no read of them.
+
+    A cached definition is only ever used to choose which budget period to reserve against; the
+    reservation itself (:func:`reserve_one`) re-reads the limit, the ``hard`` flag and the tenant's
+    number of hard budgets inside its one conditional UPDATE. A budget raised, lowered, made soft or
+    hard, or a new hard budget (in this process or any other on the database) therefore makes the
+    statement change nothing, and the caller falls back to :func:`reserve`, which reads the budgets
+    afresh (and refreshes this cache). A stale cache costs a slower admission, never a looser one."""
+
+    def __init__(self, max_tenants: int = 10_000) -> None:
+        self._by_tenant: dict[str, tuple[Budget, ...]] = {}
+        self._max = max_tenants
+
+    def get(self, tenant_id: str) -> tuple[Budget, ...] | None:
+        return self._by_tenant.get(tenant_id)
+
+    def put(self, tenant_id: str, budgets: Sequence[Budget]) -> None:
+        if len(self._by_tenant) >= self._max:
+            self._by_tenant.clear()
+        self._by_tenant[tenant_id] = tuple(budgets)
+
+    def invalidate(self, tenant_id: str) -> None:
+        self._by_tenant.pop(tenant_id, None)
+
+
+def single_hard_budget(budgets: Sequence[Budget], tags: dict[str, Any]) -> tuple[Budget, int] | None:
+    """(the one hard budget that applies to a job with ``tags``, the tenant's number of hard budgets),
+    or None when none or several apply (those admissions take :func:`reserve`)."""
+    hard = [b for b in budgets if b.hard]
+    applying = [b for b in hard if b.applies_to(tags)]
+    if len(applying) != 1:
+        return None
+    return applying[0], len(hard)
+
+
+def reserve_one(
+    conn: Connection,
+    *,
+    budget: Budget,
+    n_hard: int,
+    job_id: str,
+    amount_usd: float,
+    now_s: float,
+) -> bool:
+    """Reserve ``amount_usd`` against ``budget`` (the tenant's only hard budget that applies to the
+    job, as last read) in two statements: the conditional UPDATE of its period row and the job's
+    reservation row. False, with nothing written, when the statement finds the period full, the period
+    row missing (a new period), the budget's limit or hardness changed to one that refuses, or the
+    tenant's hard budgets changed in number: the caller then runs :func:`reserve`, which decides with
+    fresh definitions and explains a refusal. Like :func:`reserve`, it runs inside the caller's
+    transaction, so concurrent admissions serialise on the period row (PostgreSQL) or the writer lock
+    (SQLite) and cannot overshoot."""
+    key = period_key(budget.period, now_s)
+    amount = max(0.0, float(amount_usd))
+    params = {
+        "b_id": budget.id,
+        "b_pk": key,
+        "amount": amount,
+        "tenant_id": budget.tenant_id,
+        "n_hard": n_hard,
+    }
+    if not conn.execute(_RESERVE_ONE, params).rowcount:
+        return False
+    conn.execute(
+        _INSERT_RESERVATION,
+        {"job_id": job_id, "budget_id": budget.id, "period_key": key, "remaining_usd": amount},
+    )
+    return True
+
+
+def reserve_one_and_insert_job(
+    conn: Connection,
+    *,
+    budget: Budget,
+    n_hard: int,
+    job: Any,
+    first_event: tuple[str, dict[str, Any], float],
+    amount_usd: float,
+    now_s: float,
+) -> int | None:
+    """PostgreSQL, in autocommit: :func:`reserve_one` plus the job and its first event in one statement;
+    the new job's sequence, or None (nothing written) when the caller has to take :func:`reserve`."""
+    kind, data, time_s = first_event
+    params = job_insert_params(job)
+    params.update(
+        b_id=budget.id,
+        b_pk=period_key(budget.period, now_s),
+        amount=max(0.0, float(amount_usd)),
+        tenant_id=budget.tenant_id,
+        n_hard=n_hard,
+        event_kind=kind,
+        event_data=data,
+        event_time_s=time_s,
+    )
+    seq = conn.execute(_RESERVE_AND_INSERT_JOB, params).scalar()
+    return None if seq is None else int(seq)
 
 
 def _scope(tenant_name: str, b: Budget) -> str:
