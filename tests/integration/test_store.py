@@ -47,6 +47,7 @@ TABLES |= {  # serving
 }
 TABLES |= {"dataset_versions", "run_records"}
 TABLES |= {"job_metrics", "webhooks", "webhook_secrets", "alerts"}  # telemetry and alert delivery
+TABLES |= {"webhook_deliveries"}  # the webhook delivery outbox
 TABLES |= {"sweeps"}  # hyperparameter sweeps
 
 

@@ -1,19 +1,24 @@
-"""Alert webhooks on the wire: the signature, and one delivery with retries and exponential backoff.
+"""Alert webhooks on the wire: the signature, one attempt, and the backoff between attempts.
 
 Every delivery is a ``POST`` of the alert as JSON with these headers::
 
     Trainyard-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
     Trainyard-Alert-Id: <alert id>          Trainyard-Webhook-Id: <webhook id>
-    Trainyard-Delivery-Attempt: <1, 2, ...>
+    Trainyard-Delivery-Id: <delivery id>    Trainyard-Delivery-Attempt: <1, 2, ...>
+
+``Trainyard-Delivery-Id`` is the same on every attempt of a delivery, before and after a restart of the
+server: a receiver that has seen it already has the alert (an attempt whose answer was lost is sent
+again).
 
 like Stripe's and GitHub's: a receiver recomputes the HMAC over the timestamp and the raw body with
 the tenant's secret, compares in constant time, and refuses timestamps older than a few minutes (a
 replayed request). :func:`verify_signature` does exactly that.
 
-Retries (tenacity): connection errors, timeouts, ``429`` and ``5xx`` are retried up to ``max_attempts``
-with exponential backoff and jitter; any other answer ends the delivery. The URL is checked against the
-outbound-URL policy before every attempt (DNS can change between registration and delivery) and
-redirects are never followed.
+Retries: connection errors, timeouts, ``429`` and ``5xx`` are retried up to ``max_attempts`` with
+exponential backoff and jitter (tenacity's, :func:`retry_delay_s`); any other answer ends the delivery.
+The attempts are scheduled by the delivery outbox (``services.alerting``), which keeps each delivery's
+state in the database. The URL is checked against the outbound-URL policy before every attempt (DNS
+can change between registration and delivery) and redirects are never followed.
 """
 
 from __future__ import annotations
@@ -27,13 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState, Retrying, wait_exponential_jitter
 
 from trainyard.errors import UrlNotAllowedError
 
@@ -96,32 +95,38 @@ class DeliveryResult:
     attempts: list[AttemptResult] = field(default_factory=list)
 
 
-class _Retryable(Exception):
-    pass
+DELIVERY_ID_HEADER = "Trainyard-Delivery-Id"
 
 
-def deliver(
+def retry_delay_s(policy: DeliveryPolicy, attempt: int) -> float:
+    """How long to wait after failed attempt number ``attempt`` (1, 2, ...): tenacity's exponential
+    backoff with jitter (``backoff_initial_s`` doubling up to ``backoff_max_s``)."""
+    wait = wait_exponential_jitter(
+        initial=policy.backoff_initial_s, max=policy.backoff_max_s, jitter=policy.backoff_initial_s / 4
+    )
+    state = RetryCallState(retry_object=Retrying(), fn=None, args=(), kwargs={})
+    state.attempt_number = max(1, attempt)
+    return float(wait(state))
+
+
+def send_once(
     url: str,
-    payload: dict[str, Any],
+    body: bytes,
     *,
+    attempt: int,
     secret: str,
     headers: dict[str, str],
-    policy: DeliveryPolicy,
+    timeout_s: float,
     check_url: Callable[[str], object],
-    on_attempt: Callable[[AttemptResult], None],
-    sleep: Callable[[float], None] = time.sleep,
     transport: httpx.BaseTransport | None = None,
-) -> DeliveryResult:
-    """POST ``payload`` to ``url`` (signed afresh for each attempt), retrying as the module says;
-    ``on_attempt`` sees every attempt as it ends (the caller records it as an event)."""
-    body = json.dumps(payload, separators=(",", ":"), sort_keys=True, default=str).encode()
-    result = DeliveryResult(ok=False)
-
-    def attempt_once(n: int, client: httpx.Client) -> None:
-        t0 = time.monotonic()
-        res = AttemptResult(attempt=n, ok=False)
-        try:
-            check_url(url)
+) -> AttemptResult:
+    """One signed POST of ``body`` (signed afresh, with this attempt's number); never raises for what
+    the receiver or the network did: the result says whether it is worth retrying."""
+    t0 = time.monotonic()
+    res = AttemptResult(attempt=attempt, ok=False)
+    try:
+        check_url(url)
+        with httpx.Client(timeout=timeout_s, follow_redirects=False, transport=transport) as client:
             resp = client.post(
                 url,
                 content=body,
@@ -130,40 +135,23 @@ def deliver(
                     "Content-Type": "application/json",
                     "User-Agent": "trainyard-webhooks",
                     SIGNATURE_HEADER: sign(secret, body, int(time.time())),
-                    "Trainyard-Delivery-Attempt": str(n),
+                    "Trainyard-Delivery-Attempt": str(attempt),
                 },
             )
-            res.status_code = resp.status_code
-            res.ok = 200 <= resp.status_code < 300
-            res.retryable = resp.status_code == 429 or resp.status_code >= 500
-            if not res.ok:
-                res.error = f"HTTP {resp.status_code}"
-        except UrlNotAllowedError as exc:
-            res.error = exc.message
-        except httpx.HTTPError as exc:
-            res.error = f"{type(exc).__name__}: {exc}"[:300]
-            res.retryable = True
-        res.duration_s = round(time.monotonic() - t0, 4)
-        result.attempts.append(res)
-        on_attempt(res)
-        if res.retryable:
-            raise _Retryable(res.error)
-        result.ok = res.ok
+        res.status_code = resp.status_code
+        res.ok = 200 <= resp.status_code < 300
+        res.retryable = resp.status_code == 429 or resp.status_code >= 500
+        if not res.ok:
+            res.error = f"HTTP {resp.status_code}"
+    except UrlNotAllowedError as exc:
+        res.error = exc.message
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+        res.retryable = True
+    res.duration_s = round(time.monotonic() - t0, 4)
+    return res
 
-    retrying = Retrying(
-        stop=stop_after_attempt(max(1, policy.max_attempts)),
-        wait=wait_exponential_jitter(
-            initial=policy.backoff_initial_s, max=policy.backoff_max_s, jitter=policy.backoff_initial_s / 4
-        ),
-        retry=retry_if_exception_type(_Retryable),
-        sleep=sleep,
-        reraise=False,
-    )
-    with httpx.Client(timeout=policy.timeout_s, follow_redirects=False, transport=transport) as client:
-        try:
-            for attempt in retrying:
-                with attempt:
-                    attempt_once(attempt.retry_state.attempt_number, client)
-        except RetryError:
-            result.ok = False
-    return result
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """The body of a delivery: compact JSON with sorted keys (what the signature covers)."""
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True, default=str).encode()

@@ -17,8 +17,15 @@ Rules (thresholds from settings ``alert_*``):
 
 Each condition fires once (``alerts.dedup_key``). An alert is a job event ``alert`` (or a tenant event
 for budgets and deployments); each delivery attempt is an ``alert_delivery`` event in the same place.
-Deliveries run on a small thread pool (:mod:`trainyard.observability.webhooks` retries with backoff);
-they only ever go to webhooks of the alert's own tenant.
+Deliveries go through an outbox: one ``webhook_deliveries`` row per alert and webhook, written in the
+alert's own transaction, so that an alert is never recorded without its deliveries nor delivered
+without being recorded. A delivery loop (a thread of every process that runs the control loop or fires
+alerts) leases due rows, sends one attempt each on a small thread pool and writes the outcome back:
+``delivered``; ``failed`` (a final answer such as 4xx); or, for timeouts, connection errors, 429 and
+5xx, the next attempt's time after a backoff (:func:`~trainyard.observability.webhooks.retry_delay_s`),
+until ``webhook_max_attempts`` make it ``dead`` (the dead letters stay listed with their last error).
+A restart resumes every pending delivery where it was, with the same ``Trainyard-Delivery-Id``.
+Deliveries only ever go to webhooks of the alert's own tenant.
 """
 
 from __future__ import annotations
@@ -40,10 +47,16 @@ from sqlalchemy.orm import Session
 
 from trainyard.errors import InvalidInputError, NotFoundError
 from trainyard.executors.base import ExecutorEvent
-from trainyard.observability.webhooks import AttemptResult, DeliveryPolicy, deliver
+from trainyard.observability.webhooks import (
+    DELIVERY_ID_HEADER,
+    DeliveryPolicy,
+    encode,
+    retry_delay_s,
+    send_once,
+)
 from trainyard.services.domain import Job, Principal, iso
 from trainyard.services.lifecycle import JobState
-from trainyard.store.alert_models import AlertRow, WebhookRow, WebhookSecretRow
+from trainyard.store.alert_models import AlertRow, WebhookDeliveryRow, WebhookRow, WebhookSecretRow
 from trainyard.store.db import Database
 from trainyard.store.governance_models import GovernanceEventRow
 from trainyard.store.metrics_repo import MetricsRepo
@@ -57,6 +70,7 @@ log = structlog.get_logger("trainyard.alerts")
 _WEBHOOKS = cast(Table, WebhookRow.__table__)
 _SECRETS = cast(Table, WebhookSecretRow.__table__)
 _ALERTS = cast(Table, AlertRow.__table__)
+_DELIVERIES = cast(Table, WebhookDeliveryRow.__table__)
 _GOV_EVENTS = cast(Table, GovernanceEventRow.__table__)
 _REQUESTS = cast(Table, ServingRequestRow.__table__)
 
@@ -77,6 +91,11 @@ RULES: dict[str, str] = {
 HEALTH_RULES = ("job_failing_repeatedly", "budget_burn", "stuck_starting")
 MAX_WEBHOOKS_PER_TENANT = 20
 MAX_LISTED_ALERTS = 500
+MAX_LISTED_DELIVERIES = 200
+DELIVERY_STATES = ("pending", "delivered", "failed", "dead")
+DELIVERY_POLL_S = 1.0  # while deliveries are pending; the outbox is read at once when this process adds
+DELIVERY_IDLE_POLL_S = 5.0  # with none pending (another server process may add some)
+DELIVERY_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,25 @@ def alert_document(row: Any, tenant_name: str | None = None) -> dict[str, Any]:
     }
 
 
+def delivery_document(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "webhook_id": row.webhook_id,
+        "alert_id": f"alr-{row.alert_id}",
+        "rule": row.rule,
+        "job_id": row.job_id,
+        "url": row.url,
+        "state": row.state,
+        "attempts": row.attempts,
+        "max_attempts": row.max_attempts,
+        "last_status_code": row.last_status_code,
+        "last_error": row.last_error,
+        "next_attempt_at": iso(row.next_attempt_at_s) if row.state == "pending" else None,
+        "created_at": iso(row.created_at_s),
+        "delivered_at": iso(row.delivered_at_s) if row.delivered_at_s is not None else None,
+    }
+
+
 def p95(values: list[float]) -> float:
     """The 95th percentile (nearest rank) of ``values`` (not empty)."""
     ordered = sorted(values)
@@ -178,6 +216,8 @@ class AlertService:
         self._gov_cursor: int | None = None
         self._inflight: set[Any] = set()
         self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
         # set by the platform: the open jobs' health (observability.snapshot), for the HEALTH_RULES
         self.health: Callable[[float], list[Any]] | None = None
 
@@ -354,7 +394,9 @@ class AlertService:
                     for h in conn.execute(q)
                     if only_webhook is not None or not h.rules or cand.rule in h.rules
                 ]
-                secret = self._secret(s, cand.tenant_id) if hooks else ""
+                if hooks:
+                    self._secret(s, cand.tenant_id)  # the tenant has one from its first webhook on
+                    self._enqueue(conn, doc, cand, alert_id, hooks)
                 self._record(
                     s,
                     cand,
@@ -371,9 +413,38 @@ class AlertService:
         except IntegrityError:
             return None  # fired before (dedup_key)
         log.info("alert", rule=cand.rule, tenant=tenant, job_id=cand.job_id, webhooks=len(hooks))
-        for h in hooks:
-            self._submit(doc, cand, h.id, h.url, secret)
+        if hooks:
+            self.start()
+            self._wake.set()
         return doc
+
+    def _enqueue(
+        self, conn: Any, doc: dict[str, Any], cand: Candidate, alert_id: int, hooks: list[Any]
+    ) -> None:
+        """The alert's deliveries, in the alert's transaction (the outbox)."""
+        now = time.time()
+        for h in hooks:
+            did = f"dlv-{secrets.token_hex(8)}"
+            conn.execute(
+                _DELIVERIES.insert(),
+                {
+                    "id": did,
+                    "tenant_id": cand.tenant_id,
+                    "webhook_id": h.id,
+                    "alert_id": alert_id,
+                    "job_id": cand.job_id,
+                    "rule": cand.rule,
+                    "url": h.url,
+                    "payload": {**doc, "webhook_id": h.id, "delivery_id": did},
+                    "state": "pending",
+                    "attempts": 0,
+                    "max_attempts": self.config.delivery.max_attempts,
+                    "next_attempt_at_s": now,
+                    "claimed_until_s": None,
+                    "created_at_s": now,
+                    "updated_at_s": now,
+                },
+            )
 
     def _record(self, s: Session, cand: Candidate, kind: str, data: dict[str, Any], now: float) -> None:
         """An event where the alert's owner sees it: the job's event log, else the tenant's."""
@@ -382,73 +453,207 @@ class AlertService:
         else:
             ledger.append_event(s.connection(), cand.tenant_id, kind, data, now)
 
-    def _submit(self, doc: dict[str, Any], cand: Candidate, webhook_id: str, url: str, secret: str) -> None:
-        if self._stop.is_set():
-            return
-        fut = self._pool.submit(self._deliver, doc, cand, webhook_id, url, secret)
+    # ---- the delivery loop ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the delivery loop (idempotent): pending deliveries, including those a previous process
+        left waiting for a retry, are sent when due."""
         with self._lock:
-            self._inflight.add(fut)
-        fut.add_done_callback(self._done)
+            if self._thread is not None or self._stop.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="trainyard-webhook-outbox", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                next_due = self.deliver_due()
+            except Exception:
+                log.exception("webhook_outbox_failed")
+                next_due = None
+            if next_due is None:
+                wait = DELIVERY_IDLE_POLL_S
+            else:
+                wait = min(DELIVERY_POLL_S, max(0.0, next_due - time.time()))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def deliver_due(self) -> float | None:
+        """Lease the deliveries that are due and hand each to the senders; returns when the next pending
+        one is due (None: none pending that this process is not already sending)."""
+        now = time.time()
+        policy = self.config.delivery
+        lease_s = policy.timeout_s + 30.0  # longer than one attempt: another process takes over after
+        with self.db.session() as s:
+            conn = s.connection()
+            due = list(
+                conn.execute(
+                    select(_DELIVERIES.c.id)
+                    .where(
+                        _DELIVERIES.c.state == "pending",
+                        _DELIVERIES.c.next_attempt_at_s <= now,
+                        (_DELIVERIES.c.claimed_until_s.is_(None)) | (_DELIVERIES.c.claimed_until_s < now),
+                    )
+                    .order_by(_DELIVERIES.c.next_attempt_at_s)
+                    .limit(DELIVERY_BATCH)
+                ).scalars()
+            )
+            claimed = []
+            for did in due:
+                n = conn.execute(
+                    update(_DELIVERIES)
+                    .where(
+                        _DELIVERIES.c.id == did,
+                        _DELIVERIES.c.state == "pending",
+                        (_DELIVERIES.c.claimed_until_s.is_(None)) | (_DELIVERIES.c.claimed_until_s < now),
+                    )
+                    .values(claimed_until_s=now + lease_s)
+                ).rowcount
+                if n == 1:
+                    claimed.append(did)
+            upcoming = conn.execute(
+                select(func.min(_DELIVERIES.c.next_attempt_at_s)).where(
+                    _DELIVERIES.c.state == "pending",
+                    (_DELIVERIES.c.claimed_until_s.is_(None)) | (_DELIVERIES.c.claimed_until_s < now),
+                )
+            ).scalar()
+        for did in claimed:
+            if self._stop.is_set():
+                break
+            fut = self._pool.submit(self._attempt, did)
+            with self._lock:
+                self._inflight.add(fut)
+            fut.add_done_callback(self._done)
+        return None if upcoming is None else float(upcoming)
 
     def _done(self, fut: Any) -> None:
         with self._lock:
             self._inflight.discard(fut)
+        self._wake.set()
 
-    def _deliver(self, doc: dict[str, Any], cand: Candidate, webhook_id: str, url: str, secret: str) -> None:
-        policy = self.config.delivery
-
-        def on_attempt(res: AttemptResult) -> None:
-            data = {
-                "alert_id": doc["id"],
-                "rule": cand.rule,
-                "webhook_id": webhook_id,
-                "url": url,
-                "attempt": res.attempt,
-                "max_attempts": policy.max_attempts,
-                "ok": res.ok,
-                "status_code": res.status_code,
-                "error": res.error,
-                "duration_s": res.duration_s,
-                "will_retry": res.retryable and res.attempt < policy.max_attempts,
-            }
+    def _attempt(self, delivery_id: str) -> None:
+        """Send one attempt of a leased delivery and write its outcome."""
+        with self.db.session() as s:
+            conn = s.connection()
+            row = conn.execute(select(_DELIVERIES).where(_DELIVERIES.c.id == delivery_id)).first()
+            if row is None or row.state != "pending":
+                return
+            secret = conn.execute(
+                select(_SECRETS.c.secret).where(_SECRETS.c.tenant_id == row.tenant_id)
+            ).scalar()
+        n = int(row.attempts) + 1
+        payload = dict(row.payload)
+        res = send_once(
+            row.url,
+            encode(payload),
+            attempt=n,
+            secret=str(secret or ""),
+            headers={
+                "Trainyard-Alert-Id": str(payload.get("id")),
+                "Trainyard-Webhook-Id": row.webhook_id,
+                DELIVERY_ID_HEADER: row.id,
+            },
+            timeout_s=self.config.delivery.timeout_s,
+            check_url=self.check_url,
+            transport=self.transport,
+        )
+        max_attempts = int(row.max_attempts)
+        will_retry = res.retryable and n < max_attempts
+        now = time.time()
+        state = (
+            "delivered" if res.ok else ("pending" if will_retry else ("dead" if res.retryable else "failed"))
+        )
+        values: dict[str, Any] = {
+            "state": state,
+            "attempts": n,
+            "claimed_until_s": None,
+            "last_status_code": res.status_code,
+            "last_error": res.error,
+            "updated_at_s": now,
+        }
+        if res.ok:
+            values["delivered_at_s"] = now
+        if will_retry:
+            values["next_attempt_at_s"] = now + retry_delay_s(self.config.delivery, n)
+        cand = Candidate(
+            row.tenant_id, row.rule, str(payload.get("severity") or ""), "", "", job_id=row.job_id
+        )
+        data = {
+            "alert_id": payload.get("id"),
+            "delivery_id": row.id,
+            "rule": row.rule,
+            "webhook_id": row.webhook_id,
+            "url": row.url,
+            "attempt": n,
+            "max_attempts": max_attempts,
+            "ok": res.ok,
+            "status_code": res.status_code,
+            "error": res.error,
+            "duration_s": res.duration_s,
+            "will_retry": will_retry,
+            "state": state,
+        }
+        with self.db.session() as s:
+            s.connection().execute(update(_DELIVERIES).where(_DELIVERIES.c.id == row.id).values(**values))
             try:
-                with self.db.session() as s:
+                with s.begin_nested():
                     self._record(s, cand, "alert_delivery", data, self.clock())
             except Exception:
-                log.exception("alert_delivery_event_failed", webhook_id=webhook_id)
+                log.exception("alert_delivery_event_failed", delivery_id=row.id)
+        log.info(
+            "alert_delivery",
+            delivery_id=row.id,
+            webhook_id=row.webhook_id,
+            attempt=n,
+            ok=res.ok,
+            state=state,
+            status_code=res.status_code,
+        )
 
-        try:
-            result = deliver(
-                url,
-                {**doc, "webhook_id": webhook_id},
-                secret=secret,
-                headers={"Trainyard-Alert-Id": doc["id"], "Trainyard-Webhook-Id": webhook_id},
-                policy=policy,
-                check_url=self.check_url,
-                on_attempt=on_attempt,
-                sleep=self._sleep,
-                transport=self.transport,
+    def list_deliveries(
+        self, principal: Principal, *, webhook_id: str | None = None, limit: int = MAX_LISTED_DELIVERIES
+    ) -> list[dict[str, Any]]:
+        """The tenant's latest deliveries, newest first (a webhook's only, when named: 404 if not theirs)."""
+        q = select(_DELIVERIES).where(_DELIVERIES.c.tenant_id == principal.tenant_id)
+        with self.db.session() as s:
+            if webhook_id is not None:
+                self._own_webhook(s, principal, webhook_id)
+                q = q.where(_DELIVERIES.c.webhook_id == webhook_id)
+            rows = list(
+                s.connection().execute(
+                    q.order_by(_DELIVERIES.c.created_at_s.desc(), _DELIVERIES.c.id.desc()).limit(
+                        max(1, min(limit, MAX_LISTED_DELIVERIES))
+                    )
+                )
             )
-            log.info("alert_delivered" if result.ok else "alert_undelivered", webhook_id=webhook_id, url=url)
-        except Exception:
-            log.exception("alert_delivery_failed", webhook_id=webhook_id)
+        return [delivery_document(r) for r in rows]
 
-    def _sleep(self, seconds: float) -> None:
-        if self._stop.wait(seconds):
-            raise RuntimeError("shutting down: delivery abandoned")
+    def pending_deliveries(self) -> int:
+        with self.db.session() as s:
+            return int(
+                s.connection()
+                .execute(
+                    select(func.count()).select_from(_DELIVERIES).where(_DELIVERIES.c.state == "pending")
+                )
+                .scalar_one()
+            )
 
     def wait_idle(self, timeout_s: float = 30.0) -> bool:
-        """Block until no delivery is in flight (tests, shutdown)."""
+        """Block until no delivery is pending or being sent (tests, shutdown)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._inflight:
-                    return True
-            time.sleep(0.02)
+                busy = bool(self._inflight)
+            if not busy and self.pending_deliveries() == 0:
+                return True
+            self._wake.set()
+            time.sleep(0.05)
         return False
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- conditions seen in executor events (called after the supervisor applied them) -----------

@@ -392,6 +392,7 @@ class Platform:
         self._thread = threading.Thread(target=self._run_loop, name="trainyard-control-loop", daemon=True)
         self._thread.start()
         self.serving.start_loop()
+        self.alerts.start()  # webhook deliveries left pending by a previous run resume
 
     def _run_loop(self) -> None:
         while not self._stop.is_set():

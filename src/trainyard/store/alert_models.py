@@ -66,3 +66,36 @@ class AlertRow(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     fired_at_s: Mapped[float] = mapped_column(Float)
+
+
+class WebhookDeliveryRow(Base):
+    """The outbox: one alert to one webhook, written in the alert's transaction and delivered (retried
+    with backoff, across restarts) by the delivery loop. ``id`` is the delivery's idempotency key, sent
+    on every attempt. ``state``: pending | delivered | failed (a final non-retryable answer) | dead
+    (retryable failures until the attempts ran out). ``claimed_until_s`` leases a pending delivery to
+    one sender at a time."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "state", "next_attempt_at_s"),
+        Index("ix_webhook_deliveries_tenant", "tenant_id", "created_at_s"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    webhook_id: Mapped[str] = mapped_column(String(40))
+    alert_id: Mapped[int] = mapped_column(BigIntId)
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    rule: Mapped[str] = mapped_column(String(40))
+    url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at_s: Mapped[float] = mapped_column(Float)
+    claimed_until_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at_s: Mapped[float] = mapped_column(Float)
+    updated_at_s: Mapped[float] = mapped_column(Float)
+    delivered_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)

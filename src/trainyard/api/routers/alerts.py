@@ -91,3 +91,34 @@ async def list_alerts(
 ) -> JSONResponse:
     rows = await run_in_threadpool(_alerts(request).list_alerts, principal, job_id=job_id)
     return JSONResponse({"alerts": rows})
+
+
+@router.get(
+    "/v1/webhooks/deliveries",
+    responses=ERRORS,
+    summary="The tenant's latest webhook deliveries, newest first: state, attempts, last answer",
+)
+async def list_deliveries(
+    request: Request,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=200, description="At most this many")] = 50,
+) -> JSONResponse:
+    rows = await run_in_threadpool(_alerts(request).list_deliveries, principal, limit=limit)
+    return JSONResponse({"deliveries": rows})
+
+
+@router.get(
+    "/v1/webhooks/{webhook_id}/deliveries",
+    responses=ERRORS,
+    summary="One webhook's latest deliveries, newest first",
+)
+async def list_webhook_deliveries(
+    webhook_id: WebhookId,
+    request: Request,
+    principal: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=200, description="At most this many")] = 50,
+) -> JSONResponse:
+    rows = await run_in_threadpool(
+        _alerts(request).list_deliveries, principal, webhook_id=webhook_id, limit=limit
+    )
+    return JSONResponse({"deliveries": rows})

@@ -1,0 +1,150 @@
+"""Webhook deliveries are durable: a real `trainyard up` is killed (SIGKILL) while deliveries wait for
+their retry, and a new process on the same home sends them, with the same delivery id, to receivers on
+127.0.0.1; a delivery that keeps failing ends as a dead letter after its attempts; another tenant sees
+none of it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controlplane_support import ServerProcess
+
+
+class Receiver:
+    """Answers ``statuses[i]`` to the i-th request (the last one from then on); keeps every request."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = statuses
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with outer.lock:
+                    status = outer.statuses[min(len(outer.requests), len(outer.statuses) - 1)]
+                    outer.requests.append({"headers": dict(self.headers), "body": body, "status": status})
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.requests)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met in {timeout_s} s")
+
+
+@pytest.fixture
+def receivers() -> Iterator[tuple[Receiver, Receiver]]:
+    flaky, broken = Receiver([503, 200]), Receiver([503])
+    yield flaky, broken
+    flaky.close()
+    broken.close()
+
+
+def server(home: Path, backoff_initial_s: float) -> ServerProcess:
+    srv = ServerProcess(home)
+    srv.env.update(
+        TRAINYARD_WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32",
+        TRAINYARD_WEBHOOK_MAX_ATTEMPTS="3",
+        TRAINYARD_WEBHOOK_BACKOFF_INITIAL_S=str(backoff_initial_s),
+        TRAINYARD_WEBHOOK_BACKOFF_MAX_S="30",
+        TRAINYARD_WEBHOOK_TIMEOUT_S="5",
+    )
+    return srv.start()
+
+
+def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
+    tmp_path: Path, receivers: tuple[Receiver, Receiver]
+) -> None:
+    flaky, broken = receivers
+    home = tmp_path / "home"
+    first = server(home, backoff_initial_s=60.0)  # the retries are due long after the kill
+    try:
+        c = httpx.Client(base_url=first.url, timeout=30)
+        admin = {"Authorization": f"Bearer {first.api_key}"}
+        r = c.post("/v1/tenants", json={"name": "other"}, headers=admin)
+        assert r.status_code == 201, r.text
+        other = {"Authorization": f"Bearer {r.json()['api_key']}"}
+        hooks = {}
+        for name, rec in (("flaky", flaky), ("broken", broken)):
+            r = c.post("/v1/webhooks", json={"url": rec.url}, headers=admin)
+            assert r.status_code == 201, r.text
+            hooks[name] = r.json()["id"]
+            assert c.post(f"/v1/webhooks/{hooks[name]}/test", headers=admin).status_code == 200
+        wait_for(lambda: flaky.seen() and broken.seen(), 30, "the first attempts")
+
+        def waiting() -> list[dict[str, Any]]:
+            ds = c.get("/v1/webhooks/deliveries", headers=admin).json()["deliveries"]
+            return [d for d in ds if d["state"] == "pending" and d["attempts"] == 1]
+
+        pending = wait_for(lambda: len(waiting()) == 2 and waiting(), 30, "both waiting for a retry")
+        assert all(d["last_status_code"] == 503 and d["next_attempt_at"] for d in pending)
+    finally:
+        first.kill9()
+    assert len(flaky.seen()) == 1 and len(broken.seen()) == 1
+
+    second = server(home, backoff_initial_s=0.2)
+    try:
+        c = httpx.Client(base_url=second.url, timeout=30)
+        admin = {"Authorization": f"Bearer {second.api_key}"}
+        wait_for(lambda: len(flaky.seen()) >= 2, 30, "the flaky receiver's retry after the restart")
+        wait_for(lambda: len(broken.seen()) >= 3, 30, "the broken receiver's last attempt")
+
+        def states() -> dict[str, dict[str, Any]]:
+            ds = c.get("/v1/webhooks/deliveries", headers=admin).json()["deliveries"]
+            return {d["webhook_id"]: d for d in ds}
+
+        done = wait_for(
+            lambda: (s := states()) and {d["state"] for d in s.values()} == {"delivered", "dead"} and s,
+            30,
+            "a delivered and a dead delivery",
+        )
+        time.sleep(1.0)  # a dead letter gets no further attempt
+        assert len(flaky.seen()) == 2 and len(broken.seen()) == 3
+        assert done[hooks["flaky"]]["state"] == "delivered" and done[hooks["flaky"]]["attempts"] == 2
+        dead = done[hooks["broken"]]
+        assert (dead["state"], dead["attempts"], dead["last_status_code"]) == ("dead", 3, 503)
+        # every attempt of one delivery carries its id and its number, before and after the restart
+        for rec, hook in ((flaky, "flaky"), (broken, "broken")):
+            reqs = rec.seen()
+            assert {rq["headers"]["Trainyard-Delivery-Id"] for rq in reqs} == {done[hooks[hook]]["id"]}
+            assert [rq["headers"]["Trainyard-Delivery-Attempt"] for rq in reqs] == [
+                str(i + 1) for i in range(len(reqs))
+            ]
+        # one webhook's deliveries; another tenant's webhook is a 404 and it has no deliveries of its own
+        mine = c.get(f"/v1/webhooks/{hooks['broken']}/deliveries", headers=admin).json()["deliveries"]
+        assert [d["id"] for d in mine] == [dead["id"]]
+        assert c.get(f"/v1/webhooks/{hooks['broken']}/deliveries", headers=other).status_code == 404
+        assert c.get("/v1/webhooks/deliveries", headers=other).json()["deliveries"] == []
+    finally:
+        assert second.stop() == 0
