@@ -151,6 +151,9 @@ class CandidateCache:
     _accelerators: dict[str, Any] = field(default_factory=dict)
     max_entries: int = 500_000
     calibrated: CalibrationHook | None = None
+    # the last round's greedy seeds and solution with the model they answered (``round.schedule_round``
+    # reuses them when the next round's model is equal)
+    round_memo: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def key(self, spec: JobSpec) -> str:
         """:func:`spec_key` of ``spec``, memoised per spec object."""

@@ -209,6 +209,36 @@ class CandidateGrid:
     def candidates(self) -> list[Candidate]:
         return [self.candidate(i) for i in range(self.n)]
 
+    def with_pools_repriced(
+        self, pools: Sequence[Pool], changed: Sequence[int], sub: CandidateGrid
+    ) -> CandidateGrid:
+        """This grid on ``pools`` (the same pools as its own but for the prices of those at ``changed``)
+        with the rows of those pools taken from ``sub``, their grid alone (:func:`spec_grid` on
+        ``[pools[i] for i in changed]``): a pool's rows depend on no other pool, and a price moves no row
+        (device counts and eligibility do not read it)."""
+        g = CandidateGrid(pools, self.n, self._markets)
+        g.made = list(self.made)
+        for name in _COLUMNS:
+            setattr(g, name, getattr(self, name).copy())
+        moved = np.zeros(len(pools), dtype=bool)
+        moved[list(changed)] = True
+        at = np.flatnonzero(moved[self.pool])
+        # rows are in pool order on both grids, so the changed pools' rows come in the same order
+        if len(at) != sub.n:
+            raise ValueError("the repriced pools' rows do not match the grid's")
+        for name in _COLUMNS:
+            if name != "pool":
+                getattr(g, name)[at] = getattr(sub, name)
+        for k, i in enumerate(at.tolist()):
+            g.made[i] = sub.made[k]
+        return g
+
+
+_COLUMNS = (
+    "pool", "feasible", "devices", "nodes", "capacity", "cost", "hours", "p90", "step", "price_h", "interval",
+    "finish", "objective",
+)  # fmt: skip
+
 
 class Rows(Sequence[Candidate]):
     """Some rows of a :class:`CandidateGrid`, in a given order, as a sequence of candidates made on demand."""
@@ -231,6 +261,13 @@ class Rows(Sequence[Candidate]):
         cand = self.grid.candidate
         for k in self.idx:
             yield cand(k)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Rows):
+            return self.grid is other.grid and self.idx == other.idx
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def spec_candidates(

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from trainyard.catalog.pools import Pool
 from trainyard.schedule.candidates import (
+    _PRICE_FIELDS,
     CandidateCache,
     CountGroups,
     candidates_for,
@@ -339,11 +340,24 @@ def _spec_view(
     skey = _view_key(qj, pools_key, cfg, cache)
     static = cache.views.get(skey)
     if static is None:
+        fkey = _family_key(qj, rnd, cfg, cache)
         if cfg.vectorised_pricing:
             pre = None if screened is None else screened.get(cache.key(qj.spec))
-            src: Any = spec_grid(
-                qj.spec, pools, cfg, cache, progress, prefetched=True, screened=pre, markets=rnd.markets
-            )
+            # the same pools but for a few prices (a price moved since the spec was priced): only the rows
+            # of the pools whose price moved are priced again
+            family = cache.views.get(fkey)
+            changed = None if family is None else _moved(family[0], rnd)
+            if family is not None and changed is not None:
+                sub = spec_grid(
+                    qj.spec, [pools[i] for i in changed], cfg, cache, progress, prefetched=True,
+                    screened=None if pre is None else [pre[i] for i in changed],
+                    markets=[rnd.markets[i] for i in changed],
+                )  # fmt: skip
+                src: Any = family[1].grid.with_pools_repriced(pools, changed, sub)
+            else:
+                src = spec_grid(
+                    qj.spec, pools, cfg, cache, progress, prefetched=True, screened=pre, markets=rnd.markets
+                )
         else:
             src = [
                 _objective_for_job(c, qj.spec.objective.minimize, cfg)
@@ -361,6 +375,8 @@ def _spec_view(
             ]
         static = _static(src, pools, rnd.name_rank, rnd.markets)
         cache.views[skey] = static
+        if cfg.vectorised_pricing:
+            cache.views[fkey] = (rnd.prices, static)
     grid = static.grid
     fits = rnd.fits(grid)
     feasible = static.order
@@ -387,23 +403,32 @@ class _RoundPools:
     single: np.ndarray  # largest single-node gang that fits now per pool
     name_rank: np.ndarray
     markets: list[str]
+    prices: tuple[float | None, ...]  # each pool's own price per device-hour
+    shape_token: int  # every priced field of the pools but their own prices (``CandidateCache.pools_token``)
+    moved: dict[int, tuple[Any, list[int] | None]] = field(default_factory=dict)  # ``_moved``'s memo
 
     @classmethod
     def of(cls, pools: Sequence[Pool], cache: CandidateCache) -> _RoundPools:
         room = [free_room(p) for p in pools]
         names = [p.name for p in pools]
         _, rank = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+        keys = [cache.pool_key(p) for p in pools]
         return cls(
             np.asarray([r[0] for r in room], dtype=np.int64),
             np.asarray([r[1] for r in room], dtype=np.int64),
             np.asarray(rank, dtype=np.int64).reshape(-1),
             pool_markets(pools, cache),
+            tuple(k[_PRICE_AT] for k in keys),
+            cache.pools_token(("but prices", *(k[:_PRICE_AT] + k[_PRICE_AT + 1 :] for k in keys))),
         )
 
     def fits(self, grid: CandidateGrid) -> np.ndarray:
         """``fits_now`` of every row of ``grid``."""
         p = grid.pool
         return np.where(grid.nodes > 1, grid.nodes <= self.whole[p], grid.devices <= self.single[p])
+
+
+_PRICE_AT = _PRICE_FIELDS.index("price_usd_per_device_hour")
 
 
 def _prune_rows(
@@ -440,9 +465,37 @@ def _view_key(
             cfg.reserved_cost_factor, cfg.time_value_usd_per_hour, cfg.vectorised_pricing)  # fmt: skip
 
 
+def _family_key(
+    qj: QueuedJob, rnd: _RoundPools, cfg: SchedulerConfig, cache: CandidateCache
+) -> tuple[Any, ...]:
+    """What a spec's memoised candidate list depends on but the pools' prices: the list last priced for it
+    on pools equal in all else, with the prices it was priced at, is kept under this key."""
+    return ("family", cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj), rnd.shape_token,
+            cfg.reserved_cost_factor, cfg.time_value_usd_per_hour)  # fmt: skip
+
+
+#: A spec's rows are priced again pool by pool when at most this share of the pools' prices moved.
+REPRICE_MAX_SHARE = 0.25
+
+
+def _moved(before: tuple[Any, ...], rnd: _RoundPools) -> list[int] | None:
+    """The pools whose price moved since ``before`` (the prices a spec was priced at), or None when too many
+    did (pricing everything again is then as cheap); memoised in the round per ``before``."""
+    hit = rnd.moved.get(id(before))
+    if hit is not None and hit[0] is before:
+        return hit[1]
+    now = rnd.prices
+    changed: list[int] | None = [i for i, (a, b) in enumerate(zip(before, now, strict=True)) if a != b]
+    if changed is not None and len(changed) > REPRICE_MAX_SHARE * len(now):
+        changed = None
+    rnd.moved[id(before)] = (before, changed)
+    return changed
+
+
 def _prefetch_queue(
     jobs: Sequence[QueuedJob],
     pools: Sequence[Pool],
+    rnd: _RoundPools,
     pools_key: tuple[Any, ...],
     cfg: SchedulerConfig,
     cache: CandidateCache,
@@ -458,6 +511,9 @@ def _prefetch_queue(
         key = cache.key(qj.spec)
         if key in seen or _view_key(qj, pools_key, cfg, cache) in cache.views:
             continue
+        family = cache.views.get(_family_key(qj, rnd, cfg, cache))
+        if family is not None and _moved(family[0], rnd) is not None:
+            continue  # priced again only where a price moved (``_spec_view``), on predictions it has
         sk = screen_key(qj.spec, cache)
         hit = alike.get(sk)
         if hit is None:
@@ -483,6 +539,16 @@ def queued_progress(qj: QueuedJob) -> float:
     return min(max(float(qj.progress_fraction), 0.0), 0.999)
 
 
+def _memo(cache: CandidateCache, name: str, key: Any, make: Any) -> Any:
+    """``make()``, or its value of the last round when ``key`` equals that round's (``round_memo``)."""
+    hit = cache.round_memo.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    value = make()
+    cache.round_memo[name] = (key, value)
+    return value
+
+
 def _tenant_limits(cfg: SchedulerConfig, running: Sequence[RunningJob]) -> dict[str, TenantLimit]:
     """Quota left per tenant after its running jobs."""
     devices: dict[str, int] = defaultdict(int)
@@ -497,6 +563,50 @@ def _tenant_limits(cfg: SchedulerConfig, running: Sequence[RunningJob]) -> dict[
         )
         for tenant, quota in cfg.quotas.items()
     }
+
+
+def _job_options(
+    qj: QueuedJob,
+    deadline: float | None,
+    now_s: float,
+    vkey: tuple[Any, ...],
+    views: dict[Any, _SpecView],
+    pools: Sequence[Pool],
+    rnd: _RoundPools,
+    pools_key: tuple[Any, ...],
+    cfg: SchedulerConfig,
+    cache: CandidateCache,
+    screened: Mapping[str, list[tuple[Pool, list[int], str]]] | None,
+) -> tuple[Any, ...]:
+    """A queued job's options this round: (its spec's view, feasible rows, feasible, fitting now, the
+    model's options, feasible by cost, the greedy seed's wider list, whether its deadline is out of reach)."""
+    view = views.get(vkey)
+    if view is None:
+        view = _spec_view(qj, pools, rnd, pools_key, cfg, cache, screened)
+        views[vkey] = view
+    static = view.static
+    grid = static.grid
+    if deadline is None:
+        return (view, static.order, view.feasible, view.fitting, view.pruned, view.by_cost, view.seed, False)
+    left_s = deadline - now_s  # the view's finish_s is the p90 duration
+    on_time = grid.finish <= left_s
+    feasible_rows = static.order[on_time[static.order]]
+    if not feasible_rows.size and static.order.size:
+        # No option can finish by the deadline any more (it has passed, or the job waited too long): the
+        # deadline is missed whatever happens, so the job is placed as if it had none (cheapest, or soonest
+        # for objective.minimize: time) rather than stranded in the queue. Its waiting cost keeps the
+        # deadline's urgency, so it goes first when capacity is short.
+        return (view, static.order, view.feasible, view.fitting, view.pruned, view.by_cost, view.seed, True)
+    feasible = Rows(grid, feasible_rows.tolist())
+    fitting = Rows(grid, feasible_rows[view.fits[feasible_rows]].tolist())
+    if cfg.pareto_pruning:
+        useful = pareto_rows(static, left_s, view.fits)
+    else:
+        ok = on_time & view.fits
+        useful = static.order[ok[static.order]]
+    pruned = _prune_rows(grid, useful, cfg)
+    by_cost = Rows(grid, static.by_cost[on_time[static.by_cost]].tolist())
+    return (view, feasible_rows, feasible, fitting, pruned, by_cost, _seed_rows(grid, useful, cfg), False)
 
 
 def schedule_round(
@@ -533,45 +643,27 @@ def schedule_round(
     # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
     pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
     rnd = _RoundPools.of(pools, cache)
-    screened = _prefetch_queue(jobs, pools, pools_key, cfg, cache) if cfg.vectorised_pricing else None
+    screened = _prefetch_queue(jobs, pools, rnd, pools_key, cfg, cache) if cfg.vectorised_pricing else None
     tv = cfg.time_value_usd_per_hour
+    # a job's options this round depend on its spec's view, the time to its deadline, the pools' prices and
+    # free room and the configuration: the last round's are reused where all of those are equal
+    rkey = (rnd.whole.tobytes(), rnd.single.tobytes(), pools_key, cfg)
+    last_key, last = cache.round_memo.get("options", (None, {}))
+    before: dict[Any, Any] = last if last_key == rkey else {}
+    this_round: dict[Any, Any] = {}
+    cache.round_memo["options"] = (rkey, this_round)
     for qj in jobs:
         deadline = qj.deadline_abs_s
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
-        view = views.get(vkey)
-        if view is None:
-            view = _spec_view(qj, pools, rnd, pools_key, cfg, cache, screened)
-            views[vkey] = view
-        static = view.static
-        grid = static.grid
-        feasible_rows = static.order
-        if deadline is None:
-            feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
-            seed_pool = view.seed
-        else:
-            left_s = deadline - now_s  # the view's finish_s is the p90 duration
-            on_time = grid.finish <= left_s
-            feasible_rows = static.order[on_time[static.order]]
-            if not feasible_rows.size and static.order.size:
-                # No option can finish by the deadline any more (it has passed, or the job waited too
-                # long): the deadline is missed whatever happens, so the job is placed as if it had none
-                # (cheapest, or soonest for objective.minimize: time) rather than stranded in the queue.
-                # Its waiting cost keeps the deadline's urgency, so it goes first when capacity is short.
-                late[qj.job_id] = deadline
-                feasible_rows = static.order
-                feasible, fitting, pruned, by_cost = view.feasible, view.fitting, view.pruned, view.by_cost
-                seed_pool = view.seed
-            else:
-                ok = on_time & view.fits
-                feasible = Rows(grid, feasible_rows.tolist())
-                fitting = Rows(grid, feasible_rows[view.fits[feasible_rows]].tolist())
-                if cfg.pareto_pruning:
-                    useful = pareto_rows(static, left_s, view.fits)
-                else:
-                    useful = static.order[ok[static.order]]
-                pruned = _prune_rows(grid, useful, cfg)
-                by_cost = Rows(grid, static.by_cost[on_time[static.by_cost]].tolist())
-                seed_pool = _seed_rows(grid, useful, cfg)
+        jkey = (vkey, None if deadline is None else deadline - now_s)
+        got = before.get(jkey)
+        if got is None:
+            got = _job_options(qj, deadline, now_s, vkey, views, pools, rnd, pools_key, cfg, cache, screened)
+        this_round[jkey] = got
+        view, feasible_rows, feasible, fitting, pruned, by_cost, seed_pool, is_late = got
+        grid = view.static.grid
+        if is_late and deadline is not None:
+            late[qj.job_id] = deadline
         if not feasible:
             unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(view.cands, pools)))
             continue
@@ -609,7 +701,11 @@ def schedule_round(
         for p in pools
     }
     # (the wider lists are made into candidates only as far as the greedy pass reads them)
-    seeds = greedy([replace(pj, options=f) for pj, f in full], capacities, _tenant_limits(cfg, running))
+    limits = _tenant_limits(cfg, running)
+    seeds = _memo(
+        cache, "greedy", (full, capacities, limits),
+        lambda: greedy([replace(pj, options=f) for pj, f in full], capacities, limits),
+    )  # fmt: skip
     for pj, wider in full:
         opts = list(pj.options)
         g = seeds.get(pj.job_id)
@@ -627,7 +723,15 @@ def schedule_round(
             problem.append(rpj)
 
     tenants = _tenant_limits(cfg, running)
-    sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
+    # a model equal to the last round's (nothing it reads changed) has the same answer: the solver is
+    # deterministic (one worker, fixed seed, deterministic limits), so it is not searched again
+    key = (problem, capacities, tenants, cfg, time_limit_s)
+    again = cache.round_memo.get("solve")
+    if again is not None and again[0] == key:
+        sol = replace(again[1], wall_time_s=0.0)
+    else:
+        sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
+        cache.round_memo["solve"] = (key, sol)
 
     usage = _tenant_usage(problem, sol)
     placements: list[Placement] = []
