@@ -111,21 +111,43 @@ def test_six_trial_sweep_is_quoted_run_halved_and_its_best_registered(live: Any)
     assert doc["id"] in [s["id"] for s in listed]
 
 
-def test_the_budget_caps_the_sweep(live: Any) -> None:
-    """A budget that fits about two trials: no more trials start than fit, and the spend stays within it."""
-    _platform, c, h = live
-    budget = 0.6
-    doc = sweep_doc("lr-budget", budget_usd=budget, rates=[1e-3, 2e-3, 3e-3, 4e-3], halving=False)
+@pytest.fixture(scope="module")
+def pricey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform, TestClient, dict[str, str]]]:
+    """A platform of its own where a CPU device costs 10 cents a second."""
+    settings = Settings(home=tmp_path_factory.mktemp("sweeps-budget"), metrics_max_rows_per_s=0)
+    with in_process_platform(settings, price_usd_per_device_hour=360.0) as live:
+        yield live
+
+
+def test_the_budget_stops_trials_that_cost_more_than_predicted(pricey: Any) -> None:
+    """The template claims a step time far below the real one, so a trial is predicted to fit the budget
+    and costs much more. Only one trial is started (two would not fit the prediction); when what it
+    really costs comes within 5 s of spend of the budget it is cancelled, the rest never start, and the
+    sweep has spent no more than its budget — the jobs' costs and the usage ledger agree."""
+    _platform, c, h = pricey
+    doc = sweep_doc("lr-budget", budget_usd=1.0, rates=[1e-3, 2e-3, 3e-3, 4e-3], halving=False)
+    doc["template"]["workload"]["steps"] = 50_000
+    doc["template"]["measured"] = {"step_time_s": {"cpu": 1e-4}}  # optimistic: the real one is ~100x
+    trial = {**doc["template"], "workload": {**doc["template"]["workload"], "learning_rate": 1e-3}}
+    quoted = c.post("/v1/quotes", json={"spec": trial, "include_catalog": False}, headers=h)
+    assert quoted.status_code == 200, quoted.text
+    predicted = next(o for o in quoted.json()["options"] if o["feasible"])["expected_cost_usd"]
+    budget = doc["budget_usd"] = round(1.2 * predicted, 4)  # one trial fits, two do not
     r = c.post("/v1/sweeps", json=doc, headers=h)
     assert r.status_code == 201, r.text
-    done = wait_sweep(c, h, r.json()["id"])
+    done = wait_sweep(c, h, r.json()["id"], timeout_s=400)
+    assert done["state"] == "cancelled" and done["budget_stopped"], done
+    assert "budget" in done["reason"]
     states = [t["state"] for t in done["trials"]]
-    assert "skipped" in states or done["budget_stopped"], done
-    costs = [
-        c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()["cost_usd"] for t in done["trials"] if t["job_id"]
-    ]
-    assert sum(costs) == pytest.approx(done["spent_usd"], abs=1e-4)
-    assert done["spent_usd"] <= budget
+    assert states == ["cancelled", "skipped", "skipped", "skipped"], states
+    job = c.get(f"/v1/jobs/{done['trials'][0]['job_id']}", headers=h).json()
+    assert job["state"] == "cancelled"
+    assert job["cost_usd"] == pytest.approx(done["spent_usd"], abs=1e-4)
+    assert budget - 0.5 <= done["spent_usd"] <= budget  # stopped 5 s ($0.50) of spend early, not later
+    usage = c.get("/v1/usage", params={"by": "tag:sweep"}, headers=h)
+    assert usage.status_code == 200, usage.text
+    rows = {row["group"]: row["usd"] for row in usage.json()["rows"]}
+    assert rows.get("lr-budget") == pytest.approx(done["spent_usd"], abs=1e-3)
 
 
 def test_another_tenants_sweep_is_404_and_cancel_stops_trials(live: Any) -> None:

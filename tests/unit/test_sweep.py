@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainyard.catalog.pools import Pool
-from trainyard.cost.sweep import quote_sweep, rungs_for
+from trainyard.cost.sweep import promotes, quote_sweep, rung_steps, rungs_for
 from trainyard.errors import SpecError
 from trainyard.spec.sweep import SweepSpec, sweep_from_dict, trial_specs
 
@@ -162,3 +162,37 @@ def test_the_example_sweep_parses_and_quotes_within_its_budget() -> None:
     s = sweep_from_dict(yaml.safe_load(EXAMPLE.read_text()))
     q = quote_sweep(s)
     assert len(q.trials) == 6 and q.feasible and q.max_cost_usd <= (s.budget_usd or 0)
+
+
+def test_halving_keeps_the_best_fraction_of_those_that_reached_a_rung() -> None:
+    # the first to reach a rung goes on; while fewer than eta are in, only the best of them does
+    assert promotes(2.0, [2.0], 3, "minimize")
+    assert not promotes(3.0, [2.0, 3.0], 3, "minimize")
+    assert promotes(1.0, [2.0, 1.0], 3, "minimize")
+    # six values with eta 3: the best two go on
+    values = [5.0, 1.0, 4.0, 2.0, 6.0, 3.0]
+    assert [v for v in values if promotes(v, values, 3, "minimize")] == [1.0, 2.0]
+    assert [v for v in values if promotes(v, values, 3, "maximize")] == [5.0, 6.0]
+    # eta 2 over four: the best half
+    assert [v for v in [0.4, 0.1, 0.3, 0.2] if promotes(v, [0.4, 0.1, 0.3, 0.2], 2, "minimize")] == [0.1, 0.2]
+
+
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=40),
+    st.integers(2, 6),
+    st.sampled_from(["minimize", "maximize"]),
+)
+def test_halving_keeps_at_least_one_and_at_most_a_fraction(values: list[float], eta: int, goal: str) -> None:
+    kept = [v for v in values if promotes(v, values, eta, goal)]
+    assert (min(values) if goal == "minimize" else max(values)) in kept
+    ranked = sorted(values, reverse=goal == "maximize")
+    keep = max(1, len(values) // eta)
+    # exactly the best max(1, k // eta), plus any value tied with the last of them
+    assert sorted(kept, reverse=goal == "maximize") == [v for v in ranked if v in ranked[:keep]]
+
+
+def test_rung_steps_scale_with_each_trials_length() -> None:
+    s = sweep(early_stopping={"reduction_factor": 2, "min_fraction": 0.25})
+    rungs = rungs_for(s, 6, 400)
+    assert rung_steps(rungs, 400) == [100, 200, 400]
+    assert rung_steps(rungs, 30) == [8, 15, 30]

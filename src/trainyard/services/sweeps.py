@@ -395,7 +395,18 @@ class SweepService:
                 row.state = final_state
                 if reason:
                     row.reason = reason
-                log.info("sweep_finished", sweep=sweep_id, state=final_state, best=doc.get("best_trial"))
+                log.info(
+                    "sweep_finished",
+                    sweep=sweep_id,
+                    state=final_state,
+                    spent_usd=doc["spent_usd"],
+                    budget_usd=sweep.budget_usd,
+                    trials={
+                        k: sum(1 for t in trials if t["state"] == k) for k in {t["state"] for t in trials}
+                    },
+                    best=(doc.get("best_trial") or {}).get("name"),
+                    model_version=doc.get("model_version"),
+                )
             else:
                 row.state = state
             row.trials = trials
@@ -441,20 +452,22 @@ class SweepService:
             allow_user_code=bool(tenant.allow_user_code),
         )
 
-    def _predicted_usd_per_step(self, spec_doc: dict[str, Any], fallback: float | None) -> float:
-        """$/step of a trial as admission will quote it: the cheapest feasible option on a pool an executor
-        serves (the catalog's cloud offers are priced too but never started), else the best option."""
+    def _prediction(self, spec_doc: dict[str, Any], fallback: tuple[float, float]) -> tuple[float, float]:
+        """(expected $ of the whole run, $/step) of a trial as admission quotes it: the cheapest feasible
+        option on a pool an executor serves (the catalog's cloud offers are priced too but never
+        started), else the best option. The expected cost includes what the quote adds to the steps
+        (start-up, checkpoints, expected preemption losses)."""
         quote = self.jobs.quote_for(spec_doc, spec_digest(spec_doc))
         if isinstance(quote, TrainyardError):
-            return float(fallback or 0.0)
+            return fallback
         feasible = [o for o in quote if o.get("feasible")]
         served: set[str] = set()
         if self._executable is not None and self._live_pools is not None:
             served = {p.name for p in self._live_pools() if self._executable(p)}
         mine = [o for o in feasible if o.get("pool") in served] or feasible
         if not mine:
-            return float(fallback or 0.0)
-        return float(mine[0].get("usd_per_step") or 0.0)
+            return fallback
+        return float(mine[0].get("expected_cost_usd") or 0.0), float(mine[0].get("usd_per_step") or 0.0)
 
     def _launch(
         self,
@@ -466,16 +479,20 @@ class SweepService:
         spent: float,
         budget: float | None,
     ) -> float:
-        specs = dict(enumerate(trial_specs(sweep)))
         open_jobs = [j for j in jobs.values() if j.state not in TERMINAL_STATES]
+        if len(open_jobs) >= sweep.max_parallel or not any(t["state"] == "waiting" for t in trials):
+            return spent
+        specs = dict(enumerate(trial_specs(sweep)))
+        now = self.clock()
         committed = spent
-        for j in open_jobs:
+        for j in open_jobs:  # the predicted rest of every open trial, to its last step
             t = next(x for x in trials if x["job_id"] == j.id)
+            paid = _job_spent_usd(j, now)
+            rest = max(0.0, float(t.get("predicted_cost_usd") or 0.0) - paid)
             done = int(t.get("last_step") or 0)
-            per_step = float(t.get("usd_per_step") or 0.0)
-            if done > 0:  # what it really costs a step so far, when that is more than predicted
-                per_step = max(per_step, _job_spent_usd(j, self.clock()) / done)
-            committed += per_step * max(0, t["total_steps"] - done)
+            if done > 0:  # what it really costs a step so far, when that says more
+                rest = max(rest, paid / done * max(0, t["total_steps"] - done))
+            committed += rest
         slots = sweep.max_parallel - len(open_jobs)
         for t in trials:
             if slots <= 0:
@@ -486,10 +503,9 @@ class SweepService:
             tags = {**spec.tags, "sweep_id": sweep_id}
             spec = spec.model_copy(update={"tags": tags})
             doc = spec.to_document()
-            per_step = self._predicted_usd_per_step(doc, t.get("usd_per_step"))
-            t["usd_per_step"] = per_step
-            predicted = per_step * t["total_steps"]
-            t["predicted_cost_usd"] = predicted
+            fallback = (float(t.get("predicted_cost_usd") or 0.0), float(t.get("usd_per_step") or 0.0))
+            predicted, per_step = self._prediction(doc, fallback)
+            t["predicted_cost_usd"], t["usd_per_step"] = predicted, per_step
             if budget is not None and committed + predicted > budget:
                 if not open_jobs:
                     t["state"] = "skipped"
@@ -524,7 +540,9 @@ class SweepService:
         if not done:
             if how == "cancelled":
                 return doc, "cancelled", ""
-            return doc, "failed", "no trial completed with a value of " + sweep.metric.name
+            skipped = [t["reason"] for t in trials if t["state"] == "skipped" and t.get("reason")]
+            why = f"; {skipped[0]}" if skipped else ""
+            return doc, "failed", f"no trial completed with a value of {sweep.metric.name}{why}"
         pick = min if sweep.metric.goal == "minimize" else max
         best = pick(done, key=lambda t: float(t["final_value"]))
         doc["best_trial"] = {
