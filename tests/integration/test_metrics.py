@@ -148,6 +148,9 @@ def test_the_snapshot_reads_a_queue_narrowly_and_counts_failures_per_open_job(
     waiting["resources"] = {"min_devices": 2, "max_devices": 2}  # waits for the running job's device
     waiting["objective"] = {"budget_usd": 7.5}
     queued = [c.post("/v1/jobs", json={"spec": waiting}, headers=h).json()["id"] for _ in range(3)]
+    plain = tiny_spec("plain")  # waiting too, with no budget and no failure: no rule can fire on it
+    plain["resources"] = {"min_devices": 2, "max_devices": 2}
+    quiet = c.post("/v1/jobs", json={"spec": plain}, headers=h).json()["id"]
     p.tick()
     with p.db.session() as s:
         for kind in ("failed", "lost", "restart", "heartbeat"):
@@ -155,7 +158,9 @@ def test_the_snapshot_reads_a_queue_narrowly_and_counts_failures_per_open_job(
         s.commit()
     snap = snapshot.take(p, p.options.clock())
     by_id = {j.job_id: j for j in snap.open_jobs}
-    assert [j.job_id for j in snap.open_jobs] == [*reversed(queued), jid]  # newest first, across states
+    # newest first, across states; the plain waiting job is not read at all
+    assert [j.job_id for j in snap.open_jobs] == [*reversed(queued), jid]
+    assert quiet not in by_id and c.get(f"/v1/jobs/{quiet}", headers=h).json()["state"] == "queued"
     assert by_id[jid].state == "running" and by_id[jid].progress["step"] == 3
     assert all(by_id[q].progress == {} and by_id[q].budget_usd == 7.5 for q in queued)
     assert (by_id[queued[1]].failures, by_id[queued[1]].restarts) == (2, 1)

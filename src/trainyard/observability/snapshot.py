@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, or_, select
 
 from trainyard.observability.alerts import JobHealth
 from trainyard.services.domain import Placement
@@ -32,7 +32,7 @@ class PlatformSnapshot:
     tenants: dict[str, str]  # id -> name
     jobs_by_tenant_state: dict[tuple[str, str], int]
     cost_usd_by_tenant: dict[str, float]  # closed attempts
-    open_jobs: list[JobHealth]
+    open_jobs: list[JobHealth]  # those a rule or a series can be about (see _open_jobs)
     pool_devices: list[dict[str, Any]]  # {pool, accelerator, market, total, available, in_use, price}
 
 
@@ -51,9 +51,11 @@ class _OpenJob:
 
 
 def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
-    """Open jobs, newest first, reading only the columns the rules need (not the stored quotes). Only
-    the ones holding devices (starting, running) have their placement and last heartbeat decoded: the
-    queue, however long, costs one narrow indexed read and no JSON."""
+    """The open jobs a rule or a series can be about, newest first, reading only the columns the rules
+    need (not the stored quotes): every job holding devices (starting, running), with its placement and
+    last heartbeat; of the waiting ones (pending, queued, preempted) only those with a budget or a
+    failure, loss, preemption or restart behind them, since no rule fires on the rest. A long queue of
+    fresh submissions costs the database a filtered indexed read and Python nothing."""
     base = (
         JobRow.seq,
         JobRow.id,
@@ -67,7 +69,9 @@ def _open_jobs(s: Any, tenant_id: str | None) -> list[_OpenJob]:
         JobRow.spec[("objective", "budget_usd")].as_float().label("budget_usd"),
     )
     active_q = select(*base, JobRow.placement, JobRow.progress).where(JobRow.state.in_(ACTIVE_VALUES))
-    waiting_q = select(*base).where(JobRow.state.in_(WAITING_VALUES))
+    budget = JobRow.spec[("objective", "budget_usd")].as_float()
+    eventful = exists().where(JobEventRow.job_id == JobRow.id, JobEventRow.kind.in_(COUNTED_EVENTS))
+    waiting_q = select(*base).where(JobRow.state.in_(WAITING_VALUES), or_(budget.is_not(None), eventful))
     if tenant_id is not None:
         active_q = active_q.where(JobRow.tenant_id == tenant_id)
         waiting_q = waiting_q.where(JobRow.tenant_id == tenant_id)
