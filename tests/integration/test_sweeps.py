@@ -182,3 +182,32 @@ def test_invalid_and_infeasible_sweeps_are_refused(live: Any) -> None:
     gpu["template"]["requirements"] = {"allow": ["h100"]}
     r = c.post("/v1/sweeps", json=gpu, headers=h)
     assert r.status_code == 422 and r.json()["error"]["code"] == "infeasible", r.text
+
+
+def test_a_sweep_carries_on_after_a_control_plane_restart(tmp_path: Any) -> None:
+    """The sweep lives in the database: after the control plane stops (its workers killed) and starts
+    again, the trials resume from their checkpoints, none is submitted twice, and the sweep finishes."""
+    settings = Settings(home=tmp_path / "home", metrics_max_rows_per_s=0)
+    doc = sweep_doc("lr-restart", budget_usd=5.0, rates=[1e-3, 1e-5], halving=False)
+    with in_process_platform(settings, price_usd_per_device_hour=PRICE_USD_PER_DEVICE_HOUR) as (_, c, h):
+        sweep_id = c.post("/v1/sweeps", json=doc, headers=h).json()["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            trials = c.get(f"/v1/sweeps/{sweep_id}", headers=h).json()["trials"]
+            if all((t["last_step"] or 0) > 20 for t in trials):
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"the trials did not start: {trials}")
+        before = {t["index"]: t["job_id"] for t in trials}
+    with in_process_platform(settings, price_usd_per_device_hour=PRICE_USD_PER_DEVICE_HOUR) as (_, c, h):
+        done = wait_sweep(c, h, sweep_id, timeout_s=300)
+        assert done["state"] == "succeeded", done
+        assert {t["index"]: t["job_id"] for t in done["trials"]} == before
+        jobs = c.get("/v1/jobs", params={"limit": 50}, headers=h).json()["jobs"]
+        assert len([j for j in jobs if j["name"].startswith("lr-restart-")]) == 2
+        for t in done["trials"]:
+            job = c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()
+            assert job["state"] == "succeeded" and job["attempt"] >= 2, (job["state"], job["attempt"])
+        assert done["model_version"] == "lr-restart@1"
+        assert done["spent_usd"] <= 5.0
