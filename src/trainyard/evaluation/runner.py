@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m trainyard.evaluation.runner REQUEST.json\n")
         return 2
     import trainyard.runtime as ty
-    from trainyard.evaluation.evaluator import evaluate_pair, read_rows
+    from trainyard.evaluation.evaluator import DEFAULT_BATCH_SIZE, evaluate_pair, read_rows
 
     session = ty.init()
     # a sandboxed worker reads the staged copy of the request (TRAINYARD_EVAL_REQUEST, set by staging)
@@ -29,8 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(req["split_path"], limit=req.get("max_examples"))
     total = 2 * len(rows)
 
-    def progress(i: int) -> None:
-        if i % 20 == 0 or i == total:
+    last = [0]
+
+    def progress(i: int) -> None:  # called after each batch
+        if i - last[0] >= 20 or i == total:
+            last[0] = i
             session.events.emit("heartbeat", rank=session.rank, step=i, total_steps=total)
 
     res = evaluate_pair(
@@ -39,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         fmt=req.get("format"),
         max_new_tokens=int(req.get("max_new_tokens", 32)),
+        batch_size=int(req.get("batch_size", DEFAULT_BATCH_SIZE)),
         progress=progress,
     )
     out = Path(req["results_path"]) if req.get("results_path") else req_path.parent / "results.json"

@@ -1,0 +1,85 @@
+"""The evaluator scores rows in batches: per-example losses, outputs, exact match and token counts equal
+those of one row at a time (batch size 1), whatever the batch size, on rows of very different lengths
+(so padding, attention masks and positions matter), and in the rows' own order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hf_models import WORDS, build_tiny_llama, completion_rows
+from trainyard.evaluation.evaluator import _batches, score_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny", seed=3)
+
+
+def _mixed_rows() -> list[dict[str, Any]]:
+    rows = completion_rows(9, seed=4)
+    # prompts from one word to twenty, references from one word to six: padding on both sides matters
+    for i in range(1, 12):
+        prompt = " ".join(WORDS[(i * j) % len(WORDS)] for j in range(1 + (i * 7) % 20))
+        completion = " " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + i % 6))
+        rows.append({"prompt": prompt, "completion": completion})
+    return rows
+
+
+@pytest.mark.parametrize(("batch_size", "max_tokens"), [(3, 2048), (8, 2048), (64, 2048), (64, 60)])
+def test_batched_scores_equal_one_row_at_a_time(tiny: Path, batch_size: int, max_tokens: int) -> None:
+    rows = _mixed_rows()
+    one = score_model(tiny, rows, "completion", max_new_tokens=6, batch_size=1)
+    many = score_model(
+        tiny, rows, "completion", max_new_tokens=6, batch_size=batch_size, max_batch_tokens=max_tokens
+    )
+    assert many["batch_size"] == batch_size and one["batch_size"] == 1
+    assert many["tokens"] == one["tokens"]
+    assert many["loss"] == pytest.approx(one["loss"], abs=1e-5, rel=1e-5)
+    assert many["mean_loss"] == pytest.approx(one["mean_loss"], abs=1e-5)
+    assert many["outputs"] == one["outputs"]
+    assert many["exact_match"] == one["exact_match"]
+    assert many["generated_tokens"] == one["generated_tokens"]
+    # the losses are per row, in the rows' order: they differ from row to row
+    assert len(set(round(x, 4) for x in one["loss"])) > len(rows) // 2
+
+
+def test_batched_loss_is_the_models_own_loss(tiny: Path) -> None:
+    """The batched pass computes what the model's forward pass with -100 labels computes, row by row."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = _mixed_rows()[:6]
+    got = score_model(tiny, rows, "completion", max_new_tokens=2, batch_size=6, generate=False)
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).eval()
+    for row, loss, k in zip(rows, got["loss"], got["tokens"], strict=True):
+        p = tok(row["prompt"] + "\n", add_special_tokens=False).input_ids
+        r = tok(row["completion"], add_special_tokens=False).input_ids
+        x = torch.tensor([p + r])
+        labels = x.clone()
+        labels[:, : len(p)] = -100
+        with torch.inference_mode():
+            ref = float(model(input_ids=x, labels=labels).loss)
+        assert k == len(r) and loss == pytest.approx(ref, abs=1e-5)
+
+
+def test_text_rows_are_batched_too(tiny: Path) -> None:
+    rows = [{"text": " ".join(WORDS[: 2 + i])} for i in range(10)]
+    one = score_model(tiny, rows, "text", batch_size=1)
+    many = score_model(tiny, rows, "text", batch_size=4)
+    assert "outputs" not in many and many["latency_s_per_token"] is None
+    assert many["loss"] == pytest.approx(one["loss"], abs=1e-5)
+
+
+def test_batches_hold_at_most_so_many_rows_and_padded_tokens() -> None:
+    lengths = [3, 5, 5, 9, 40, 41, 300, 700]
+    order = list(range(len(lengths)))
+    chunks = list(_batches(order, lengths, 3, 100))
+    assert [i for c in chunks for i in c] == order  # every row once, in order
+    for c in chunks:
+        assert len(c) <= 3
+        assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 100
+    assert chunks == [[0, 1, 2], [3, 4], [5], [6], [7]]
