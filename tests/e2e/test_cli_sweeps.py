@@ -70,6 +70,10 @@ def test_cli_runs_a_sweep_to_its_best_model(
     assert model["sweep"]["id"] == doc["id"] and model["source_job"] == doc["best_trial"]["job_id"]
     got = js(run(["sweep", "get", doc["id"], "--json"], monkeypatch, server))
     assert got["id"] == doc["id"] and got["model_version"] == doc["model_version"]
+    table = run(["sweeps", "get", doc["id"]], monkeypatch, server)  # the human-readable report
+    assert table.exit_code == 0, table.stdout
+    assert "cli-lr-t000" in table.stdout and "cli-lr-t001" in table.stdout
+    assert f"model {doc['model_version']}" in table.stdout
     listed = js(run(["sweeps", "list", "--json"], monkeypatch, server))
     assert [s["id"] for s in listed["sweeps"]] == [doc["id"]]
     missing = run(["sweeps", "get", "sweep-000000000000", "--json"], monkeypatch, server)
