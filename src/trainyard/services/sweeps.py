@@ -64,7 +64,6 @@ MAX_LIST = 500
 
 # a trial's states: waiting (not started) → running → completed | stopped (halving) | failed |
 # cancelled (by the user, or by the budget stop) | skipped (never started: budget, or the sweep ended)
-OPEN_TRIAL_STATES = ("running",)
 
 
 def _open(job: Job) -> bool:
