@@ -114,6 +114,7 @@ def bench_engine(model_dir: Path, new_tokens: int, repeats: int) -> dict[str, An
 
 def bench_gateway(home: Path, storage: Path, base: Path, n_requests: int, n_adapters: int) -> dict[str, Any]:
     import httpx
+    import psutil
     from tests.controlplane_support import ServerProcess
     from tests.tiny_models import build_lora_adapter, place_model_version
 
@@ -131,10 +132,26 @@ def bench_gateway(home: Path, storage: Path, base: Path, n_requests: int, n_adap
             direct_body = {**body, "model": "__base__"}
             headers = {"Authorization": f"Bearer {srv.api_key}"}
             gw, direct = [], []
+            server = psutil.Process(srv.proc.pid)
+
+            def server_cpu_s() -> float:
+                t = server.cpu_times()
+                return t.user + t.system
+
             with httpx.Client(timeout=60) as h:
                 for _ in range(20):  # warm-up
                     h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
                     h.post(f"{replica_url}/v1/completions", json=direct_body).raise_for_status()
+                # the API server's CPU per gateway request: CPU over a run of gateway requests minus its
+                # background CPU (control loop, serving controller) over an idle period as long
+                cpu0, wall0 = server_cpu_s(), time.perf_counter()
+                for _ in range(n_requests):
+                    h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
+                busy_cpu_s, busy_wall_s = server_cpu_s() - cpu0, time.perf_counter() - wall0
+                cpu1 = server_cpu_s()
+                time.sleep(busy_wall_s)
+                idle_cpu_s = server_cpu_s() - cpu1
+                server_cpu_ms = (busy_cpu_s - idle_cpu_s) / n_requests * 1e3
                 for _ in range(n_requests):
                     t = time.perf_counter()
                     h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
@@ -168,6 +185,7 @@ def bench_gateway(home: Path, storage: Path, base: Path, n_requests: int, n_adap
                 "gateway_p99_ms": pct(gw, 99) * 1e3,
                 "overhead_p50_ms": (pct(gw, 50) - pct(direct, 50)) * 1e3,
                 "overhead_p99_ms": (pct(gw, 99) - pct(direct, 99)) * 1e3,
+                "server_cpu_ms_per_request": server_cpu_ms,
                 "ttft_p50_ms": pct(ttft, 50) * 1e3,
                 "ttft_p95_ms": pct(ttft, 95) * 1e3,
             }
@@ -265,6 +283,12 @@ def main() -> None:
             f"{g['gateway_p99_ms']:.2f} - {g['direct_p99_ms']:.2f} ms",
             f"{g['overhead_p99_ms']:.2f} ms",
             "<= 10 ms",
+        ),
+        (
+            "API server CPU per gateway request",
+            "(busy - idle) / requests",
+            f"{g['server_cpu_ms_per_request']:.2f} ms",
+            "",
         ),
         ("time to first token p50 / p95", "", f"{g['ttft_p50_ms']:.1f} / {g['ttft_p95_ms']:.1f} ms", ""),
         (

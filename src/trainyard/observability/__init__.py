@@ -26,7 +26,6 @@ from trainyard.observability.tracing import (
     ObservabilitySettings,
     instrument_app,
     instrument_engine,
-    instrument_httpx,
     make_tracer_provider,
 )
 
@@ -81,9 +80,6 @@ def install_observability(
     if gateway is not None:
         gateway.tracer = tracer
         gateway.observe = serving.observe
-        gateway.instrument_client = (
-            (lambda client: instrument_httpx(client, provider)) if provider is not None else None
-        )
     sup = getattr(platform, "supervisor", None)
     if sup is not None:
         if not isinstance(sup.schedule_round, TracedRound):

@@ -1,5 +1,10 @@
-"""The OpenAI-compatible gateway: validate, pick a route and a replica, forward with httpx (async), meter,
+"""The OpenAI-compatible gateway: validate, pick a route and a replica, forward with aiohttp, meter,
 mirror to shadows. It runs on the API server's event loop and reads only in-memory views.
+
+aiohttp forwards rather than httpx: on one keep-alive connection it spends about a fifth of httpx's CPU
+per request (benchmarks/bench_serving.py, docs/benchmarks.md), and forwarding is the gateway's whole cost.
+Each forward is a CLIENT span (HTTP semantic conventions) under the request's GenAI span, and carries
+``traceparent`` to the replica.
 
 * ``model`` is a deployment name of the caller's tenant (another tenant's is unknown: 404).
 * Routes: weighted choice, sticky per ``X-Trainyard-Sticky`` header or the ``user`` field.
@@ -14,16 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 import structlog
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -34,7 +40,6 @@ from trainyard.serving.service import DeploymentView, ReplicaView, RouteView, Se
 from trainyard.serving.traffic import choose_route, compare_answers
 
 log = structlog.get_logger("trainyard.gateway")
-logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request is too many
 
 STICKY_HEADER = "x-trainyard-sticky"
 SHADOW_QUEUE_SIZE = 256
@@ -135,25 +140,23 @@ class Gateway:
     def __init__(self, service: ServingService, *, shadow_queue_size: int = SHADOW_QUEUE_SIZE) -> None:
         self.service = service
         self.shadow_queue_size = shadow_queue_size
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shadow_q: asyncio.Queue[_Shadow] | None = None
         self._workers: list[asyncio.Task[None]] = []
-        # set by observability.install_observability: GenAI spans, serving metrics, httpx client spans
+        # set by observability.install_observability: GenAI and forwarding spans, serving metrics
         self.tracer: Any = None
         self.observe: Callable[[dict[str, Any]], None] | None = None
-        self.instrument_client: Callable[[httpx.AsyncClient], None] | None = None
 
-    def _ensure(self) -> tuple[httpx.AsyncClient, asyncio.Queue[_Shadow]]:
+    def _ensure(self) -> tuple[aiohttp.ClientSession, asyncio.Queue[_Shadow]]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._client is None or self._shadow_q is None:
             self._loop = loop
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(REPLICA_TIMEOUT_S, connect=5.0),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+            self._client = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=REPLICA_TIMEOUT_S, connect=5.0),
+                connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0, keepalive_timeout=30.0),
+                skip_auto_headers=("User-Agent",),
             )
-            if self.instrument_client is not None:
-                self.instrument_client(self._client)
             self._shadow_q = asyncio.Queue(maxsize=self.shadow_queue_size)
             self._workers = [loop.create_task(self._shadow_worker()) for _ in range(SHADOW_WORKERS)]
         return self._client, self._shadow_q
@@ -162,8 +165,42 @@ class Gateway:
         for w in self._workers:
             w.cancel()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
         self._client = None
+
+    def _forward_span(self, parent: Any, url: str, headers: dict[str, str]) -> Any:
+        """A CLIENT span for one forward (HTTP semantic conventions) whose context goes to the replica
+        as ``traceparent``; None without tracing."""
+        if self.tracer is None:
+            return None
+        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        rest = url.split("://", 1)[-1]
+        hostport = rest.split("/", 1)[0]
+        host, _, port = hostport.rpartition(":")
+        span = self.tracer.start_span(
+            "POST",
+            context=ctx,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "url.full": url,
+                "server.address": host or hostport,
+                "server.port": int(port) if port.isdigit() else 80,
+            },
+        )
+        propagate.inject(headers, context=trace.set_span_in_context(span))
+        return span
+
+    @staticmethod
+    def _end_forward_span(span: Any, status: int | None, error: str | None = None) -> None:
+        if span is None:
+            return
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        if error is not None or (status is not None and status >= 500):
+            span.set_attribute("error.type", error or str(status))
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
 
     # ---- models ---------------------------------------------------------------------------
     def models(self, tenant_id: str) -> dict[str, Any]:
@@ -301,11 +338,17 @@ class Gateway:
                     except asyncio.QueueFull:
                         self.service.shadow_dropped[dep.id] = self.service.shadow_dropped.get(dep.id, 0) + 1
 
+        url = f"{replica.url}{path}"
+        payload = orjson.dumps(body)
+        fwd_headers["Content-Type"] = "application/json"
+        fspan = self._forward_span(span, url, fwd_headers)
         if not stream:
             try:
-                with trace.use_span(span, end_on_exit=False) if span is not None else _no_span():
-                    resp = await client.post(f"{replica.url}{path}", json=body, headers=fwd_headers)
-            except httpx.HTTPError as exc:
+                async with client.post(url, data=payload, headers=fwd_headers) as resp:
+                    content = await resp.read()
+                    status_code = resp.status
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self._end_forward_span(fspan, None, type(exc).__name__)
                 finish(502, None, "", None)
                 raise GatewayError(
                     502,
@@ -313,29 +356,27 @@ class Gateway:
                     kind="server_error",
                     code="replica_unavailable",
                 ) from None
+            self._end_forward_span(fspan, status_code)
             usage: dict[str, Any] | None = None
             text = ""
-            if resp.status_code == 200:
+            if status_code == 200:
                 try:
-                    out = resp.json()
+                    out = orjson.loads(content)
                     usage = out.get("usage")
                     if span is not None:
                         genai.record_response(span, out)
                     if shadows:
                         ch = out["choices"][0]
                         text = ch.get("text") or (ch.get("message") or {}).get("content") or ""
-                except (ValueError, KeyError, IndexError):
+                except (ValueError, KeyError, IndexError, AttributeError):
                     pass
-            finish(resp.status_code, usage, text, None)
-            return Response(content=resp.content, status_code=resp.status_code, media_type="application/json")
+            finish(status_code, usage, text, None)
+            return Response(content=content, status_code=status_code, media_type="application/json")
 
         try:
-            with trace.use_span(span, end_on_exit=False) if span is not None else _no_span():
-                upstream = await client.send(
-                    client.build_request("POST", f"{replica.url}{path}", json=body, headers=fwd_headers),
-                    stream=True,
-                )
-        except httpx.HTTPError as exc:
+            upstream = await client.post(url, data=payload, headers=fwd_headers)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self._end_forward_span(fspan, None, type(exc).__name__)
             finish(502, None, "", None)
             raise GatewayError(
                 502,
@@ -343,11 +384,14 @@ class Gateway:
                 kind="server_error",
                 code="replica_unavailable",
             ) from None
-        if upstream.status_code != 200:
-            content = await upstream.aread()
-            await upstream.aclose()
-            finish(upstream.status_code, None, "", None)
-            return Response(content=content, status_code=upstream.status_code, media_type="application/json")
+        if upstream.status != 200:
+            try:
+                content = await upstream.read()
+            finally:
+                upstream.release()
+            self._end_forward_span(fspan, upstream.status)
+            finish(upstream.status, None, "", None)
+            return Response(content=content, status_code=upstream.status, media_type="application/json")
 
         async def relay() -> AsyncIterator[bytes]:
             usage: dict[str, Any] | None = None
@@ -356,7 +400,7 @@ class Gateway:
             buf = b""
             status = 200
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.content.iter_any():
                     if ttft is None:
                         ttft = time.perf_counter() - started
                     yield chunk
@@ -365,10 +409,11 @@ class Gateway:
                         event, buf = buf.split(b"\n\n", 1)
                         if b'"usage"' in event or b'"error"' in event or (shadows and b'"choices"' in event):
                             usage, status = _scan(event, usage, status, parts if shadows else None)
-            except httpx.HTTPError:
+            except (TimeoutError, aiohttp.ClientError):
                 status = 502
             finally:
-                await upstream.aclose()
+                upstream.release()
+                self._end_forward_span(fspan, status)
                 finish(status, usage, "".join(parts), ttft)
 
         return StreamingResponse(
@@ -458,17 +503,20 @@ class Gateway:
         if replica is not None:
             path = "/v1/chat/completions" if item.endpoint == "chat.completions" else "/v1/completions"
             try:
-                resp = await self._client.post(
-                    f"{replica.url}{path}", json=item.body, headers={MODEL_HEADER: item.deployment.name}
-                )
-                status = resp.status_code
+                async with self._client.post(
+                    f"{replica.url}{path}",
+                    data=orjson.dumps(item.body),
+                    headers={MODEL_HEADER: item.deployment.name, "Content-Type": "application/json"},
+                ) as resp:
+                    status = resp.status
+                    content = await resp.read()
                 if status == 200:
-                    out = resp.json()
+                    out = orjson.loads(content)
                     usage = out.get("usage") or {}
                     tokens = int(usage.get("completion_tokens", 0))
                     ch = out["choices"][0]
                     text = ch.get("text") or (ch.get("message") or {}).get("content") or ""
-            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, IndexError):
                 status = 502
             finally:
                 self.service.release(rv.pool_key, replica)
@@ -528,9 +576,3 @@ def _scan(
             if piece:
                 parts.append(piece)
     return usage, status
-
-
-def _no_span() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
