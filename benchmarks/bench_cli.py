@@ -1,7 +1,8 @@
 """CLI start-up: wall time of `trainyard --help`, `--version`, `jobs list` (empty and 50 jobs) and `status`
 as a user runs them (a fresh process each time, against a real `trainyard up --detach`), median and p90 of
 N runs, beside the interpreter's own start-up (`python -c pass`) as the floor. Also checks that none of
-the heavy modules (torch, fastapi, sqlalchemy, ortools, ray, numpy) is imported by those commands.
+the heavy modules (torch, fastapi, sqlalchemy, ortools, ray, numpy) is imported by those commands, nor
+(by `jobs list` with jobs to print) pydantic, the typed documents or httpx's command-line tool.
 
     .venv/bin/python benchmarks/bench_cli.py [--runs 15] [--out benchmarks/results/cli_startup.json]
         [--baseline-src DIR]   # also time another checkout's sources (e.g. `git worktree add /tmp/old REF`,
@@ -28,6 +29,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".venv" / "bin" / "trainyard"
 HEAVY = ("torch", "fastapi", "sqlalchemy", "ortools", "ray", "numpy", "scipy", "uvicorn")
+# what a command that reads and prints has no use for either: the typed documents with pydantic (the CLI
+# prints the JSON it gets) and httpx's own command-line tool (click, pygments)
+NOT_NEEDED = ("pydantic", "trainyard.api_models", "httpx._main", "click", "pygments")
 TINY = {
     "apiVersion": "trainyard/v1",
     "kind": "TrainingJob",
@@ -61,9 +65,9 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return dt, usage.ru_utime + usage.ru_stime
 
 
-def loaded(args: list[str], env: dict[str, str]) -> list[str]:
+def loaded(args: list[str], env: dict[str, str], modules: tuple[str, ...] = HEAVY) -> list[str]:
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE % (HEAVY,), *args], env=env, capture_output=True, text=True
+        [sys.executable, "-c", PROBE % (modules,), *args], env=env, capture_output=True, text=True
     )
     line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("LOADED ")), "LOADED ?")
     return [m for m in line.removeprefix("LOADED ").split(",") if m]
@@ -119,11 +123,23 @@ def main() -> None:
         for _ in range(50):
             submit = [*ty, "jobs", "submit", str(spec), "--json"]
             subprocess.run(submit, env=env, capture_output=True, check=True)
-        times["trainyard jobs list (50 jobs)"] = [timed([*ty, "jobs", "list"], env) for _ in range(args.runs)]
+        fifty = "trainyard jobs list (50 jobs)"
+        times[fifty] = []
+        if base_env is not None:
+            times[f"{fifty} [baseline]"] = []
+        for _ in range(args.runs):
+            times[fifty].append(timed([*ty, "jobs", "list"], env))
+            if base_env is not None:
+                base = {**base_env, "TRAINYARD_URL": server["url"]}
+                times[f"{fifty} [baseline]"].append(timed([*ty, "jobs", "list"], base))
         imports = {
             "trainyard --help": loaded(["--help"], env),
             "trainyard jobs list": loaded(["jobs", "list"], env),
             "trainyard status": loaded(["status"], env),
+        }
+        not_needed = {
+            "trainyard jobs list": loaded(["jobs", "list"], env, NOT_NEEDED),
+            "trainyard jobs list --json": loaded(["jobs", "list", "--json"], env, NOT_NEEDED),
         }
     finally:
         subprocess.run([*ty, "down"], env=env, capture_output=True)
@@ -152,6 +168,7 @@ def main() -> None:
         "server": server["url"],
         "rows": rows,
         "heavy_modules_imported": imports,
+        "documents_or_httpx_tool_imported": not_needed,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -163,6 +180,7 @@ def main() -> None:
             f"{r['x_floor']:>8.1f}"
         )
     print("heavy modules imported:", json.dumps(imports))
+    print("documents or httpx's tool imported (50 jobs listed):", json.dumps(not_needed))
 
 
 if __name__ == "__main__":

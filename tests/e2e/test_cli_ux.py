@@ -183,6 +183,82 @@ def test_help_fits_80_columns_without_cutting_option_names(server: Server) -> No
     assert "--clear-storage-roots" in update_help and "--key-rate-limit-rps" in update_help
 
 
+READER_PROBE = """
+import sys
+from trainyard.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+sys.stderr.write("EXIT " + str(code) + " LOADED " + ",".join(m for m in %r if m in sys.modules) + "\\n")
+"""
+# what a command that reads from the server and prints it has no use for: the typed documents and
+# pydantic (the CLI prints the JSON it gets), httpx's own command-line tool (click, pygments), and the
+# server, scheduler and training stacks
+NOT_FOR_READERS = (
+    "pydantic",
+    "trainyard.api_models",
+    "httpx._main",
+    "click",
+    "pygments",
+    "yaml",
+    "torch",
+    "fastapi",
+    "sqlalchemy",
+    "ortools",
+    "numpy",
+    "scipy",
+    "uvicorn",
+    "ray",
+)
+
+
+def test_reading_commands_import_no_documents_nor_heavy_modules(server: Server, spec_file: Path) -> None:
+    """Against the real server with a job on it (answers parsed and printed, not only a refused
+    connection): the commands that read and print never import the pydantic documents."""
+    import sys
+    import time
+
+    from trainyard.client import TrainyardClient
+
+    job = ok_json(ty(["jobs", "submit", str(spec_file), "--json"], server.env))
+    ty(["jobs", "cancel", job["id"]], server.env)
+    deadline = time.monotonic() + 60
+    while ok_json(ty(["jobs", "get", job["id"], "--json"], server.env))["state"] != "cancelled":
+        assert time.monotonic() < deadline, "the cancelled job did not settle"
+        time.sleep(0.2)
+    outputs: dict[tuple[str, ...], str] = {}
+    for args in (
+        ("jobs", "list"),
+        ("jobs", "list", "--json"),
+        ("jobs", "get", job["id"]),
+        ("jobs", "get", job["id"], "--json"),
+        ("jobs", "events", job["id"]),
+        ("pools", "list"),
+        ("tenants", "list", "--json"),
+        ("status",),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", READER_PROBE % (NOT_FOR_READERS,), *args],
+            env=server.env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        last = proc.stderr.splitlines()[-1]
+        assert last == "EXIT 0 LOADED ", (args, proc.stderr)
+        outputs[args] = proc.stdout
+    assert job["id"] in outputs[("jobs", "list")] and job["id"] in outputs[("jobs", "get", job["id"])]
+    # the JSON the CLI prints is what the typed client's documents hold
+    with TrainyardClient(url=server.url, api_key=(server.home / "api_key").read_text().strip()) as c:
+        assert json.loads(outputs[("jobs", "get", job["id"], "--json")]) == c.get_job(job["id"]).to_dict()
+        listed = json.loads(outputs[("jobs", "list", "--json")])
+        assert job["id"] in [j["id"] for j in listed["jobs"]]
+
+
 def test_failures_with_json_print_the_error_document(server: Server, tmp_path: Path) -> None:
     cases = [
         (["jobs", "get", "job-000000000000", "--json"], 3, "not_found"),

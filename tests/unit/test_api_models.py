@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from trainyard.api_models import JobDocument, PlacementDoc, QuoteResponse
+from trainyard.api_models import ApiKeyList, JobDocument, PlacementDoc, QuoteResponse
 from trainyard.enums import JobState, Market
 
 JOB: dict[str, Any] = {
@@ -64,6 +65,37 @@ def test_dict_style_reads_and_exact_json() -> None:
     assert dict(job.items())["added_by_a_newer_server"] == {"x": 1}
 
 
+def test_a_document_is_a_read_only_mapping_of_what_the_server_sent() -> None:
+    job = JobDocument.model_validate(JOB)
+    assert isinstance(job, Mapping)
+    assert list(job) == list(JOB) and set(job) == set(JOB) and len(job) == len(JOB)  # names, not pairs
+    assert "quote" not in list(job)  # declared, not sent: not a key (it still reads as its default)
+    assert job.keys() == list(JOB) and job.values() == [job[k] for k in JOB]
+    assert dict(job).keys() == JOB.keys() and dict(job)["placement"] is job.placement  # values stay typed
+    assert {k: v for k, v in job.items()} == dict(job)
+    assert dict(job.placement) == JOB["placement"] and set(job.events[0]) == set(JOB["events"][0])
+    keys = ApiKeyList.model_validate({"keys": [], "next": 1})  # its `keys` field wins over the method
+    assert keys.keys == [] and list(keys) == ["keys", "next"] and keys.to_dict() == {"keys": [], "next": 1}
+    assert ApiKeyList.model_fields["keys"].is_required()  # not defaulted to the inherited method
+
+
+def test_every_client_call_parses_into_a_document_that_exists() -> None:
+    """The client names its answers' document types as strings (the models are imported on the first
+    answer, not with the client); each name is one of trainyard.api_models' documents."""
+    import re
+    from pathlib import Path
+
+    from trainyard import api_models
+    from trainyard.client import _calls
+
+    names = set(re.findall(r'_doc\("(\w+)"\)', Path(_calls.__file__).read_text()))
+    assert len(names) >= 25
+    for name in names:
+        assert name in api_models.__all__ and issubclass(getattr(api_models, name), api_models.Document)
+    parsed = _calls.get_job("job-1").parse(JOB)
+    assert type(parsed) is JobDocument and parsed == JOB
+
+
 def test_helpers() -> None:
     quote = QuoteResponse.model_validate(
         {
@@ -84,7 +116,19 @@ def test_importing_the_models_and_the_client_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
-    # httpx (most of the client's import time) comes with the first client, asyncio with the async one
-    lazy = "import sys, trainyard.client\nprint(sorted({'httpx', 'asyncio'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    # httpx (most of the client's import time) comes with the first client, asyncio with the async one,
+    # the documents (and pydantic) with the first answer parsed; the CLI's modules import none of them
+    later = {"httpx", "asyncio", "pydantic", "trainyard.api_models"}
+    for modules in (
+        "trainyard.client",
+        "trainyard.client.aio",
+        "trainyard.cli",
+        "trainyard.cli.main",
+        "trainyard.cli._remote",
+        "trainyard.cli.jobs_cmd",
+        "trainyard.cli.pools_cmd",
+    ):
+        lazy = f"import sys, {modules}\nprint(sorted({later!r} & set(sys.modules)))"
+        out = subprocess.run([sys.executable, "-c", lazy], capture_output=True, text=True, check=True)
+        expected = ["asyncio"] if modules == "trainyard.client.aio" else []
+        assert out.stdout.strip() == repr(expected), (modules, out.stdout)

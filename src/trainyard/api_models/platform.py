@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pydantic import ConfigDict, Field
@@ -108,8 +109,14 @@ class ApiKeyRotated(Document):
     old: ApiKeyDoc
 
 
-class ApiKeyList(Document):
-    keys: list[ApiKeyDoc]
+with warnings.catch_warnings():
+    # the API's `{keys: [...]}`: on this document `.keys` is that list, not the mapping method, so read
+    # it as `doc.keys` / `doc["keys"]` and use to_dict() rather than dict(doc). Field() keeps it required
+    # (without it pydantic would take the inherited method as the field's default).
+    warnings.filterwarnings("ignore", message='Field name "keys" in "ApiKeyList"', category=UserWarning)
+
+    class ApiKeyList(Document):
+        keys: list[ApiKeyDoc] = Field()  # type: ignore[assignment]
 
 
 class CodeUploaded(Document):

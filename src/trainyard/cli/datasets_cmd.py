@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from trainyard.api_models import DatasetDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import (
     WIDE_OPTION_HELP,
@@ -38,7 +38,7 @@ def upload_file(
     max_tokens: int | None = None,
     derived_from: str | None = None,
     show_progress: bool = True,
-) -> DatasetDoc:
+) -> dict[str, Any]:
     """Upload one local file (with a progress bar on stderr for large files); also used by `submit`."""
     if not path.is_file():
         raise InvalidInputError(
@@ -90,7 +90,7 @@ def upload_file(
         return doc
 
 
-def _summary(doc: DatasetDoc) -> None:
+def _summary(doc: dict[str, Any]) -> None:
     sp = doc.get("splits") or {}
     tr, ev = sp.get("train") or {}, sp.get("eval") or {}
     console.print(

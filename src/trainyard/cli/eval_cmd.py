@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
-from trainyard.api_models import EvaluationDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import WIDE_OPTION_HELP, Col, console, handle_errors, print_json, print_table
 from trainyard.errors import InvalidInputError
@@ -129,7 +130,7 @@ def list_(
     print_table(cols, rows, wide=wide)
 
 
-def _print(doc: EvaluationDoc) -> None:
+def _print(doc: dict[str, Any]) -> None:
     console.print(
         f"[bold]{doc['id']}[/] {doc['model']} vs {doc['baseline']} on {doc['dataset']} ({doc['split']}): "
         f"{doc['state']}, verdict [bold]{doc.get('verdict') or '-'}[/], passed {doc.get('passed')}"

@@ -9,14 +9,13 @@ from typing import Any
 
 import typer
 
-from trainyard.api_models import DatasetDoc
 from trainyard.cli._remote import client
 from trainyard.cli.common import Col, console, handle_errors, hours, market, print_json, print_table, usd
 from trainyard.errors import InvalidInputError
 from trainyard.spec import load_spec
 
 
-def upload_local_dataset(spec_doc: dict[str, Any], spec_dir: Path, *, quiet: bool) -> DatasetDoc | None:
+def upload_local_dataset(spec_doc: dict[str, Any], spec_dir: Path, *, quiet: bool) -> dict[str, Any] | None:
     """A ``workload.dataset`` that names a local file is uploaded as a dataset version first, and the
     spec then names that version (DESIGN §3.6): the server never reads a path a client typed. A path
     relative to the spec file is taken from the spec's directory. The same rules as the Python client's

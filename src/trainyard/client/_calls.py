@@ -14,18 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote as _quote
 
-from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client._core import Call, Upload
 
 if TYPE_CHECKING:
+    from trainyard import api_models as M
     from trainyard.spec.models import JobSpec
 
     #: What ``submit`` and ``quote`` accept: a JobSpec, its document, or a YAML/JSON spec file.
     SpecLike = JobSpec | Mapping[str, Any] | str | PathLike[str]
 
 T = TypeVar("T")
-D = TypeVar("D", bound=M.Document)
 
 UPLOAD_CHUNK_BYTES = 768 * 1024  # model files: below the API's body limit
 _STREAMING = (30.0, None, None, 30.0)  # httpx (connect, read, write, pool): a stream may take long
@@ -39,8 +38,18 @@ def _none(_: Any) -> None:
     return None
 
 
-def _doc(cls: type[D]) -> Callable[[Any], D]:
-    return cls.model_validate
+def _doc(name: str) -> Callable[[Any], Any]:
+    """The parser of the :mod:`trainyard.api_models` document ``name``. The models (and pydantic) are
+    imported when a first answer is parsed, not with the client: a caller that takes the JSON as it is
+    (the CLI) never pays for them."""
+
+    def parse(body: Any) -> Any:
+        from trainyard import api_models
+
+        return getattr(api_models, name).model_validate(body)
+
+    parse.__qualname__ = f"parse_{name}"
+    return parse
 
 
 def dataset_path(ref: str) -> str:
@@ -103,12 +112,12 @@ def dataset_name_for(path: Path) -> str:
 def submit(spec_doc: dict[str, Any], idempotency_key: str | None) -> Call[M.JobDocument]:
     key = idempotency_key or str(uuid.uuid4())
     return Call(
-        "POST", "/v1/jobs", _doc(M.JobDocument), json={"spec": spec_doc}, headers={"Idempotency-Key": key}
+        "POST", "/v1/jobs", _doc("JobDocument"), json={"spec": spec_doc}, headers={"Idempotency-Key": key}
     )
 
 
 def get_job(job_id: str) -> Call[M.JobDocument]:
-    return Call("GET", f"/v1/jobs/{_seg(job_id)}", _doc(M.JobDocument))
+    return Call("GET", f"/v1/jobs/{_seg(job_id)}", _doc("JobDocument"))
 
 
 def list_jobs(
@@ -117,21 +126,21 @@ def list_jobs(
     params: dict[str, Any] = {"limit": limit, "name": name or None, "cursor": cursor or None}
     if states:
         params["state"] = [str(s) for s in states]
-    return Call("GET", "/v1/jobs", _doc(M.JobList), params=params)
+    return Call("GET", "/v1/jobs", _doc("JobList"), params=params)
 
 
 def cancel_job(job_id: str) -> Call[M.JobDocument]:
-    return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", _doc(M.JobDocument))
+    return Call("POST", f"/v1/jobs/{_seg(job_id)}/cancel", _doc("JobDocument"))
 
 
 def preempt_job(job_id: str, notice_s: float | None) -> Call[M.JobDocument]:
     body = {} if notice_s is None else {"notice_s": notice_s}
-    return Call("POST", f"/v1/jobs/{_seg(job_id)}/preempt", _doc(M.JobDocument), json=body)
+    return Call("POST", f"/v1/jobs/{_seg(job_id)}/preempt", _doc("JobDocument"), json=body)
 
 
 def job_events(job_id: str, after: int, limit: int) -> Call[M.EventList]:
     return Call(
-        "GET", f"/v1/jobs/{_seg(job_id)}/events", _doc(M.EventList), params={"after": after, "limit": limit}
+        "GET", f"/v1/jobs/{_seg(job_id)}/events", _doc("EventList"), params={"after": after, "limit": limit}
     )
 
 
@@ -155,7 +164,7 @@ def job_logs(
     return Call(
         "GET",
         f"/v1/jobs/{_seg(job_id)}/logs",
-        _doc(M.LogChunk),
+        _doc("LogChunk"),
         params=params,
         timeout=30.0 + wait_s,
     )
@@ -170,17 +179,17 @@ def job_metrics(
         "downsample": "true" if downsample else "false",
         "attempt": attempt,
     }
-    return Call("GET", f"/v1/jobs/{_seg(job_id)}/metrics", _doc(M.MetricsDocument), params=params)
+    return Call("GET", f"/v1/jobs/{_seg(job_id)}/metrics", _doc("MetricsDocument"), params=params)
 
 
 def job_record(job_id: str, attempt: int | None) -> Call[M.Document]:
-    return Call("GET", f"/v1/jobs/{_seg(job_id)}/record", _doc(M.Document), params={"attempt": attempt})
+    return Call("GET", f"/v1/jobs/{_seg(job_id)}/record", _doc("Document"), params={"attempt": attempt})
 
 
 def reproduce_job(job_id: str, idempotency_key: str | None) -> Call[M.JobDocument]:
     key = idempotency_key or str(uuid.uuid4())
     return Call(
-        "POST", f"/v1/jobs/{_seg(job_id)}/reproduce", _doc(M.JobDocument), headers={"Idempotency-Key": key}
+        "POST", f"/v1/jobs/{_seg(job_id)}/reproduce", _doc("JobDocument"), headers={"Idempotency-Key": key}
     )
 
 
@@ -191,23 +200,23 @@ def quote(
     body: dict[str, Any] = {"spec": spec_doc, "include_catalog": include_catalog}
     if pools is not None:
         body["pools"] = [dict(p) for p in pools]
-    return Call("POST", "/v1/quotes", _doc(M.QuoteResponse), json=body)
+    return Call("POST", "/v1/quotes", _doc("QuoteResponse"), json=body)
 
 
 def list_pools() -> Call[M.PoolList]:
-    return Call("GET", "/v1/pools", _doc(M.PoolList))
+    return Call("GET", "/v1/pools", _doc("PoolList"))
 
 
 def get_pool(name: str) -> Call[M.PoolDoc]:
-    return Call("GET", f"/v1/pools/{_seg(name)}", _doc(M.PoolDoc))
+    return Call("GET", f"/v1/pools/{_seg(name)}", _doc("PoolDoc"))
 
 
 def put_pool(pool: Mapping[str, Any]) -> Call[M.PoolDoc]:
-    return Call("PUT", f"/v1/pools/{_seg(pool['name'])}", _doc(M.PoolDoc), json=dict(pool))
+    return Call("PUT", f"/v1/pools/{_seg(pool['name'])}", _doc("PoolDoc"), json=dict(pool))
 
 
 def patch_pool(name: str, changes: Mapping[str, Any]) -> Call[M.PoolDoc]:
-    return Call("PATCH", f"/v1/pools/{_seg(name)}", _doc(M.PoolDoc), json=dict(changes))
+    return Call("PATCH", f"/v1/pools/{_seg(name)}", _doc("PoolDoc"), json=dict(changes))
 
 
 def delete_pool(name: str) -> Call[None]:
@@ -215,29 +224,29 @@ def delete_pool(name: str) -> Call[None]:
 
 
 def catalog() -> Call[M.AcceleratorList]:
-    return Call("GET", "/v1/catalog", _doc(M.AcceleratorList))
+    return Call("GET", "/v1/catalog", _doc("AcceleratorList"))
 
 
 def upload_code(archive: bytes) -> Call[M.CodeUploaded]:
     return Call(
         "POST",
         "/v1/code",
-        _doc(M.CodeUploaded),
+        _doc("CodeUploaded"),
         content=archive,
         headers={"Content-Type": "application/gzip"},
     )
 
 
 def whoami() -> Call[M.WhoAmI]:
-    return Call("GET", "/v1/whoami", _doc(M.WhoAmI))
+    return Call("GET", "/v1/whoami", _doc("WhoAmI"))
 
 
 def healthz() -> Call[M.Document]:
-    return Call("GET", "/healthz", _doc(M.Document))
+    return Call("GET", "/healthz", _doc("Document"))
 
 
 def readyz() -> Call[M.Document]:
-    return Call("GET", "/readyz", _doc(M.Document))
+    return Call("GET", "/readyz", _doc("Document"))
 
 
 # ---- tenants and keys ----------------------------------------------------------------------------
@@ -249,38 +258,38 @@ def create_tenant(
         body["max_queued_jobs"] = max_queued_jobs
     if max_active_devices is not None:
         body["max_active_devices"] = max_active_devices
-    return Call("POST", "/v1/tenants", _doc(M.TenantCreated), json=body)
+    return Call("POST", "/v1/tenants", _doc("TenantCreated"), json=body)
 
 
 def list_tenants() -> Call[M.TenantList]:
-    return Call("GET", "/v1/tenants", _doc(M.TenantList))
+    return Call("GET", "/v1/tenants", _doc("TenantList"))
 
 
 def get_tenant(name: str) -> Call[M.TenantDoc]:
-    return Call("GET", f"/v1/tenants/{_seg(name)}", _doc(M.TenantDoc))
+    return Call("GET", f"/v1/tenants/{_seg(name)}", _doc("TenantDoc"))
 
 
 def update_tenant(name: str, changes: Mapping[str, Any]) -> Call[M.TenantDoc]:
-    return Call("PATCH", f"/v1/tenants/{_seg(name)}", _doc(M.TenantDoc), json=dict(changes))
+    return Call("PATCH", f"/v1/tenants/{_seg(name)}", _doc("TenantDoc"), json=dict(changes))
 
 
 def list_api_keys(tenant: str) -> Call[M.ApiKeyList]:
-    return Call("GET", f"/v1/tenants/{_seg(tenant)}/keys", _doc(M.ApiKeyList))
+    return Call("GET", f"/v1/tenants/{_seg(tenant)}/keys", _doc("ApiKeyList"))
 
 
 def create_api_key(tenant: str, role: str) -> Call[M.ApiKeyCreated]:
-    return Call("POST", f"/v1/tenants/{_seg(tenant)}/keys", _doc(M.ApiKeyCreated), json={"role": role})
+    return Call("POST", f"/v1/tenants/{_seg(tenant)}/keys", _doc("ApiKeyCreated"), json={"role": role})
 
 
 def revoke_api_key(tenant: str, key_id: str) -> Call[M.ApiKeyDoc]:
-    return Call("POST", f"/v1/tenants/{_seg(tenant)}/keys/{_seg(key_id)}/revoke", _doc(M.ApiKeyDoc))
+    return Call("POST", f"/v1/tenants/{_seg(tenant)}/keys/{_seg(key_id)}/revoke", _doc("ApiKeyDoc"))
 
 
 def rotate_api_key(tenant: str, key_id: str, overlap_s: float) -> Call[M.ApiKeyRotated]:
     return Call(
         "POST",
         f"/v1/tenants/{_seg(tenant)}/keys/{_seg(key_id)}/rotate",
-        _doc(M.ApiKeyRotated),
+        _doc("ApiKeyRotated"),
         json={"overlap_s": overlap_s},
     )
 
@@ -288,34 +297,34 @@ def rotate_api_key(tenant: str, key_id: str, overlap_s: float) -> Call[M.ApiKeyR
 # ---- usage and budgets ---------------------------------------------------------------------------
 def usage(by: str, from_: str | None, to: str | None, tenant: str | None) -> Call[M.Document]:
     params = {"by": by, "from": from_, "to": to, "tenant": tenant}
-    return Call("GET", "/v1/usage", _doc(M.Document), params=params)
+    return Call("GET", "/v1/usage", _doc("Document"), params=params)
 
 
 def invoice(tenant: str | None, month: str | None) -> Call[M.Document]:
-    return Call("GET", "/v1/usage/invoice", _doc(M.Document), params={"tenant": tenant, "month": month})
+    return Call("GET", "/v1/usage/invoice", _doc("Document"), params={"tenant": tenant, "month": month})
 
 
 def reconcile_usage() -> Call[M.Document]:
-    return Call("GET", "/v1/usage/reconcile", _doc(M.Document))
+    return Call("GET", "/v1/usage/reconcile", _doc("Document"))
 
 
 def set_budget(tenant: str, usd: float, period: str, hard: bool, tag: str | None) -> Call[M.Document]:
     body: dict[str, Any] = {"usd": usd, "period": period, "hard": hard}
     if tag is not None:
         body["tag"] = tag
-    return Call("PUT", f"/v1/budgets/{_seg(tenant)}", _doc(M.Document), json=body)
+    return Call("PUT", f"/v1/budgets/{_seg(tenant)}", _doc("Document"), json=body)
 
 
 def list_budgets(tenant: str | None) -> Call[M.Document]:
-    return Call("GET", "/v1/budgets", _doc(M.Document), params={"tenant": tenant})
+    return Call("GET", "/v1/budgets", _doc("Document"), params={"tenant": tenant})
 
 
 def get_budget(tenant: str, tag: str | None, period: str) -> Call[M.Document]:
-    return Call("GET", f"/v1/budgets/{_seg(tenant)}", _doc(M.Document), params={"period": period, "tag": tag})
+    return Call("GET", f"/v1/budgets/{_seg(tenant)}", _doc("Document"), params={"period": period, "tag": tag})
 
 
 def budget_events(tenant: str) -> Call[M.Document]:
-    return Call("GET", f"/v1/budgets/{_seg(tenant)}/events", _doc(M.Document))
+    return Call("GET", f"/v1/budgets/{_seg(tenant)}/events", _doc("Document"))
 
 
 # ---- datasets (DESIGN §3.7) ----------------------------------------------------------------------
@@ -346,7 +355,7 @@ def upload_dataset(
     return Call(
         "POST",
         "/v1/datasets",
-        _doc(M.DatasetDoc),
+        _doc("DatasetDoc"),
         params=params,
         upload=Upload(path, chunk_bytes=chunk_bytes, progress=progress),
         headers={"Content-Type": "application/x-ndjson"},
@@ -355,18 +364,18 @@ def upload_dataset(
 
 
 def get_dataset(ref: str) -> Call[M.DatasetDoc]:
-    return Call("GET", f"/v1/datasets/{_seg(dataset_path(ref), '@')}", _doc(M.DatasetDoc))
+    return Call("GET", f"/v1/datasets/{_seg(dataset_path(ref), '@')}", _doc("DatasetDoc"))
 
 
 def list_datasets(name: str | None) -> Call[M.DatasetList]:
-    return Call("GET", "/v1/datasets", _doc(M.DatasetList), params={"name": name})
+    return Call("GET", "/v1/datasets", _doc("DatasetList"), params={"name": name})
 
 
 def dataset_rows(ref: str, split: str, offset: int, limit: int) -> Call[M.DatasetRows]:
     return Call(
         "GET",
         f"/v1/datasets/{_seg(dataset_path(ref), '@')}/rows",
-        _doc(M.DatasetRows),
+        _doc("DatasetRows"),
         params={"split": split, "offset": offset, "limit": limit},
     )
 
@@ -381,14 +390,14 @@ def model_files(directory: Path) -> list[Path]:
 
 
 def start_model_upload() -> Call[M.Document]:
-    return Call("POST", "/v1/models/uploads", _doc(M.Document))
+    return Call("POST", "/v1/models/uploads", _doc("Document"))
 
 
 def model_upload_chunk(upload_id: str, filename: str, offset: int, chunk: bytes) -> Call[M.Document]:
     return Call(
         "PUT",
         f"/v1/models/uploads/{_seg(upload_id)}/files/{_seg(filename)}",
-        _doc(M.Document),
+        _doc("Document"),
         params={"offset": offset},
         content=chunk,
         headers={"Content-Type": "application/octet-stream"},
@@ -399,32 +408,32 @@ def import_model(upload_id: str, name: str, public: bool) -> Call[M.ModelVersion
     return Call(
         "POST",
         "/v1/models/import",
-        _doc(M.ModelVersionDoc),
+        _doc("ModelVersionDoc"),
         json={"upload_id": upload_id, "name": name, "public": public},
     )
 
 
 def list_models(name: str | None, dataset: str | None) -> Call[M.ModelList]:
     return Call(
-        "GET", "/v1/models", _doc(M.ModelList), params={"name": name or None, "dataset": dataset or None}
+        "GET", "/v1/models", _doc("ModelList"), params={"name": name or None, "dataset": dataset or None}
     )
 
 
 def get_model(ref: str) -> Call[M.ModelVersionDoc]:
-    return Call("GET", f"/v1/models/{_seg(ref, '@')}", _doc(M.ModelVersionDoc))
+    return Call("GET", f"/v1/models/{_seg(ref, '@')}", _doc("ModelVersionDoc"))
 
 
 def model_lineage(ref: str) -> Call[M.Document]:
-    return Call("GET", f"/v1/models/{_seg(ref, '@')}/lineage", _doc(M.Document))
+    return Call("GET", f"/v1/models/{_seg(ref, '@')}/lineage", _doc("Document"))
 
 
 def promote_model(ref: str, alias: str, force: bool, reason: str, evaluation: str | None) -> Call[M.Document]:
     body = {"alias": alias, "force": force, "reason": reason, "evaluation": evaluation}
-    return Call("POST", f"/v1/models/{_seg(ref, '@')}/promote", _doc(M.Document), json=body)
+    return Call("POST", f"/v1/models/{_seg(ref, '@')}/promote", _doc("Document"), json=body)
 
 
 def model_aliases(name: str) -> Call[M.Document]:
-    return Call("GET", f"/v1/models/{_seg(name)}/aliases", _doc(M.Document))
+    return Call("GET", f"/v1/models/{_seg(name)}/aliases", _doc("Document"))
 
 
 def run_evaluation(
@@ -456,7 +465,7 @@ def run_evaluation(
     ):
         if value is not None:
             body[key] = value
-    return Call("POST", "/v1/evaluations", _doc(M.EvaluationDoc), json=body)
+    return Call("POST", "/v1/evaluations", _doc("EvaluationDoc"), json=body)
 
 
 # ---- sweeps ---------------------------------------------------------------------------------------
@@ -492,30 +501,30 @@ def sweep_document(sweep: Any) -> dict[str, Any]:
 
 
 def create_sweep(sweep: Any) -> Call[M.SweepDoc]:
-    return Call("POST", "/v1/sweeps", _doc(M.SweepDoc), json=sweep_document(sweep))
+    return Call("POST", "/v1/sweeps", _doc("SweepDoc"), json=sweep_document(sweep))
 
 
 def get_sweep(sweep_id: str) -> Call[M.SweepDoc]:
-    return Call("GET", f"/v1/sweeps/{_seg(sweep_id)}", _doc(M.SweepDoc))
+    return Call("GET", f"/v1/sweeps/{_seg(sweep_id)}", _doc("SweepDoc"))
 
 
 def list_sweeps(limit: int) -> Call[M.SweepList]:
-    return Call("GET", "/v1/sweeps", _doc(M.SweepList), params={"limit": limit})
+    return Call("GET", "/v1/sweeps", _doc("SweepList"), params={"limit": limit})
 
 
 def cancel_sweep(sweep_id: str) -> Call[M.SweepDoc]:
-    return Call("POST", f"/v1/sweeps/{_seg(sweep_id)}/cancel", _doc(M.SweepDoc))
+    return Call("POST", f"/v1/sweeps/{_seg(sweep_id)}/cancel", _doc("SweepDoc"))
 
 
 SWEEP_DONE = ("succeeded", "failed", "cancelled")
 
 
 def get_evaluation(eval_id: str) -> Call[M.EvaluationDoc]:
-    return Call("GET", f"/v1/evaluations/{_seg(eval_id)}", _doc(M.EvaluationDoc))
+    return Call("GET", f"/v1/evaluations/{_seg(eval_id)}", _doc("EvaluationDoc"))
 
 
 def list_evaluations(model: str | None) -> Call[M.EvaluationList]:
-    return Call("GET", "/v1/evaluations", _doc(M.EvaluationList), params={"model": model or None})
+    return Call("GET", "/v1/evaluations", _doc("EvaluationList"), params={"model": model or None})
 
 
 # ---- deployments (DESIGN §3.9) -------------------------------------------------------------------
@@ -525,15 +534,15 @@ def create_deployment(
     body: dict[str, Any] = {"name": name, "model": model, "min_replicas": min_replicas, **options}
     if max_replicas is not None:
         body["max_replicas"] = max_replicas
-    return Call("POST", "/v1/deployments", _doc(M.DeploymentDoc), json=body)
+    return Call("POST", "/v1/deployments", _doc("DeploymentDoc"), json=body)
 
 
 def get_deployment(name: str) -> Call[M.DeploymentDoc]:
-    return Call("GET", f"/v1/deployments/{_seg(name)}", _doc(M.DeploymentDoc))
+    return Call("GET", f"/v1/deployments/{_seg(name)}", _doc("DeploymentDoc"))
 
 
 def list_deployments() -> Call[M.DeploymentList]:
-    return Call("GET", "/v1/deployments", _doc(M.DeploymentList))
+    return Call("GET", "/v1/deployments", _doc("DeploymentList"))
 
 
 def set_traffic(
@@ -542,11 +551,11 @@ def set_traffic(
     body: dict[str, Any] = {"routes": [dict(r) for r in routes]}
     if canary is not None:
         body["canary"] = dict(canary)
-    return Call("PUT", f"/v1/deployments/{_seg(name)}/traffic", _doc(M.DeploymentDoc), json=body)
+    return Call("PUT", f"/v1/deployments/{_seg(name)}/traffic", _doc("DeploymentDoc"), json=body)
 
 
 def shadow_report(name: str) -> Call[M.Document]:
-    return Call("GET", f"/v1/deployments/{_seg(name)}/shadow-report", _doc(M.Document))
+    return Call("GET", f"/v1/deployments/{_seg(name)}/shadow-report", _doc("Document"))
 
 
 def delete_deployment(name: str) -> Call[None]:
@@ -557,13 +566,15 @@ def delete_deployment(name: str) -> Call[None]:
 def next_jobs_page(
     page: M.JobList, states: Iterable[str] | None, name: str | None, limit: int
 ) -> Call[M.JobList] | None:
-    return list_jobs(states, name, page.next_cursor, limit) if page.next_cursor else None
+    cursor = page.get("next_cursor")
+    return list_jobs(states, name, cursor, limit) if cursor else None
 
 
 def next_events_page(page: M.EventList, job_id: str, limit: int) -> Call[M.EventList] | None:
     """The next page while pages come back full (a shorter page is the end of the log so far)."""
-    return job_events(job_id, page.next_after, limit) if len(page.events) >= limit else None
+    return job_events(job_id, page["next_after"], limit) if len(page["events"]) >= limit else None
 
 
 def next_rows_page(page: M.DatasetRows, ref: str, split: str, limit: int) -> Call[M.DatasetRows] | None:
-    return dataset_rows(ref, split, page.next_offset, limit) if page.next_offset is not None else None
+    offset = page.get("next_offset")
+    return dataset_rows(ref, split, offset, limit) if offset is not None else None

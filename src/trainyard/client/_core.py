@@ -198,8 +198,9 @@ def error_from(resp: httpx.Response) -> E.TrainyardError:
     return cls(message, hint=hint, details=details)
 
 
-def read_response(resp: httpx.Response, call: Call[T]) -> T:
+def read_response(resp: httpx.Response, call: Call[T], typed: bool = True) -> T:
+    """The answer's document (``call.parse``), or with ``typed=False`` the decoded JSON as it is."""
     if resp.status_code >= 400:
         raise error_from(resp)
-    body = None if resp.status_code == 204 or not resp.content else resp.json()
-    return call.parse(body)
+    body: Any = None if resp.status_code == 204 or not resp.content else resp.json()
+    return call.parse(body) if typed else body

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client import _calls as C
 from trainyard.client._core import (
@@ -30,6 +29,7 @@ from trainyard.client.progress import JobProgress, Watcher
 if TYPE_CHECKING:
     import httpx
 
+    from trainyard import api_models as M
     from trainyard.client._calls import SpecLike
 
 T = TypeVar("T")

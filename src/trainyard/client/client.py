@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trainyard import api_models as M
 from trainyard import errors as E
 from trainyard.client import _calls as C
 from trainyard.client._core import (
@@ -35,6 +34,7 @@ from trainyard.enums import TERMINAL_JOB_STATES
 if TYPE_CHECKING:
     import httpx
 
+    from trainyard import api_models as M
     from trainyard.client._calls import SpecLike
 
 T = TypeVar("T")
@@ -54,6 +54,12 @@ class TrainyardClient:
     """
 
     UPLOAD_CHUNK_BYTES = C.UPLOAD_CHUNK_BYTES
+
+    #: False: every method returns the decoded JSON the server sent (dicts and lists) instead of a
+    #: document, and a call whose answer is only passed on never imports the documents (pydantic). The
+    #: CLI's client, which prints JSON, is such a subclass; the methods below read answers through
+    #: ``doc["field"]``, which documents and dicts both answer.
+    _typed: bool = True
 
     def __init__(
         self,
@@ -85,7 +91,7 @@ class TrainyardClient:
         self.close()
 
     # ---- plumbing ------------------------------------------------------------------------------
-    def _do(self, call: Call[T]) -> T:
+    def _do(self, call: Call[T], *, typed: bool | None = None) -> T:
         delay = self.backoff_s
         attempt = 0
         while True:
@@ -101,7 +107,7 @@ class TrainyardClient:
                 delay = next_delay(delay)
                 attempt += 1
                 continue
-            return read_response(resp, call)
+            return read_response(resp, call, self._typed if typed is None else typed)
 
     def _pages(self, call: Call[T] | None, next_call: Callable[[T], Call[T] | None]) -> Iterator[T]:
         while call is not None:
@@ -139,7 +145,7 @@ class TrainyardClient:
         local = C.local_dataset(doc, spec_dir) if upload_dataset and spec_dir is not None else None
         if local is not None:
             uploaded = self.upload_dataset(local, name=C.dataset_name_for(local))
-            doc["workload"] = {**doc["workload"], "dataset": uploaded.id}
+            doc["workload"] = {**doc["workload"], "dataset": uploaded["id"]}
         return self._do(C.submit(doc, idempotency_key))
 
     def get_job(self, job_id: str) -> M.JobDocument:
@@ -163,7 +169,7 @@ class TrainyardClient:
         states = list(states) if states else None
         first = C.list_jobs(states, name, None, page_size)
         for page in self._pages(first, lambda p: C.next_jobs_page(p, states, name, page_size)):
-            yield from page.jobs
+            yield from page["jobs"]
 
     def cancel_job(self, job_id: str) -> M.JobDocument:
         return self._do(C.cancel_job(job_id))
@@ -179,7 +185,7 @@ class TrainyardClient:
         """Every event of the job logged after ``after`` so far, oldest first."""
         first = C.job_events(job_id, after, page_size)
         for page in self._pages(first, lambda p: C.next_events_page(p, job_id, page_size)):
-            yield from page.events
+            yield from page["events"]
 
     def job_logs(
         self,
@@ -215,8 +221,9 @@ class TrainyardClient:
         changes or new events are logged; the last one is the terminal state."""
         w = Watcher(job_id, timeout_s=timeout_s, events=events)
         while True:
-            job = self.get_job(job_id)
-            page = self.job_events(job_id, after=w.after) if events else None
+            # always documents here: the progress reports are typed whatever the client returns
+            job = self._do(C.get_job(job_id), typed=True)
+            page = self._do(C.job_events(job_id, w.after, 1000), typed=True) if events else None
             report = w.report(job, page)
             if report is not None:
                 yield report
@@ -240,7 +247,7 @@ class TrainyardClient:
             if on_progress is not None:
                 on_progress(last)
         assert last is not None  # watch yields at least the terminal report
-        return last.job
+        return last.job if self._typed else last.job.to_dict()  # type: ignore[return-value]
 
     def job_record(self, job_id: str, *, attempt: int | None = None) -> M.Document:
         return self._do(C.job_record(job_id, attempt))
@@ -406,7 +413,7 @@ class TrainyardClient:
         """Every row of one split, in order, fetching pages as the iteration goes."""
         first = C.dataset_rows(ref, split, 0, page_size)
         for page in self._pages(first, lambda p: C.next_rows_page(p, ref, split, page_size)):
-            yield from page.rows
+            yield from page["rows"]
 
     # ---- models and evaluations (DESIGN §3.8) --------------------------------------------------
     def import_model(self, directory: str | Path, name: str, *, public: bool = False) -> M.ModelVersionDoc:
@@ -490,10 +497,12 @@ class TrainyardClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             doc = self.get_evaluation(eval_id)
-            if doc.state in ("succeeded", "failed"):
+            if doc["state"] in ("succeeded", "failed"):
                 return doc
             if deadline is not None and time.monotonic() > deadline:
-                raise E.ServiceUnavailableError(f"evaluation {eval_id} still {doc.state} after {timeout_s} s")
+                raise E.ServiceUnavailableError(
+                    f"evaluation {eval_id} still {doc['state']} after {timeout_s} s"
+                )
             time.sleep(poll_s)
 
     # ---- sweeps ------------------------------------------------------------------------------------
@@ -516,10 +525,10 @@ class TrainyardClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             doc = self.get_sweep(sweep_id)
-            if doc.state in C.SWEEP_DONE:
+            if doc["state"] in C.SWEEP_DONE:
                 return doc
             if deadline is not None and time.monotonic() > deadline:
-                raise E.ServiceUnavailableError(f"sweep {sweep_id} still {doc.state} after {timeout_s} s")
+                raise E.ServiceUnavailableError(f"sweep {sweep_id} still {doc['state']} after {timeout_s} s")
             time.sleep(poll_s)
 
     # ---- deployments (DESIGN §3.9) -------------------------------------------------------------
@@ -559,11 +568,11 @@ class TrainyardClient:
         deadline = time.monotonic() + timeout_s
         while True:
             doc = self.get_deployment(name)
-            if doc.state == "ready":
+            if doc["state"] == "ready":
                 return doc
-            if doc.state == "failed" or time.monotonic() > deadline:
+            if doc["state"] == "failed" or time.monotonic() > deadline:
                 raise E.ServiceUnavailableError(
-                    f"deployment {name} is {doc.state} after {timeout_s:.0f} s",
+                    f"deployment {name} is {doc['state']} after {timeout_s:.0f} s",
                     hint="See its events with `trainyard deployments get NAME --json`.",
                 )
             time.sleep(poll_s)

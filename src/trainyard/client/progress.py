@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainyard import errors as E
-from trainyard.api_models import EventDoc, EventList, JobDocument
-from trainyard.enums import JobState
+
+if TYPE_CHECKING:
+    from trainyard.api_models import EventDoc, EventList, JobDocument
+    from trainyard.enums import JobState
 
 
 @dataclass(frozen=True)
