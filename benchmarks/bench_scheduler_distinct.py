@@ -9,6 +9,9 @@ budgets, so nothing is shared between jobs except the pools. One round = ``sched
     .venv/bin/python benchmarks/bench_scheduler_distinct.py               # 1,000 jobs × 100 pools
     .venv/bin/python benchmarks/bench_scheduler_distinct.py --jobs 200 1000 --profile
 
+Rounds: cold (a new empty cache each), warm (the same round again on the first round's cache), then on the
+cache of the round before each: one pool's price +10 %, one pool with one node fewer free, one minute later.
+
 Writes benchmarks/results/scheduler_distinct.json (wall and CPU seconds, the load average at start and end).
 """
 
@@ -99,6 +102,22 @@ def bench(n_jobs: int, n_pools: int, seed: int, repeats: int, profile: bool) -> 
     first, w0, c0 = _round(jobs, pools, cfg, cache)
     colds.append((w0, c0))
     warm, ww, wc = _round(jobs, pools, cfg, cache)
+    # warm rounds after small changes, each on the cache of the round before it (as a control plane's loop)
+    moved = list(pools)
+    i = next(k for k, p in enumerate(moved) if p.price_usd_per_device_hour)
+    price = moved[i].price_usd_per_device_hour * 1.1
+    moved[i] = moved[i].model_copy(update={"price_usd_per_device_hour": round(price, 4)})
+    price_res, pw, pc = _round(jobs, moved, cfg, cache)
+    price_ref = schedule_round(jobs, moved, now_s=0.0, config=cfg, cache=CandidateCache())
+    fewer = list(moved)
+    k = next(k for k, p in enumerate(fewer) if p.free_devices >= p.devices_per_node)
+    fewer[k] = fewer[k].model_copy(
+        update={"available_devices": fewer[k].free_devices - fewer[k].devices_per_node}
+    )
+    _, capw, capc = _round(jobs, fewer, cfg, cache)
+    t0, c0 = time.perf_counter(), time.process_time()
+    schedule_round(jobs, fewer, now_s=60.0, config=cfg, cache=cache)
+    clkw, clkc = time.perf_counter() - t0, time.process_time() - c0
     for _ in range(repeats):
         _, w, c = _round(jobs, pools, cfg, CandidateCache())
         colds.append((w, c))
@@ -114,6 +133,14 @@ def bench(n_jobs: int, n_pools: int, seed: int, repeats: int, profile: bool) -> 
         "round_cold_median_cpu_s": round(cpus[len(cpus) // 2], 3),
         "round_warm_s": round(ww, 3),
         "round_warm_cpu_s": round(wc, 3),
+        "round_warm_price_s": round(pw, 3),  # one pool's price +10 %
+        "round_warm_price_cpu_s": round(pc, 3),
+        "round_warm_capacity_s": round(capw, 3),  # one pool has one node fewer free
+        "round_warm_capacity_cpu_s": round(capc, 3),
+        "round_warm_clock_s": round(clkw, 3),  # one minute later
+        "round_warm_clock_cpu_s": round(clkc, 3),
+        "warm_price_decides_as_fresh": [p.to_contract() for p in price_res.placements]
+        == [p.to_contract() for p in price_ref.placements],
         "status": warm.solver_status,
         "placed": len(warm.placements),
         "unplaced": len(warm.unplaced),
@@ -140,6 +167,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=2, help="more cold rounds, each with a new empty cache")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one more cold round")
+    ap.add_argument("--label", default="", help="what the source tree is (recorded in the JSON)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "scheduler_distinct.json")
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
@@ -153,6 +181,7 @@ def main() -> None:
         "load_average_1m_at_start": load_start,
         "load_average_1m_at_end": os.getloadavg()[0],
         "command": "python benchmarks/bench_scheduler_distinct.py " + " ".join(sys.argv[1:]),
+        "label": args.label,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
