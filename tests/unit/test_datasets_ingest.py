@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from trainyard.datasets import minhash
@@ -275,3 +276,106 @@ def test_minhash_estimates_jaccard_and_clusters_transitively() -> None:
     labels = minhash.clusters(minhash.band_keys([a, b, c, "", ""]))
     assert labels[0] == labels[1] != labels[2]
     assert labels[3] == labels[4]
+
+
+FAST_CASES: dict[str, list[Any]] = {
+    "chat": [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "Réponds"},
+                      {"role": "assistant", "content": "Oui"}, {"role": "user", "content": "more"},
+                      {"role": "assistant", "content": "done"}]},
+        {"messages": [{"role": "user", "content": "Cafe\u0301"}, {"role": "assistant", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "a", "name": "bob"},
+                      {"role": "assistant", "content": "b"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 0}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "id": 7},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "user", "content": "trailing question"}]},
+    ],
+    "completion": [
+        {"prompt": "p", "completion": "c"},
+        {"prompt": "", "completion": "only the answer"},
+        {"prompt": "e\u0301", "completion": "c"},
+        {"prompt": "p", "completion": "c", "meta": 1},
+    ],
+    "text": ["a plain line", {"text": "json text"}, "e\u0301t\u0301e\u0301", {"text": "t", "source": "x"}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", sorted(FAST_CASES))
+def test_the_fast_path_agrees_with_the_validating_path(fmt: str) -> None:
+    """Rows already in canonical shape skip normalisation; whatever the fast path accepts must give the
+    bytes, split key and tokens that normalising gives, and it must hand every other row over."""
+    from trainyard.datasets.formats import FAST, byte_count, canonical_bytes, normalize, token_count
+
+    accepted = []
+    for obj in FAST_CASES[fmt]:
+        row, key = normalize(obj, fmt)
+        expected = (canonical_bytes(row) + b"\n", key, token_count(row, byte_count))
+        for count in (byte_count, lambda s: len(s.split())):
+            got = FAST[fmt](obj, count)
+            if got is not None:
+                assert got == (expected[0], expected[1], token_count(row, count))
+        got = FAST[fmt](obj, byte_count)
+        if got is not None:  # it only takes rows that normalising leaves as they are
+            assert canonical_bytes(obj if isinstance(obj, dict) else {"text": obj}) == canonical_bytes(row)
+        accepted.append(got is not None)
+    # the plain rows (listed first) take the fast path; NFD text and extra keys do not
+    assert (
+        accepted
+        == {
+            "chat": [True, True, False, False, False, False, True],
+            "completion": [True, True, False, False],
+            "text": [True, True, False, False],
+        }[fmt]
+    )
+
+
+def test_densify_fills_each_empty_bin_from_the_next_non_empty_bin_to_its_right() -> None:
+    rng = random.Random(4)
+    n_rows = 40
+    sig = np.full(n_rows * minhash.N_BINS, minhash._EMPTY, dtype=np.uint64)
+    for r in range(n_rows - 2):  # the last two rows stay empty
+        for j in rng.sample(range(minhash.N_BINS), rng.randint(1, minhash.N_BINS)):
+            sig[r * minhash.N_BINS + j] = rng.randrange(2**58)
+    out = minhash._densify(sig.copy()).reshape(n_rows, minhash.N_BINS)
+    grid = sig.reshape(n_rows, minhash.N_BINS)
+    for r in range(n_rows):
+        for j in range(minhash.N_BINS):
+            if grid[r, j] != minhash._EMPTY:
+                assert out[r, j] == grid[r, j]
+                continue
+            dist = next(
+                (d for d in range(1, minhash.N_BINS) if grid[r, (j + d) % minhash.N_BINS] != minhash._EMPTY),
+                None,
+            )
+            if dist is None:
+                assert out[r, j] == minhash._EMPTY
+            else:
+                want = (int(grid[r, (j + dist) % minhash.N_BINS]) + dist * 0x9E3779B1) % 2**64
+                assert int(out[r, j]) == want
+
+
+def test_clusters_are_the_connected_components_of_shared_band_keys() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = int(rng.integers(2, 300))
+        bands = rng.integers(0, int(rng.integers(2, 400)), size=(n, 16)).astype(np.uint32)
+        parent = list(range(n))
+
+        def find(i: int, parent: list[int] = parent) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for b in range(16):
+            first: dict[int, int] = {}
+            for i, k in enumerate(bands[:, b].tolist()):
+                if k in first:
+                    ra, rb = find(i), find(first[k])
+                    parent[max(ra, rb)] = min(ra, rb)
+                else:
+                    first[k] = i
+        want = [min(j for j in range(n) if find(j) == find(i)) for i in range(n)]
+        assert minhash.clusters(bands).tolist() == want

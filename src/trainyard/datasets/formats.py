@@ -190,6 +190,85 @@ def _chat(obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return {"messages": out}, key
 
 
+FastRow = tuple[bytes, str, int]  # (canonical line with its newline, split key, tokens)
+_CANONICAL_LINE = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
+def _kept(s: str) -> bool:
+    """Not blank and already NFC: what :func:`normalize` keeps unchanged."""
+    if not s or s.isspace():
+        return False
+    return s.isascii() or unicodedata.is_normalized("NFC", s)
+
+
+def fast_chat(obj: Any, count: Callable[[str], int]) -> FastRow | None:
+    """The canonical line, split key and tokens of a chat row that is already in canonical shape
+    (only ``messages``; each message only a known ``role`` and NFC, non-blank ``content``; an assistant
+    turn), which :func:`normalize` would return unchanged; None for any other row, which then takes
+    the validating path (so its result, or its error, is exactly :func:`normalize`'s)."""
+    if type(obj) is not dict or len(obj) != 1:
+        return None
+    msgs = obj.get("messages")
+    if type(msgs) is not list or not msgs:
+        return None
+    by_bytes = count is byte_count
+    tokens = 1
+    parts: list[str] = []  # the key's turns: every non-system turn
+    cut = -1  # how many of them come before the last assistant turn
+    for m in msgs:
+        if type(m) is not dict or len(m) != 2:
+            return None
+        role = m.get("role")
+        content = m.get("content")
+        if type(role) is not str or role not in ROLES or type(content) is not str:
+            return None
+        if not content or content.isspace():
+            return None
+        if content.isascii():
+            tokens += (len(content) if by_bytes else count(content)) + CHAT_TOKENS_PER_MESSAGE
+        elif unicodedata.is_normalized("NFC", content):
+            tokens += count(content) + CHAT_TOKENS_PER_MESSAGE
+        else:
+            return None
+        if role == "assistant":
+            cut = len(parts)
+        if role != "system":
+            parts.append(f"{role}: {content}")
+    if cut < 0:
+        return None
+    return orjson.dumps(obj, option=_CANONICAL_LINE), "\n".join(parts[:cut]), tokens
+
+
+def fast_completion(obj: Any, count: Callable[[str], int]) -> FastRow | None:
+    """As :func:`fast_chat`, for a ``{"prompt", "completion"}`` row of NFC strings."""
+    if type(obj) is not dict or len(obj) != 2:
+        return None
+    prompt = obj.get("prompt")
+    completion = obj.get("completion")
+    if type(prompt) is not str or type(completion) is not str or not _kept(completion):
+        return None
+    if not (prompt.isascii() or unicodedata.is_normalized("NFC", prompt)):
+        return None
+    tokens = count(prompt) + count(completion) + 1
+    return orjson.dumps(obj, option=_CANONICAL_LINE), prompt, tokens
+
+
+def fast_text(obj: Any, count: Callable[[str], int]) -> FastRow | None:
+    """As :func:`fast_chat`, for a text row (a string, or ``{"text"}``) that is NFC and not blank."""
+    if type(obj) is str:
+        text = obj
+    elif type(obj) is dict and len(obj) == 1 and type(obj.get("text")) is str:
+        text = obj["text"]
+    else:
+        return None
+    if not _kept(text):
+        return None
+    return orjson.dumps({"text": text}, option=_CANONICAL_LINE), text, count(text) + 1
+
+
+FAST = {"chat": fast_chat, "completion": fast_completion, "text": fast_text}
+
+
 def token_count(row: dict[str, Any], count: Callable[[str], int]) -> int:
     """Tokens of one canonical row (plus one end-of-sequence token)."""
     if "text" in row:

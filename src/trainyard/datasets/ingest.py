@@ -6,7 +6,11 @@ Three passes, none of which holds the data in memory:
    row (:mod:`trainyard.datasets.formats`), and append its canonical line to a local spool file; per row
    only fixed-size facts are kept in arrays: its sha256 (32 bytes), spool offset, token count, hash side
    and 16 MinHash band keys (about 110 bytes a row). Every bad line is reported (up to ``max_errors``
-   listed, all counted by kind); once one is found nothing more is spooled.
+   listed, all counted by kind); once one is found nothing more is spooled. A row already in canonical
+   shape (NFC strings, no extra keys) skips building a normalised copy (``formats.FAST``); any other
+   row takes the validating path, so results and errors are the same either way. Valid rows are
+   handled in batches of ``BAND_BATCH``: one spool write, their sha256s and split hashes, and one
+   vectorised MinHash call.
 2. sort the row hashes: exact duplicates drop out (the first occurrence stays), and the dataset's
    content address is ``sha256("trainyard-dataset/v<SCHEMA_VERSION>\\n" ‖ sorted unique row hashes)``,
    the same whatever the row order or JSON formatting. The held-out side of a row is
@@ -20,6 +24,8 @@ Three passes, none of which holds the data in memory:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -35,9 +41,11 @@ import orjson
 
 from trainyard.datasets import minhash
 from trainyard.datasets.formats import (
+    FAST,
     FORMATS,
     SCHEMA_VERSION,
     ErrorKind,
+    FastRow,
     RowError,
     byte_count,
     canonical_bytes,
@@ -51,8 +59,12 @@ from trainyard.errors import InvalidDatasetError, InvalidInputError, PayloadTooL
 DEFAULT_MAX_BYTES = 2 * 2**30
 DEFAULT_MAX_ERRORS = 100
 SPLIT_BUCKETS = 10_000
-BAND_BATCH = 4096
+BAND_BATCH = 2048  # rows per batch: its arrays stay small enough for malloc to reuse them
 WRITE_CHUNK_BYTES = 1 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+HEAP_TRIM_BYTES = 32 << 20
+HEAP_MMAP_BYTES = 8 << 20
+ROW_BLOCK = 8192  # rows whose offsets are turned into Python ints at a time
 
 
 @dataclass(frozen=True)
@@ -155,27 +167,33 @@ class Ingested:
 
 
 def _write_rows(fs: Any, path: str, fd: int, offsets: np.ndarray, idx: np.ndarray) -> tuple[str, int]:
+    """Write the spooled rows ``idx`` (in that order) to ``path`` in chunks of about
+    ``WRITE_CHUNK_BYTES``, hashing each chunk as it goes; returns (sha256, bytes)."""
     h = hashlib.sha256()
+    pread = os.pread
     total = 0
     chunk: list[bytes] = []
     size = 0
+
+    def flush() -> None:
+        nonlocal total, chunk, size
+        data = b"".join(chunk)
+        h.update(data)
+        out.write(data)
+        total += size
+        chunk, size = [], 0
+
     with fs.open(path, "wb") as out:
-        for i in idx.tolist():
-            start = int(offsets[i])
-            line = os.pread(fd, int(offsets[i + 1]) - start, start)
-            chunk.append(line)
-            size += len(line)
-            if size >= WRITE_CHUNK_BYTES:
-                data = b"".join(chunk)
-                h.update(data)
-                out.write(data)
-                total += size
-                chunk, size = [], 0
+        for lo in range(0, len(idx), ROW_BLOCK):
+            block = idx[lo : lo + ROW_BLOCK]
+            for start, end in zip(offsets[block].tolist(), offsets[block + 1].tolist(), strict=True):
+                line = pread(fd, end - start, start)
+                chunk.append(line)
+                size += len(line)
+                if size >= WRITE_CHUNK_BYTES:
+                    flush()
         if chunk:
-            data = b"".join(chunk)
-            h.update(data)
-            out.write(data)
-            total += size
+            flush()
     return h.hexdigest(), total
 
 
@@ -226,19 +244,40 @@ def _auto_format(raw: bytes) -> str:
     return fmt
 
 
+@functools.cache
+def _keep_freed_heap() -> None:
+    """Ask glibc's allocator to keep up to ``HEAP_TRIM_BYTES`` of freed memory at the top of the heap
+    instead of returning it to the kernel, and to take blocks below ``HEAP_MMAP_BYTES`` from the heap
+    (``mallopt``: ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``). Every batch's MinHash arrays (a few MB)
+    are freed at its end; returned to the kernel, they are page-faulted in afresh by the next batch,
+    which cost a third of the ingestion's CPU time as system time (benchmarks/bench_datasets.py). The
+    process may keep that much freed memory resident. Nothing happens without ``mallopt`` (not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES)
+    mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES)
+
+
 def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> Ingested:
     """Passes 1 and 2 over an iterable of raw lines (a binary file object is one)."""
     options.check()
+    _keep_freed_heap()
     spool_dir.mkdir(parents=True, exist_ok=True)
     spool = spool_dir / f"spool-{secrets.token_hex(8)}.jsonl"
     fmt: str | None = None if options.format == "auto" else options.format
     errors = _Errors(options.max_errors)
-    digests = bytearray()
-    offsets = array("q")
+    digests = bytearray()  # each row's sha256
+    lengths = array("q")  # each row's canonical line length in the spool
     tokens = array("q")
-    eval_side = bytearray()
+    sides = bytearray()  # the first 8 bytes of each row's split hash
     bands: list[np.ndarray] = []
+    # the current batch of valid rows: canonical lines, split keys, token counts
+    canons: list[bytes] = []
     keys: list[str] = []
+    toks: list[int] = []
     threshold = round(options.eval_fraction * SPLIT_BUCKETS)
     salt = f"trainyard-split/{options.seed}\n".encode()
     count = options.count_tokens
@@ -246,10 +285,23 @@ def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> I
     max_bytes = options.max_bytes
     nbytes = 0
     lineno = 0
-    pos = 0
     sha256 = hashlib.sha256
+    loads = orjson.loads
+    bad_json = orjson.JSONDecodeError
+    fast: Callable[[Any, Callable[[str], int]], FastRow | None] | None = None
+
+    def flush(out: Any) -> None:
+        nonlocal canons, keys, toks
+        out.write(b"".join(canons))
+        digests.extend(b"".join([sha256(c).digest() for c in canons]))
+        lengths.extend([len(c) for c in canons])
+        tokens.extend(toks)
+        sides.extend(b"".join([sha256(salt + k.encode("utf-8")).digest()[:8] for k in keys]))
+        bands.append(minhash.band_keys(keys))
+        canons, keys, toks = [], [], []
+
     try:
-        with open(spool, "wb", buffering=WRITE_CHUNK_BYTES) as out:
+        with open(spool, "wb") as out:
             for lineno, raw in enumerate(lines, 1):
                 nbytes += len(raw)
                 if nbytes > max_bytes:
@@ -261,10 +313,30 @@ def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> I
                 if raw.isspace() or not raw:
                     continue
                 try:
-                    if fmt is None:
-                        fmt = _auto_format(raw)
-                    row, key = normalize(parse_line(raw, fmt), fmt)
-                    n_tok = token_count(row, count)
+                    if fast is None:
+                        if fmt is None:
+                            fmt = _auto_format(raw)
+                        fast = FAST[fmt]
+                    assert fmt is not None
+                    # a row already in canonical shape skips building a normalised copy; any other row
+                    # (or a line orjson refuses before it is stripped) takes the validating path
+                    got = None
+                    if fmt == "text":
+                        obj = parse_line(raw, fmt)
+                        got = fast(obj, count)
+                    else:
+                        try:
+                            obj = loads(raw)
+                        except bad_json:
+                            obj = parse_line(raw, fmt)  # raises the row's error
+                        else:
+                            got = fast(obj, count)
+                    if got is None:
+                        row, key = normalize(obj, fmt)
+                        n_tok = token_count(row, count)
+                        canon = canonical_bytes(row) + b"\n"
+                    else:
+                        canon, key, n_tok = got
                     if max_tokens is not None and n_tok > max_tokens:
                         raise RowError(
                             ErrorKind.TOO_LONG,
@@ -275,36 +347,30 @@ def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> I
                     continue
                 if errors.total:
                     continue  # invalid upload: keep validating, store nothing
-                canon = canonical_bytes(row) + b"\n"
-                digests += sha256(canon).digest()
-                offsets.append(pos)
-                pos += len(canon)
-                out.write(canon)
-                tokens.append(n_tok)
-                side = int.from_bytes(sha256(salt + key.encode("utf-8")).digest()[:8], "little")
-                eval_side.append(side % SPLIT_BUCKETS < threshold)
+                canons.append(canon)
                 keys.append(key)
-                if len(keys) >= BAND_BATCH:
-                    bands.append(minhash.band_keys(keys))
-                    keys = []
-        errors.raise_if_any(lineno)
-        if keys:
-            bands.append(minhash.band_keys(keys))
-        if not offsets:
+                toks.append(n_tok)
+                if len(canons) >= BAND_BATCH:
+                    flush(out)
+            errors.raise_if_any(lineno)
+            if canons:
+                flush(out)
+        if not lengths:
             raise InvalidDatasetError(
                 "the dataset holds no rows",
                 details={"errors": [{"line": 0, "kind": "empty_content", "message": "no rows"}]},
             )
-        offsets.append(pos)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(np.frombuffer(lengths, dtype=np.int64), out=offsets[1:])
         assert fmt is not None
         return _split(
             fmt,
             spool,
             options,
             digests,
-            np.frombuffer(offsets, dtype=np.int64),
+            offsets,
             np.frombuffer(tokens, dtype=np.int64),
-            np.frombuffer(eval_side, dtype=np.uint8).astype(bool),
+            np.frombuffer(sides, dtype="<u8") % SPLIT_BUCKETS < threshold,
             np.concatenate(bands),
             nbytes,
             lineno,

@@ -53,14 +53,21 @@ def signatures(keys: Sequence[str]) -> np.ndarray:
     raw = joined.lower().encode("utf-8", errors="replace") + b"\x00"
     buf = np.frombuffer(raw + b"\x00" * WORD_BYTES, dtype=np.uint8)
     total = len(raw)
-    ends = np.flatnonzero(buf[:total] == 0)  # one NUL after each row
-    sep = buf[:total] <= 32
-    first = ~sep
-    first[1:] &= sep[:-1]
-    pos = np.flatnonzero(first)  # the first byte of each word
-    row = np.searchsorted(ends, pos)
-    seps = np.flatnonzero(sep)
-    length = np.minimum(seps[np.searchsorted(seps, pos)] - pos, WORD_BYTES).astype(np.uint64)
+    body = buf[:total]
+    sep = body <= 32
+    word_byte = ~sep
+    # a word starts at a non-separator after a separator (or at 0) and ends at the next separator: the
+    # buffer ends in NUL, so starts and ends pair up in order
+    edge = np.empty(total + 1, dtype=bool)
+    edge[0] = False
+    edge[total] = False
+    np.not_equal(word_byte[1:], word_byte[:-1], out=edge[1:total])
+    edge[0] = word_byte[0]
+    bounds = np.flatnonzero(edge[:total])
+    pos = bounds[0::2]  # the first byte of each word
+    wend = bounds[1::2]  # the separator after it
+    row = np.searchsorted(np.flatnonzero(body == 0), pos)  # NULs before a word = its row
+    length = np.minimum(wend - pos, WORD_BYTES).astype(np.uint64)
     # the 8 bytes from each word start as one little-endian integer (an unaligned strided view), cut at
     # the word's end
     lanes = np.ndarray((total,), dtype="<u8", buffer=buf, strides=(1,))
@@ -71,40 +78,49 @@ def signatures(keys: Sequence[str]) -> np.ndarray:
         sh: np.ndarray = word.copy()
         for k in range(1, SHINGLE_WORDS):
             later = np.zeros_like(word)
-            same = np.zeros(len(pos), dtype=bool)
             if len(pos) > k:
-                same[:-k] = row[k:] == row[:-k]
-                later[:-k] = word[k:]
-            sh = sh * _P2 + np.where(same, later, np.uint64(0))
+                later[:-k] = np.where(row[k:] == row[:-k], word[k:], np.uint64(0))
+            sh = sh * _P2 + later
         h = _mix(sh)
     sig = np.full(n * N_BINS, _EMPTY, dtype=np.uint64)
     if len(pos):
         bin_ = ((h >> np.uint64(32)) * np.uint64(N_BINS)) >> np.uint64(32)  # uniform in [0, N_BINS)
         slot = row * N_BINS + bin_.astype(np.int64)
         np.minimum.at(sig, slot, h & _VAL_MASK)
-    return _densify(sig.reshape(n, N_BINS))
+    return _densify(sig).reshape(n, N_BINS)
 
 
 def _densify(sig: np.ndarray) -> np.ndarray:
-    some = (sig == _EMPTY).any(axis=1)
-    if some.any():
-        sig[some] = _densify_rows(sig[some])
-    return sig
-
-
-def _densify_rows(sig: np.ndarray) -> np.ndarray:
-    n = sig.shape[0]
+    """Fill each empty bin of the flat (rows × N_BINS) ``sig`` from the nearest non-empty bin to its
+    right in the same row (wrapping around), plus a multiple of the distance; a row with no shingle
+    stays empty."""
     empty = sig == _EMPTY
-    two = np.concatenate([sig, sig], axis=1)
-    idx = np.where(np.concatenate([~empty, ~empty], axis=1), np.arange(2 * N_BINS), 2 * N_BINS)
-    nearest = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1][:, :N_BINS]
-    has = nearest < 2 * N_BINS
-    src = np.where(has, nearest, 0)
-    vals = two[np.arange(n)[:, None], src]
-    dist = (src - np.arange(N_BINS)[None, :]).astype(np.uint64)
+    holes = np.flatnonzero(empty)
+    if len(holes) == 0:
+        return sig
+    filled = ~empty
+    full = np.flatnonzero(filled)
+    if len(full) == 0:
+        return sig
+    # the first non-empty bin at or after each hole (over the flat array), via how many lie before it
+    before = np.cumsum(filled)[holes]
+    hole_row = holes // N_BINS
+    row_end = (hole_row + 1) * N_BINS
+    nxt = full[np.minimum(before, len(full) - 1)]
+    wrapped = nxt >= row_end
+    wrapped |= before == len(full)
+    # each row's first non-empty bin, and whether it has one
+    starts = np.arange(0, len(sig), N_BINS)
+    first_row = full[np.minimum(np.searchsorted(full, starts), len(full) - 1)]
+    has_row = (first_row >= starts) & (first_row < starts + N_BINS)
+    src = np.where(wrapped, first_row[hole_row], nxt)
+    dist = (src - holes).astype(np.uint64)
+    dist[wrapped] += np.uint64(N_BINS)
+    out = sig.copy()
     with np.errstate(over="ignore"):
-        filled = np.where(has, vals + dist * np.uint64(0x9E3779B1), _EMPTY)
-    return np.where(empty, filled, sig)
+        vals = sig[src] + dist * np.uint64(0x9E3779B1)
+    out[holes] = np.where(has_row[hole_row], vals, _EMPTY)
+    return out
 
 
 def band_keys(keys: Sequence[str]) -> np.ndarray:
@@ -122,33 +138,51 @@ def estimate_jaccard(a: str, b: str) -> float:
     return float(np.mean(s[0] == s[1]))
 
 
-def clusters(bands: np.ndarray, max_rounds: int = 64) -> np.ndarray:
-    """Cluster label per row: rows sharing a band key, transitively, get the same (smallest) label."""
+def clusters(bands: np.ndarray) -> np.ndarray:
+    """Cluster label per row: rows sharing a band key, transitively, get the same (smallest) label.
+
+    Each band links every row of a group of equal keys to the group's smallest row; the links of all
+    bands (de-duplicated, so rows equal in every band cost one link) are then joined by propagating the
+    smaller label over every link, with pointer jumping, until nothing changes."""
     n = bands.shape[0]
     labels = np.arange(n, dtype=np.int64)
     if n < 2:
         return labels
-    for _ in range(max_rounds):
-        changed = False
-        for b in range(bands.shape[1]):
-            order = np.argsort(bands[:, b], kind="stable")
-            keys = bands[order, b]
-            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-            if len(starts) == n:
-                continue
-            lab = labels[order]
-            gmin = np.minimum.reduceat(lab, starts)
-            sizes = np.diff(np.r_[starts, n])
-            new = np.repeat(gmin, sizes)
-            if (new < lab).any():
-                labels[order] = np.minimum(lab, new)
-                changed = True
-        # pointer jumping: follow labels to their roots
-        while True:
-            nxt = labels[labels]
-            if np.array_equal(nxt, labels):
+    pending: list[np.ndarray] = []  # member << 32 | representative
+    held = 0
+    for b in range(bands.shape[1]):
+        order = np.argsort(bands[:, b])
+        keys = bands[order, b]
+        same = keys[1:] == keys[:-1]
+        if not same.any():
+            continue
+        starts = np.flatnonzero(np.r_[True, ~same])
+        rep = np.repeat(np.minimum.reduceat(order, starts), np.diff(np.r_[starts, n]))
+        member = order != rep
+        pending.append((order[member].astype(np.int64) << 32) | rep[member])
+        held += len(pending[-1])
+        if held > n:  # bound the memory when many rows share keys
+            pending = [_distinct(pending)]
+            held = len(pending[0])
+    if not held:
+        return labels
+    links = _distinct(pending)
+    member, rep = links >> 32, links & 0xFFFFFFFF
+    while True:
+        low = np.minimum(labels[member], labels[rep])
+        new = labels.copy()
+        np.minimum.at(new, rep, low)
+        np.minimum.at(new, member, new[rep])
+        while True:  # pointer jumping: follow labels to their roots
+            nxt = new[new]
+            if np.array_equal(nxt, new):
                 break
-            labels = nxt
-        if not changed:
-            break
-    return labels
+            new = nxt
+        if np.array_equal(new, labels):
+            return labels
+        labels = new
+
+
+def _distinct(parts: list[np.ndarray]) -> np.ndarray:
+    x = np.sort(np.concatenate(parts))
+    return x[np.r_[True, x[1:] != x[:-1]]]
