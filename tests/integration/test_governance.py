@@ -21,7 +21,7 @@ from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
 from trainyard.spec.models import JobSpec
-from trainyard.tenancy.ratelimit import DatabaseBuckets, MemoryBuckets
+from trainyard.tenancy.ratelimit import DatabaseBuckets, LeasedBuckets, MemoryBuckets
 
 PRICE = 3600.0  # $/device-hour on the local pool: one dollar per device-second, so sums are easy by hand
 ROUNDS = 5
@@ -267,6 +267,94 @@ def test_rate_limit_bucket_admits_exactly_its_burst_under_concurrency(
 
 
 # ---- the ledger: tags by hand, stop at a hard budget, resume when raised -----------------------------------
+def test_leased_buckets_of_two_processes_admit_exactly_the_shared_burst_under_concurrency(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two processes (two LeasedBuckets over one database), 100 threads each, the clock still: leases of
+    50 tokens are served in memory, and all together admit exactly the shared bucket's burst."""
+    from trainyard.store.db import Database
+
+    dbs = [Database(db_url), Database(db_url)]
+    dbs[0].upgrade()
+    stores = [LeasedBuckets(DatabaseBuckets(db)) for db in dbs]
+    rate, burst, now = 1000.0, 200.0, 1_800_000_000.0
+    assert stores[0].lease_size(rate, burst) == 50
+    statements = [0]
+    from sqlalchemy import event
+
+    for db in dbs:
+
+        @event.listens_for(db.engine, "before_cursor_execute")
+        def _count(*_: Any) -> None:
+            statements[0] += 1
+
+    try:
+        for rnd in range(ROUNDS):
+            barrier = threading.Barrier(2 * CONCURRENT)
+            allowed: list[bool] = []
+            lock = threading.Lock()
+            before = statements[0]
+
+            def take(
+                store: LeasedBuckets,
+                rnd: int = rnd,
+                barrier: threading.Barrier = barrier,
+                lock: threading.Lock = lock,
+                allowed: list[bool] = allowed,
+            ) -> None:
+                barrier.wait()
+                for _ in range(3):
+                    d = store.take(f"t:lease-{rnd}", rate=rate, burst=burst, now=now)
+                    with lock:
+                        allowed.append(d.allowed)
+
+            threads = [threading.Thread(target=take, args=(st,)) for st in stores for _ in range(CONCURRENT)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert len(allowed) == 600
+            assert sum(allowed) == burst, (sum(allowed), burst)  # 0 overshoot, none lost
+            # the admissions cost a statement per lease, not per request (refusals ask the database)
+            assert statements[0] - before <= 2 * (4 + 2 * 600 - int(burst)), statements[0] - before
+    finally:
+        for db in dbs:
+            db.dispose()
+
+
+def test_leased_buckets_stay_within_the_documented_bound_over_time(db_url: str, tmp_path: Path) -> None:
+    """Two processes alternating requests every 5 ms (simulated time) for 5 s against 100 requests/s:
+    admitted between burst + rate x T (less a lease left unused) and burst + rate x (T + LEASE_S)."""
+    from trainyard.store.db import Database
+    from trainyard.tenancy.ratelimit import LEASE_S
+
+    dbs = [Database(db_url), Database(db_url)]
+    dbs[0].upgrade()
+    stores = [LeasedBuckets(DatabaseBuckets(db)) for db in dbs]
+    rate, burst, t0, duration = 100.0, 100.0, 1_800_000_000.0, 5.0
+    try:
+        admitted = 0
+        steps = int(duration / 0.005)
+        for i in range(steps):
+            now = t0 + i * 0.005
+            admitted += stores[i % 2].take("t:over-time", rate=rate, burst=burst, now=now).allowed
+        upper = burst + rate * (duration + LEASE_S)
+        lower = burst + rate * duration - 2 * stores[0].lease_size(rate, burst)
+        assert lower <= admitted <= upper, (lower, admitted, upper)
+        # each process takes a lease and uses one token of it; 10 s later the leases are over: a burst
+        # at one instant gets the full bucket, not the bucket plus what the leases had left
+        later = t0 + duration + 10.0
+        for st in stores:
+            assert st.take("t:over-time", rate=rate, burst=burst, now=later - 5.0).allowed
+        at_once = sum(
+            stores[i % 2].take("t:over-time", rate=rate, burst=burst, now=later).allowed for i in range(300)
+        )
+        assert at_once == burst, at_once
+    finally:
+        for db in dbs:
+            db.dispose()
+
+
 def _run(p: Platform, ex: FakeExecutor, clock: ManualClock, job_id: str, seconds: float) -> None:
     """Place, start, run for ``seconds`` of the manual clock and succeed."""
     p.tick()

@@ -53,10 +53,9 @@ async def _rate_limit(request: Request, platform: Any, principal: Principal) -> 
         "key_rps": principal.key_rate_limit_rps,
         "now": platform.options.clock(),
     }
-    if limiter.store.shared:
+    decided, decision = limiter.check_local(**args)  # in process, or from this process's leases
+    if not decided:
         decision = await run_in_threadpool(lambda: limiter.check(**args))
-    else:
-        decision = limiter.check(**args)
     if decision is None:
         return
     headers = decision.headers()
