@@ -202,3 +202,74 @@ class ServerProcess:
 
     def cli_env(self) -> dict[str, str]:
         return {**self.env, "TRAINYARD_URL": self.url}
+
+
+class ScriptedPlatform:
+    """A platform on a real SQLite store under ``home`` whose executor is the scripted
+    :class:`~fakes.FakeExecutor` (the tests feed the worker reports) and whose clock is a
+    :class:`~fakes.ManualClock`, with the real app in front of it (TestClient, no port). ``settings``
+    go to :class:`~trainyard.settings.Settings`; ``price_usd_per_device_hour`` prices the local pool."""
+
+    def __init__(
+        self, home: Path, *, price_usd_per_device_hour: float | None = None, **settings: Any
+    ) -> None:
+        from fakes import FakeExecutor, ManualClock
+        from trainyard.api.app import create_app
+        from trainyard.services.platform import Platform, PlatformOptions
+        from trainyard.services.scheduling import GreedyCheapestRound
+        from trainyard.settings import Settings
+
+        self.clock = ManualClock()
+        self.ex = FakeExecutor()
+        self.p = Platform.open(
+            Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}", **settings),
+            PlatformOptions(
+                executor=self.ex,
+                schedule_round=GreedyCheapestRound(),
+                cpu_count=2,
+                clock=self.clock,
+                with_catalog=False,
+            ),
+        )
+        self.app = create_app(self.p, access_log=False)
+        self.key = self.p.settings.api_key_path.read_text().strip()
+        self.h = {"Authorization": f"Bearer {self.key}"}
+        if price_usd_per_device_hour is not None:
+            self.p.pools.update("local-cpu", {"price_usd_per_device_hour": price_usd_per_device_hour})
+        self.c = self.client()
+
+    def client(self) -> Any:
+        from fastapi.testclient import TestClient
+
+        return TestClient(self.app, base_url="http://127.0.0.1")
+
+    def browser(self, key: str | None = None) -> Any:
+        """A client logged in to the dashboard (with the admin key unless ``key`` says otherwise)."""
+        c = self.client()
+        r = c.post("/login", data={"api_key": key or self.key, "next": "/"}, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        return c
+
+    def submit(self, spec: dict[str, Any], key: str | None = None) -> str:
+        h = {"Authorization": f"Bearer {key}"} if key else self.h
+        r = self.client().post("/v1/jobs", json={"spec": spec}, headers=h)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    def event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        """A worker report of ``job_id``'s current attempt, at the manual clock's time."""
+        self.ex.emit(job_id, kind, data, time_s=self.clock.now)
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """One /metrics scrape: (sample name, sorted labels) -> value."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = self.c.get("/metrics", headers=self.h).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def close(self) -> None:
+        self.p.close()

@@ -5,6 +5,7 @@ none of it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from controlplane_support import ServerProcess
+from trainyard.cli.main import app
 
 
 class Receiver:
@@ -83,8 +86,22 @@ def server(home: Path, backoff_initial_s: float) -> ServerProcess:
     return srv.start()
 
 
+def cli(args: list[str], monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Any:
+    for k in ("TRAINYARD_API_KEY", "TRAINYARD_URL", "TRAINYARD_HOME"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        if k.startswith("TRAINYARD_"):
+            monkeypatch.setenv(k, v)
+    return CliRunner().invoke(app, args)
+
+
+def js(result: Any) -> Any:
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout)
+
+
 def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
-    tmp_path: Path, receivers: tuple[Receiver, Receiver]
+    tmp_path: Path, receivers: tuple[Receiver, Receiver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flaky, broken = receivers
     home = tmp_path / "home"
@@ -146,5 +163,40 @@ def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
         assert [d["id"] for d in mine] == [dead["id"]]
         assert c.get(f"/v1/webhooks/{hooks['broken']}/deliveries", headers=other).status_code == 404
         assert c.get("/v1/webhooks/deliveries", headers=other).json()["deliveries"] == []
+
+        # the CLI: webhooks create/list/test/deliveries/delete, each tenant its own
+        env = second.cli_env()
+        other_env = {**env, "TRAINYARD_API_KEY": other["Authorization"].split()[1]}
+        made = js(
+            cli(["webhooks", "create", flaky.url, "--rule", "webhook_test", "--json"], monkeypatch, env)
+        )
+        assert made["signing_secret"].startswith("whsec_") and made["rules"] == ["webhook_test"]
+        listed = js(cli(["webhooks", "list", "--json"], monkeypatch, env))["webhooks"]
+        assert made["id"] in {w["id"] for w in listed} and all("signing_secret" not in w for w in listed)
+        assert js(cli(["webhooks", "test", made["id"], "--json"], monkeypatch, env))["rule"] == "webhook_test"
+        wait_for(
+            lambda: any(rq["headers"]["Trainyard-Webhook-Id"] == made["id"] for rq in flaky.seen()),
+            30,
+            "the CLI's test delivery",
+        )
+        got = wait_for(
+            lambda: [
+                d
+                for d in js(cli(["webhooks", "deliveries", made["id"], "--json"], monkeypatch, env))[
+                    "deliveries"
+                ]
+                if d["state"] == "delivered"
+            ],
+            30,
+            "the test delivery recorded as delivered",
+        )
+        assert [d["webhook_id"] for d in got] == [made["id"]]
+        assert cli(["webhooks", "delete", made["id"]], monkeypatch, other_env).exit_code == 3  # not found
+        assert cli(["webhooks", "test", made["id"]], monkeypatch, other_env).exit_code == 3
+        assert js(cli(["webhooks", "list", "--json"], monkeypatch, other_env)) == {"webhooks": []}
+        gone = js(cli(["webhooks", "delete", made["id"], "--json"], monkeypatch, env))
+        assert gone == {"id": made["id"], "deleted": True}
+        listed = js(cli(["webhooks", "list", "--json"], monkeypatch, env))["webhooks"]
+        assert made["id"] not in {w["id"] for w in listed}
     finally:
         assert second.stop() == 0

@@ -6,51 +6,22 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from controlplane_support import tiny_spec
-from fakes import FakeExecutor, ManualClock
-from trainyard.api.app import create_app
-from trainyard.services.platform import Platform, PlatformOptions
-from trainyard.services.scheduling import GreedyCheapestRound
-from trainyard.settings import Settings
+from controlplane_support import ScriptedPlatform, tiny_spec
 from trainyard.web.session import COOKIE_NAME
 
 PRICE_USD_PER_DEVICE_HOUR = 3.6  # $0.001 per device-second
 
 
-class Env:
-    def __init__(self, home: Path) -> None:
-        self.clock = ManualClock()
-        self.ex = FakeExecutor()
-        self.p = Platform.open(
-            Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),
-            PlatformOptions(
-                executor=self.ex,
-                schedule_round=GreedyCheapestRound(),
-                cpu_count=2,
-                clock=self.clock,
-                with_catalog=False,
-            ),
-        )
-        self.app = create_app(self.p, access_log=False)
-        self.key = self.p.settings.api_key_path.read_text().strip()
-        self.h = {"Authorization": f"Bearer {self.key}"}
-        self.p.pools.update("local-cpu", {"price_usd_per_device_hour": PRICE_USD_PER_DEVICE_HOUR})
-
-    def client(self) -> TestClient:
-        return TestClient(self.app, base_url="http://127.0.0.1")
-
-    def browser(self, key: str | None = None) -> TestClient:
-        c = self.client()
-        r = c.post("/login", data={"api_key": key or self.key, "next": "/"}, follow_redirects=False)
-        assert r.status_code == 303, r.text
-        return c
+class Env(ScriptedPlatform):
+    def __init__(self, home: Path, **settings: Any) -> None:
+        super().__init__(home, price_usd_per_device_hour=PRICE_USD_PER_DEVICE_HOUR, **settings)
 
     def checkpoint_url(self, job_id: str, step: int, *, committed: bool = True) -> str:
         """A step directory in the tenant's checkpoint area; with a manifest when ``committed``."""
@@ -60,15 +31,6 @@ class Env:
         if committed:
             (d / "manifest.json").write_text(json.dumps({"step": step}))
         return f"{area}/{job_id}/step-{step}"
-
-    def submit(self, spec: dict[str, Any], key: str | None = None) -> str:
-        h = {"Authorization": f"Bearer {key}"} if key else self.h
-        r = self.client().post("/v1/jobs", json={"spec": spec}, headers=h)
-        assert r.status_code == 201, r.text
-        return str(r.json()["id"])
-
-    def event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
-        self.ex.emit(job_id, kind, data, time_s=self.clock.now)
 
 
 @pytest.fixture
@@ -361,3 +323,56 @@ def test_traces_page_is_for_admins(env: Env) -> None:
     _, other_key = env.p.tenants.create("plain")
     r = env.browser(other_key).get("/traces")
     assert r.status_code == 404 and "scheduler.round" not in r.text
+
+
+def test_the_webhooks_page_lists_the_tenants_webhooks_and_their_deliveries(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):  # a receiver on 127.0.0.1 that answers 500: a pending retry
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    e = Env(tmp_path, webhook_allowed_networks="127.0.0.1/32", webhook_backoff_initial_s=60.0)
+    try:
+        api = e.client()
+        _, other_key = e.p.tenants.create("other")
+        mine = api.post("/v1/webhooks", json={"url": url}, headers=e.h).json()["id"]
+        theirs = api.post(
+            "/v1/webhooks", json={"url": url + "/theirs"}, headers={"Authorization": f"Bearer {other_key}"}
+        ).json()["id"]
+        assert api.post(f"/v1/webhooks/{mine}/test", headers=e.h).status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ds = api.get("/v1/webhooks/deliveries", headers=e.h).json()["deliveries"]
+            if ds and ds[0]["attempts"] == 1:
+                break
+            time.sleep(0.1)
+        me = e.browser()
+        html = me.get("/webhooks").text
+        assert mine in html and url in html and theirs not in html
+        rows = html.split('id="deliveries"')[1]
+        assert ds[0]["id"] in rows and "webhook_test" in rows and "HTTP 500" in rows and "1 / 5" in rows
+        assert "pending" in rows and " UTC" in rows
+        one = me.get(f"/webhooks/{mine}")
+        assert one.status_code == 200 and ds[0]["id"] in one.text
+        # another tenant's webhook is the same 404 page as a missing one
+        r = me.get(f"/webhooks/{theirs}")
+        assert r.status_code == 404 and "There is no webhook" in r.text and url + "/theirs" not in r.text
+        other = e.browser(other_key)
+        assert other.get(f"/webhooks/{mine}").status_code == 404
+        page = other.get("/webhooks").text
+        assert theirs in page and mine not in page and ds[0]["id"] not in page
+    finally:
+        e.p.close()
+        receiver.shutdown()
+        receiver.server_close()

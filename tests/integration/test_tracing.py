@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane_support import tiny_spec
-from fakes import FakeExecutor, ManualClock
+from controlplane_support import ScriptedPlatform, tiny_spec
 from otlp_receiver import OtlpReceiver
 from trainyard.api.app import create_app
 from trainyard.runtime.tracing import WorkerTrace
@@ -26,35 +24,7 @@ from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
 from trainyard.tracecontext import parse_traceparent
 
-
-class Env:
-    def __init__(self, home: Path) -> None:
-        self.clock = ManualClock()
-        self.ex = FakeExecutor()
-        self.p = Platform.open(
-            Settings(home=home, database_url=f"sqlite:///{home / 'trainyard.db'}"),
-            PlatformOptions(
-                executor=self.ex,
-                schedule_round=GreedyCheapestRound(),
-                cpu_count=2,
-                clock=self.clock,
-                with_catalog=False,
-            ),
-        )
-        self.app = create_app(self.p, access_log=False)
-        self.c = TestClient(self.app, base_url="http://127.0.0.1")
-        self.h = {"Authorization": f"Bearer {self.p.settings.api_key_path.read_text().strip()}"}
-
-    def event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
-        self.ex.emit(job_id, kind, data, time_s=self.clock.now)
-
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = self.c.get("/metrics", headers=self.h).text
-        out = {}
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
+Env = ScriptedPlatform
 
 
 @pytest.fixture

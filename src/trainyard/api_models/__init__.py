@@ -48,6 +48,10 @@ from trainyard.api_models.platform import (
     TenantCreated,
     TenantDoc,
     TenantList,
+    WebhookDeliveryDoc,
+    WebhookDeliveryList,
+    WebhookDoc,
+    WebhookList,
     WhoAmI,
 )
 from trainyard.enums import DatasetFormat, JobState, Market, PoolBackend
@@ -96,6 +100,10 @@ __all__ = [
     "TenantCreated",
     "TenantDoc",
     "TenantList",
+    "WebhookDeliveryDoc",
+    "WebhookDeliveryList",
+    "WebhookDoc",
+    "WebhookList",
     "WhoAmI",
     "WorkerDoc",
 ]

@@ -135,3 +135,36 @@ class WhoAmI(Document):
 
 class AcceleratorList(Document):
     accelerators: list[dict[str, Any]]
+
+
+class WebhookDoc(Document):
+    id: str
+    url: str
+    rules: list[str] | None = None
+    created_at: str | None = None
+    signing_secret: str | None = Field(None, description="Only in the answer to its creation.")
+
+
+class WebhookList(Document):
+    webhooks: list[WebhookDoc]
+
+
+class WebhookDeliveryDoc(Document):
+    id: str = Field(description="The delivery id, sent as Trainyard-Delivery-Id on every attempt.")
+    webhook_id: str
+    alert_id: str
+    rule: str
+    job_id: str | None = None
+    url: str
+    state: str = Field(description="pending | delivered | failed | dead")
+    attempts: int
+    max_attempts: int
+    last_status_code: int | None = None
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+    created_at: str | None = None
+    delivered_at: str | None = None
+
+
+class WebhookDeliveryList(Document):
+    deliveries: list[WebhookDeliveryDoc]

@@ -38,6 +38,11 @@ GROUPS: dict[str, tuple[str, str, str]] = {
     "sim": ("", "", "Offline planning: simulate a trace, run one scheduling round."),
     "server": ("trainyard.cli.up_cmd", "app", "Start, inspect and stop the platform (up, status, down)."),
     "alerts": ("trainyard.cli.alerts_cmd", "app", "Prometheus alerting rules for trainyard's metrics."),
+    "webhooks": (
+        "trainyard.cli.webhooks_cmd",
+        "app",
+        "Webhooks for the tenant's alerts, and their deliveries.",
+    ),
 }
 
 # verbs of a group that live in modules of their own: noun -> verb -> (module, function, help)

@@ -578,3 +578,28 @@ def next_events_page(page: M.EventList, job_id: str, limit: int) -> Call[M.Event
 def next_rows_page(page: M.DatasetRows, ref: str, split: str, limit: int) -> Call[M.DatasetRows] | None:
     offset = page.get("next_offset")
     return dataset_rows(ref, split, offset, limit) if offset is not None else None
+
+
+# ---- webhooks (alert delivery) -------------------------------------------------------------------
+def create_webhook(url: str, rules: Sequence[str] | None) -> Call[M.WebhookDoc]:
+    body: dict[str, Any] = {"url": url}
+    if rules:
+        body["rules"] = list(rules)
+    return Call("POST", "/v1/webhooks", _doc("WebhookDoc"), json=body)
+
+
+def list_webhooks() -> Call[M.WebhookList]:
+    return Call("GET", "/v1/webhooks", _doc("WebhookList"))
+
+
+def delete_webhook(webhook_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/webhooks/{_seg(webhook_id)}", _none)
+
+
+def test_webhook(webhook_id: str) -> Call[M.Document]:
+    return Call("POST", f"/v1/webhooks/{_seg(webhook_id)}/test", _doc("Document"))
+
+
+def list_webhook_deliveries(webhook_id: str | None, limit: int) -> Call[M.WebhookDeliveryList]:
+    path = "/v1/webhooks/deliveries" if webhook_id is None else f"/v1/webhooks/{_seg(webhook_id)}/deliveries"
+    return Call("GET", path, _doc("WebhookDeliveryList"), params={"limit": limit})

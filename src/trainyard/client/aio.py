@@ -529,6 +529,28 @@ class AsyncTrainyardClient:
                 raise E.ServiceUnavailableError(f"sweep {sweep_id} still {doc.state} after {timeout_s} s")
             await asyncio.sleep(poll_s)
 
+    # ---- webhooks (alert delivery) --------------------------------------------------------------
+    async def create_webhook(self, url: str, *, rules: Sequence[str] | None = None) -> M.WebhookDoc:
+        """Register ``url`` for the tenant's alerts (only ``rules``, when given); the answer carries the
+        tenant's signing secret."""
+        return await self._do(C.create_webhook(url, rules))
+
+    async def list_webhooks(self) -> M.WebhookList:
+        return await self._do(C.list_webhooks())
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        await self._do(C.delete_webhook(webhook_id))
+
+    async def test_webhook(self, webhook_id: str) -> M.Document:
+        """Send a ``webhook_test`` alert to one webhook now; the answer is the alert."""
+        return await self._do(C.test_webhook(webhook_id))
+
+    async def list_webhook_deliveries(
+        self, webhook_id: str | None = None, *, limit: int = 50
+    ) -> M.WebhookDeliveryList:
+        """The latest deliveries, newest first: the tenant's, or one webhook's."""
+        return await self._do(C.list_webhook_deliveries(webhook_id, limit))
+
     # ---- deployments (DESIGN §3.9) -------------------------------------------------------------
     async def create_deployment(
         self,

@@ -531,6 +531,28 @@ class TrainyardClient:
                 raise E.ServiceUnavailableError(f"sweep {sweep_id} still {doc['state']} after {timeout_s} s")
             time.sleep(poll_s)
 
+    # ---- webhooks (alert delivery) --------------------------------------------------------------
+    def create_webhook(self, url: str, *, rules: Sequence[str] | None = None) -> M.WebhookDoc:
+        """Register ``url`` for the tenant's alerts (only ``rules``, when given); the answer carries the
+        tenant's signing secret."""
+        return self._do(C.create_webhook(url, rules))
+
+    def list_webhooks(self) -> M.WebhookList:
+        return self._do(C.list_webhooks())
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self._do(C.delete_webhook(webhook_id))
+
+    def test_webhook(self, webhook_id: str) -> M.Document:
+        """Send a ``webhook_test`` alert to one webhook now; the answer is the alert."""
+        return self._do(C.test_webhook(webhook_id))
+
+    def list_webhook_deliveries(
+        self, webhook_id: str | None = None, *, limit: int = 50
+    ) -> M.WebhookDeliveryList:
+        """The latest deliveries, newest first: the tenant's, or one webhook's."""
+        return self._do(C.list_webhook_deliveries(webhook_id, limit))
+
     # ---- deployments (DESIGN §3.9) -------------------------------------------------------------
     def create_deployment(
         self,

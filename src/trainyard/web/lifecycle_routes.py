@@ -186,3 +186,33 @@ def usage_page(request: Request, tag: str | None = None) -> Response:
     except TrainyardError as exc:
         return error_page(request, principal, exc.http_status, exc.message)
     return render(request, "usage.html", principal=principal, **d)
+
+
+# ---- webhooks ------------------------------------------------------------------------------------
+@router.get("/webhooks", response_class=HTMLResponse)
+def webhooks_page(request: Request) -> Response:
+    principal = current(request)
+    if principal is None:
+        return to_login(request)
+    alerts = request.app.state.platform.alerts
+    hooks = alerts.list_webhooks(principal)
+    deliveries = alerts.list_deliveries(principal, limit=50)
+    return render(
+        request, "webhooks.html", principal=principal, webhooks=hooks, deliveries=deliveries, webhook=None
+    )
+
+
+@router.get("/webhooks/{webhook_id}", response_class=HTMLResponse)
+def webhook_page(request: Request, webhook_id: str) -> Response:
+    principal = current(request)
+    if principal is None:
+        return to_login(request)
+    alerts = request.app.state.platform.alerts
+    try:
+        deliveries = alerts.list_deliveries(principal, webhook_id=webhook_id[:40], limit=200)
+    except NotFoundError:
+        return not_found(request, principal, f"There is no webhook {webhook_id[:40]!r} in your webhooks.")
+    hook = next(h for h in alerts.list_webhooks(principal) if h["id"] == webhook_id)
+    return render(
+        request, "webhooks.html", principal=principal, webhooks=[hook], deliveries=deliveries, webhook=hook
+    )
