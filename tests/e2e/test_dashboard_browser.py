@@ -40,7 +40,8 @@ class Server:
     def __init__(self, home: Path) -> None:
         self.executor = LocalExecutor(heartbeat_timeout_s=120.0)
         self.platform = Platform.open(
-            Settings(home=home),
+            # webhooks to 127.0.0.1 (nothing listens there: a delivery waits for its retry)
+            Settings(home=home, webhook_allowed_networks="127.0.0.1/32", webhook_backoff_initial_s=600.0),
             PlatformOptions(
                 executor=self.executor,
                 schedule_round=GreedyCheapestRound(),
@@ -253,3 +254,22 @@ def test_change_deployment_traffic(tab: Page, world: World) -> None:
     for path in ("/", "/models", "/models/tiny@2", "/usage", "/pools"):
         p.goto(tab.url(path))
         tab.check(path.strip("/").replace("/", "-").replace("@", "-") or "jobs")
+
+
+def test_see_a_webhook_and_its_deliveries(tab: Page, world: World) -> None:
+    hook = world.c.create_webhook(f"http://127.0.0.1:{free_port()}/hook", rules=["webhook_test"])
+    world.c.test_webhook(hook["id"])
+    deadline = time.monotonic() + 60
+    while world.c.list_webhook_deliveries(hook["id"])["deliveries"][0]["attempts"] < 1:
+        assert time.monotonic() < deadline, "the test delivery was not attempted"
+        time.sleep(0.2)
+    p = tab.page
+    p.click("nav >> text=Webhooks")
+    p.wait_for_selector("#webhooks")
+    assert hook["id"] in p.inner_text("#webhooks") and "webhook_test" in p.inner_text("#webhooks")
+    tab.check("webhooks")
+    p.click(f"#webhooks a:has-text('{hook['id']}')")
+    p.wait_for_selector("#deliveries")
+    row = p.inner_text("#deliveries tbody tr")
+    assert "pending" in row and "1 / 5" in row and "ConnectError" in row
+    tab.check("webhook")
