@@ -205,3 +205,49 @@ def test_submit_resolves_data_references_before_admission(api: Api) -> None:
     encoder["model"] = {**encoder["model"], "architecture": "encoder"}
     r = api.c.post("/v1/jobs", json={"spec": encoder}, headers=api.admin)
     assert r.status_code == 422 and "cannot learn" in r.json()["error"]["message"]
+
+
+def test_base_model_tokenizer_counts_tokens_and_its_context_bounds_rows(
+    api: Api, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`--base NAME@V`: tokens are counted with that version's own tokenizer (a BPE trained here), rows
+    longer than its context (config max_position_embeddings: 128) are errors with their line, and
+    another tenant's model is as unknown as a missing one."""
+    from tokenizers import Tokenizer
+
+    from hf_models import build_tiny_llama, completion_rows
+
+    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tok") / "tiny", seed=0)
+    admin = api.platform.tenants.authenticate(api.admin["Authorization"].split()[1])
+    api.platform.registry.import_directory(admin, model_dir, "tokbase")
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def n(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    rows = completion_rows(30, seed=5)
+    r = api.upload(rows, "tok-counted", base="tokbase@1", eval_fraction=0)
+    assert r.status_code == 201, r.text
+    doc = r.json()
+    assert doc["tokenizer"] == "tokbase@1"
+    unique = {json.dumps(x, sort_keys=True): x for x in rows}.values()
+    assert doc["splits"]["train"]["tokens"] == sum(n(x["prompt"]) + n(x["completion"]) + 1 for x in unique)
+    by_bytes = api.upload(rows, "tok-counted", eval_fraction=0).json()
+    assert by_bytes["tokenizer"] == "bytes" and by_bytes["version"] == doc["version"] + 1
+    assert by_bytes["splits"]["train"]["tokens"] != doc["splits"]["train"]["tokens"]
+
+    long_prompt = " ".join(["red blue green"] * 50)
+    assert n(long_prompt) + n(" yes") + 1 > 128
+    r = api.upload(
+        [*rows[:3], {"prompt": long_prompt, "completion": " yes"}, rows[4]], "tok-long", base="tokbase@1"
+    )
+    assert r.status_code == 422, r.text
+    errors = r.json()["error"]["details"]["errors"]
+    assert [(e["line"], e["kind"]) for e in errors] == [(4, "too_long")]
+    assert "context of 128" in errors[0]["message"]
+
+    for who in (api.admin, api.other):
+        base = "nosuch@1" if who is api.admin else "tokbase@1"
+        r = api.upload(rows, "tok-unknown", headers=who, base=base)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["details"]["errors"] == [{"field": "base", "message": "unknown base model"}]

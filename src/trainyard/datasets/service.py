@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from trainyard.datasets.formats import SCHEMA_VERSION
 from trainyard.datasets.ingest import DEFAULT_MAX_BYTES, IngestOptions, ingest
 from trainyard.datasets.tokens import BYTES, TokenizerSpec, token_counter
-from trainyard.errors import InvalidInputError, SpecError, UnknownDatasetError
+from trainyard.errors import InvalidInputError, NotFoundError, SpecError, UnknownDatasetError
 from trainyard.services.domain import Principal, iso
 from trainyard.store.datasets_models import DatasetVersionRow
 from trainyard.store.db import Database
@@ -218,7 +218,15 @@ class DatasetService:
                     hint="Leave out --base to count tokens in bytes, or register the base model first.",
                     details={"errors": [{"field": "base", "message": "unknown base model"}]},
                 )
-            tok = self.tokenizers(principal, base)
+            try:
+                tok = self.tokenizers(principal, base)
+            except NotFoundError:
+                raise InvalidInputError(
+                    f"base model {base!r} is not a model version of yours or a public base model",
+                    hint="Name a registered version (`trainyard models list`), or leave out --base to "
+                    "count tokens in bytes.",
+                    details={"errors": [{"field": "base", "message": "unknown base model"}]},
+                ) from None
         context = max_tokens if max_tokens is not None else tok.context_tokens
         options = IngestOptions(
             format=format,

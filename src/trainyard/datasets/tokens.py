@@ -1,10 +1,16 @@
-"""Token counters for ingestion: the default byte tokenizer, or a Hugging Face tokenizer directory."""
+"""Token counters for ingestion: the default byte tokenizer, or a Hugging Face tokenizer directory.
+
+``model_tokenizer(version)`` is the tokenizer of a registered model version (``--base NAME@V``): its
+``tokenizer.json`` (the files the runtime loads with ``AutoTokenizer``) and its context in tokens from
+``config.json`` (``max_position_embeddings``, ``n_positions`` or ``max_sequence_length``). Strings are
+counted as the runtime encodes them: without special tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainyard.datasets.formats import byte_count
 from trainyard.errors import InvalidInputError
@@ -21,6 +27,16 @@ class TokenizerSpec:
 
 
 BYTES = TokenizerSpec("bytes")
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_tokenizer(version: Any) -> TokenizerSpec:
+    """The TokenizerSpec of a registry ``ModelVersion`` (its id, tokenizer directory and context)."""
+    config = dict(getattr(version, "config", None) or {})
+    context = next(
+        (int(config[k]) for k in CONTEXT_KEYS if isinstance(config.get(k), int) and config[k] > 0), None
+    )
+    return TokenizerSpec(name=version.id, path=str(version.artefacts["tokenizer"]), context_tokens=context)
 
 
 def token_counter(spec: TokenizerSpec) -> Callable[[str], int]:

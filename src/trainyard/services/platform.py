@@ -207,11 +207,19 @@ class Platform:
         self.ready = False
 
     # ---- model registry and evaluations ----------------------------------------------------------
+    def _dataset_tokenizer(self, principal: Principal, base: str) -> Any:
+        """The tokenizer of the model version ``base`` (the caller's own, or a public base model) that
+        counts a dataset upload's tokens (``datasets upload --base NAME@V``)."""
+        from trainyard.datasets.tokens import model_tokenizer
+
+        return model_tokenizer(self.registry.resolve(principal.tenant_id, base))
+
     def _wire_registry(self, clock: Callable[[], float]) -> None:
         from trainyard.evaluation.service import EvaluationService
         from trainyard.registry.service import RegistryService, storage_root
 
         self.registry = RegistryService(self.db, root=lambda: storage_root(self.home), clock=clock)
+        self.datasets.tokenizers = self._dataset_tokenizer
         self.evaluations = EvaluationService(
             self.db,
             self.registry,
