@@ -187,6 +187,7 @@ class Platform:
             ),
             home=self.home,
             clock=clock,
+            launcher=self._serving_launcher(),
             placement=self._serving_placement,
         )
         self.serving_gateway = Gateway(self.serving)
@@ -319,8 +320,33 @@ class Platform:
         except Exception:
             return None
 
+    def _serving_launcher(self) -> Any:
+        """Replicas on the Ray cluster when the server runs with the Ray executor, else local processes."""
+        executor = self.options.executor
+        if executor is not None and getattr(executor, "name", None) == "ray":
+            from trainyard.serving.ray_replicas import RayLauncher
+
+            return RayLauncher(executor)
+        return None
+
     def _serving_placement(self) -> dict[str, Any]:
-        """Where a new replica runs and what it costs: this machine's local pool, priced like a job."""
+        """Where a new replica runs and what it costs, priced like a job: this machine's local pool, or
+        with the Ray executor a pool the cluster serves (GPU pools first, then the cheapest)."""
+        executor = self.options.executor
+        if executor is not None and getattr(executor, "name", None) == "ray":
+            from trainyard.services.pools import pool_backend
+
+            served = [p for p in self.pools.pools() if pool_backend(p, executor) == "ray"]
+            served.sort(key=lambda p: (p.accelerator == "cpu", p.price_usd_per_device_hour or 0.0, p.name))
+            if not served:
+                return {"pool": None, "accelerator": None, "devices": 1, "price_usd_per_hour": 0.0}
+            best = served[0]
+            return {
+                "pool": best.name,
+                "accelerator": best.accelerator,
+                "devices": 1,
+                "price_usd_per_hour": float(best.price_usd_per_device_hour or 0.0),
+            }
         try:
             rec = self.pools.get("local-cpu")
         except Exception:
@@ -421,15 +447,15 @@ class Platform:
 
     def close(self) -> None:
         self.stop_loop()
+        try:  # before the executor: replicas on a Ray cluster are stopped through its connection
+            self.serving.close(stop_replicas=self.options.stop_replicas_on_close)
+        except Exception:
+            log.exception("serving_shutdown_failed")
         if self.options.executor is not None:
             try:
                 self.options.executor.shutdown()
             except Exception:
                 log.exception("executor_shutdown_failed")
-        try:
-            self.serving.close(stop_replicas=self.options.stop_replicas_on_close)
-        except Exception:
-            log.exception("serving_shutdown_failed")
         self.alerts.close()
         self.db.dispose()
         self.ready = False

@@ -1,5 +1,7 @@
-"""Replica processes: start, probe, adopt and stop. A local replica is a separate process in its own
-session (it outlives a crashed server, which re-adopts it by id and port on restart)."""
+"""Replica processes: start, probe, adopt and stop. A :class:`Launcher` starts and stops replicas; the
+controller (service.py) knows only this protocol. :class:`LocalLauncher` runs a replica as a separate
+process in its own session (it outlives a crashed server, which re-adopts it by id and port on restart);
+``ray_replicas.RayLauncher`` runs it on a Ray cluster when the server runs with the Ray executor."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -35,6 +37,57 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     device: str = "auto"
     threads: int | None = None
+    placement: dict[str, Any] = field(default_factory=dict)  # pool, accelerator, devices, price
+
+
+@dataclass(frozen=True)
+class LaunchedReplica:
+    """Where a started replica listens (it is ready once :func:`probe` answers there)."""
+
+    pid: int | None
+    host: str
+    port: int
+    placement: dict[str, Any] = field(default_factory=dict)  # what the launcher adds (node, resources)
+
+
+class Launcher(Protocol):
+    """Starts, checks and stops replicas. ``alive`` and ``stop`` get the replica id and the pid that were
+    stored when it started, possibly by an earlier server process (adoption)."""
+
+    backend: str
+
+    def start(self, spec: LaunchSpec) -> LaunchedReplica: ...
+
+    def alive(self, replica_id: str, pid: int | None) -> bool: ...
+
+    def stop(self, replica_id: str, pid: int | None, timeout_s: float = 5.0) -> None: ...
+
+
+def replica_command(spec: LaunchSpec, port: int, *, python: str | None = None) -> list[str]:
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "trainyard.serving.replica",
+        "--replica-id",
+        spec.replica_id,
+        "--model-path",
+        spec.model_path,
+        "--tokenizer-path",
+        spec.tokenizer_path,
+        "--model-name",
+        spec.model_name,
+        "--port",
+        str(port),
+        "--host",
+        spec.host,
+        "--device",
+        spec.device,
+    ]
+    if spec.threads:
+        cmd += ["--threads", str(spec.threads)]
+    for name, path in sorted(spec.adapters.items()):
+        cmd += ["--adapter", f"{name}={path}"]
+    return cmd
 
 
 class LocalLauncher:
@@ -45,33 +98,11 @@ class LocalLauncher:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
 
-    def start(self, spec: LaunchSpec) -> tuple[int, int]:
-        """Start a replica; returns (pid, port). It is ready once :func:`probe` answers."""
+    def start(self, spec: LaunchSpec) -> LaunchedReplica:
+        """Start a replica on this machine. It is ready once :func:`probe` answers."""
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         port = free_port(spec.host)
-        cmd = [
-            sys.executable,
-            "-m",
-            "trainyard.serving.replica",
-            "--replica-id",
-            spec.replica_id,
-            "--model-path",
-            spec.model_path,
-            "--tokenizer-path",
-            spec.tokenizer_path,
-            "--model-name",
-            spec.model_name,
-            "--port",
-            str(port),
-            "--host",
-            spec.host,
-            "--device",
-            spec.device,
-        ]
-        if spec.threads:
-            cmd += ["--threads", str(spec.threads)]
-        for name, path in sorted(spec.adapters.items()):
-            cmd += ["--adapter", f"{name}={path}"]
+        cmd = replica_command(spec, port)
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["HF_HUB_OFFLINE"] = "1"
@@ -89,9 +120,9 @@ class LocalLauncher:
         finally:
             os.close(fd)
         _CHILDREN[proc.pid] = proc
-        return proc.pid, port
+        return LaunchedReplica(pid=proc.pid, host=spec.host, port=port)
 
-    def alive(self, pid: int | None) -> bool:
+    def alive(self, replica_id: str, pid: int | None) -> bool:
         if pid is None:
             return False
         child = _CHILDREN.get(pid)
@@ -110,7 +141,7 @@ class LocalLauncher:
         except Exception:
             return True
 
-    def stop(self, pid: int | None, timeout_s: float = 5.0) -> None:
+    def stop(self, replica_id: str, pid: int | None, timeout_s: float = 5.0) -> None:
         if pid is None:
             return
         try:
@@ -121,9 +152,9 @@ class LocalLauncher:
             except (ProcessLookupError, PermissionError):
                 return
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.alive(pid):
+        while time.monotonic() < deadline and self.alive(replica_id, pid):
             time.sleep(0.05)
-        if self.alive(pid):
+        if self.alive(replica_id, pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         child = _CHILDREN.pop(pid, None)

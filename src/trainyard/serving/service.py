@@ -29,7 +29,7 @@ from sqlalchemy import delete, insert, select
 from trainyard.errors import ConflictError, InvalidInputError, NotFoundError
 from trainyard.serving.autoscale import AutoscalingPolicy, ScaleState, desired_replicas, merge
 from trainyard.serving.models import ModelSource, ResolvedModel
-from trainyard.serving.replicas import LaunchSpec, LocalLauncher, probe
+from trainyard.serving.replicas import Launcher, LaunchSpec, LocalLauncher, probe
 from trainyard.serving.traffic import CanaryPolicy, Route, canary_breach, routes_from_docs
 from trainyard.store.db import Database
 from trainyard.store.models import TenantRow
@@ -119,7 +119,7 @@ class ServingService:
         *,
         home: Path,
         clock: Callable[[], float] = time.time,
-        launcher: LocalLauncher | None = None,
+        launcher: Launcher | None = None,
         placement: Callable[[], dict[str, Any]] | None = None,
         tick_s: float = 0.2,
     ) -> None:
@@ -127,7 +127,10 @@ class ServingService:
         self.models = model_source
         self.home = Path(home)
         self.clock = clock
-        self.launcher = launcher or LocalLauncher(self.home / "serving" / "logs")
+        local = LocalLauncher(self.home / "serving" / "logs")
+        self.launcher: Launcher = launcher or local
+        # replicas a server with another backend started are still checked and stopped by their own
+        self._launchers: dict[str, Launcher] = {local.backend: local, self.launcher.backend: self.launcher}
         self.placement = placement or (lambda: {"pool": "local-cpu", "accelerator": "cpu", "devices": 1})
         self.tick_s = tick_s
         self._lock = threading.RLock()
@@ -432,10 +435,13 @@ class ServingService:
             with self.db.session() as s:
                 rows = list(s.scalars(select(ServingReplicaRow)))
             for r in rows:
-                self.launcher.stop(r.pid)
+                self._launcher_of(r).stop(r.id, r.pid)
             with self.db.session() as s:
                 s.execute(delete(ServingReplicaRow))
         self._http.close()
+
+    def _launcher_of(self, row: ServingReplicaRow) -> Launcher:
+        return self._launchers.get(row.backend, self._launchers["local"])
 
     def flush(self) -> None:
         with self._lock:
@@ -581,15 +587,16 @@ class ServingService:
                 doc = probe(self._http, url, r.id, timeout_s=0.3)
                 if doc is not None:
                     became_ready[r.id] = doc
-                elif not self.launcher.alive(r.pid) or now - r.started_at_s > START_TIMEOUT_S:
-                    self.launcher.stop(r.pid)
+                elif not self._launcher_of(r).alive(r.id, r.pid) or now - r.started_at_s > START_TIMEOUT_S:
+                    self._launcher_of(r).stop(r.id, r.pid)
                     gone.append(r.id)
                     log.warning("replica_failed_to_start", replica=r.id, base=r.base_version)
                     continue
             elif now - self._health_at.get(r.id, 0.0) >= HEALTH_EVERY_S:
                 self._health_at[r.id] = now
-                doc = probe(self._http, url, r.id, timeout_s=1.0) if self.launcher.alive(r.pid) else None
-                if doc is None and not self.launcher.alive(r.pid):
+                alive = self._launcher_of(r).alive(r.id, r.pid)
+                doc = probe(self._http, url, r.id, timeout_s=1.0) if alive else None
+                if doc is None and not alive:
                     gone.append(r.id)
                     log.warning("replica_lost", replica=r.id, base=r.base_version)
                     continue
@@ -648,22 +655,24 @@ class ServingService:
 
         # 7. write: replicas gone/ready/stopped/started, deployment states, events
         for r in stops:
-            self.launcher.stop(r.pid)
+            self._launcher_of(r).stop(r.id, r.pid)
             gone.append(r.id)
         new_rows: list[ServingReplicaRow] = []
         for key, pv in starts:
             rid = f"rep-{secrets.token_hex(6)}"
-            launch = LaunchSpec(
-                replica_id=rid,
-                model_path=pv.model_path,
-                tokenizer_path=pv.tokenizer_path,
-                adapters=dict(pv.adapters),
-                model_name=key[1],
-            )
             try:
-                pid, port = self.launcher.start(launch)
-            except OSError as exc:
-                log.error("replica_start_failed", base=key[1], error=str(exc))
+                placement = self.placement()
+                launch = LaunchSpec(
+                    replica_id=rid,
+                    model_path=pv.model_path,
+                    tokenizer_path=pv.tokenizer_path,
+                    adapters=dict(pv.adapters),
+                    model_name=key[1],
+                    placement=dict(placement),
+                )
+                started = self.launcher.start(launch)
+            except Exception as exc:  # no capacity, an unreachable cluster, a full disk: next tick retries
+                log.error("replica_start_failed", base=key[1], backend=self.launcher.backend, error=str(exc))
                 continue
             new_rows.append(
                 ServingReplicaRow(
@@ -672,11 +681,11 @@ class ServingService:
                     base_version=key[1],
                     model_path=pv.model_path,
                     backend=self.launcher.backend,
-                    pid=pid,
-                    host=launch.host,
-                    port=port,
+                    pid=started.pid,
+                    host=started.host,
+                    port=started.port,
                     state="starting",
-                    placement=self.placement(),
+                    placement={**placement, **started.placement},
                     started_at_s=now,
                 )
             )
