@@ -39,6 +39,7 @@ from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
 from trainyard.tenancy import ledger
+from trainyard.tenancy.admission import ALONE, REFUSED, BatchedAdmissions
 from trainyard.tenancy.quotas import check_queue_quota
 from trainyard.tenancy.storage import StoragePolicy, is_model_reference, is_registered_dataset
 from trainyard.tracecontext import current_traceparent
@@ -146,6 +147,8 @@ class JobService:
         self._quote_lock = threading.Lock()
         # budget definitions per tenant for the admission fast path (see ledger.BudgetCache)
         self.budget_cache = ledger.BudgetCache()
+        # PostgreSQL: concurrent fast-path admissions of one budget period share one transaction
+        self.admissions = BatchedAdmissions(db)
         # submission-time resolution of registry references (model.base), set by the platform
         self.spec_resolver: Callable[[Principal, JobSpec], JobSpec] | None = None
         # OpenTelemetry tracer for the ``job.submit`` span (set by observability.install_observability)
@@ -287,6 +290,18 @@ class JobService:
             return None
         budget, n_hard = pick
         if self.db.dialect == "postgresql":
+            seq = self.admissions.admit(
+                budget=budget,
+                n_hard=n_hard,
+                job=job,
+                first_event=first_event,
+                amount_usd=amount_usd,
+                now_s=now,
+            )
+            if seq is REFUSED:
+                return None
+            if seq is not ALONE:
+                return replace(job, seq=int(seq))
             with self.db.write_connection(single_statement=True) as conn:
                 seq = ledger.reserve_one_and_insert_job(
                     conn,

@@ -238,6 +238,20 @@ def insert_job(
     return replace(job, seq=int(seq))
 
 
+def insert_jobs(conn: Connection, jobs: Sequence[tuple[Job, tuple[str, dict[str, Any], float]]]) -> list[int]:
+    """Insert new jobs, each with its first (kind, data, time_s) event, as two multi-row statements;
+    the jobs' sequences in the order given."""
+    rows = conn.execute(
+        insert(_JOBS).returning(_JOBS.c.seq, sort_by_parameter_order=True),
+        [job_insert_params(job) for job, _ in jobs],
+    ).all()
+    conn.execute(
+        _INSERT_EVENT,
+        [{"job_id": job.id, "kind": k, "data": d, "time_s": t} for job, (k, d, t) in jobs],
+    )
+    return [int(r[0]) for r in rows]
+
+
 def job_insert_params(job: Job) -> dict[str, Any]:
     """The bound parameters of a new job's row (one per column of ``jobs`` but ``seq``)."""
     return {
