@@ -107,6 +107,7 @@ def create_app(
 
     install_observability(app, platform)
     install_dashboard(app, platform)
+    _document_common_answers(app)
     app.add_middleware(
         ServiceMiddleware,
         metrics=metrics,
@@ -116,6 +117,38 @@ def create_app(
         upload_paths={"/v1/datasets": platform.settings.dataset_max_bytes},
     )
     return app
+
+
+def _document_common_answers(app: FastAPI) -> None:
+    """Answers every route can give that the routers do not each declare, added to the OpenAPI document
+    so that it lists every status the API really sends: a request body that cannot be read as its
+    media type at all (400, from the framework before validation), and under /openai the key and
+    rate-limit answers (401, 429) of the OpenAI-compatible API."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = build()
+        error = {"$ref": "#/components/schemas/ErrorEnvelope"}
+
+        def answer(description: str) -> dict[str, Any]:
+            return {"description": description, "content": {"application/json": {"schema": error}}}
+
+        for path, item in doc.get("paths", {}).items():
+            for op in item.values():
+                if not isinstance(op, dict) or "responses" not in op:
+                    continue
+                responses = op["responses"]
+                if "requestBody" in op:
+                    responses.setdefault("400", answer("The request body could not be parsed"))
+                if path.startswith("/openai/"):
+                    responses.setdefault("401", answer("Missing or wrong API key"))
+                    responses.setdefault("429", answer("Rate limited; Retry-After says when to retry"))
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
@@ -99,6 +100,35 @@ def _openai_style(resp: JSONResponse, status: int) -> JSONResponse:
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
+_HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+def _resources(app: Any) -> list[tuple[int, re.Pattern[str], list[str]]]:
+    """(parameters, pattern, methods) of every path of the app's OpenAPI document, built once."""
+    cached = getattr(app.state, "allow_by_path", None)
+    if cached is None:
+        cached = []
+        for template, item in app.openapi().get("paths", {}).items():
+            methods = {m.upper() for m in item if m in _HTTP_METHODS}
+            if "GET" in methods:
+                methods.add("HEAD")  # the framework answers HEAD wherever it answers GET
+            pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
+            cached.append((template.count("{"), pattern, sorted(methods)))
+        app.state.allow_by_path = cached
+    return cached
+
+
+def allowed_methods(app: Any, path: str) -> list[str]:
+    """The methods of the resource a URL names, for a 405's ``Allow``. The framework lists only the
+    methods of the first route whose pattern matched, and FastAPI makes one route per method, so a
+    resource with GET and POST answered ``Allow: POST``. Of the documented paths that match ``path``,
+    the most specific one (fewest parameters: ``/v1/webhooks/rotate-secret`` rather than
+    ``/v1/webhooks/{webhook_id}``) names the resource; its documented methods are the answer. Empty
+    for a URL the OpenAPI document does not describe (the framework's own header then stays)."""
+    matching = [(n, methods) for n, pattern, methods in _resources(app) if pattern.match(path)]
+    return min(matching)[1] if matching else []
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TrainyardError)
     async def _trainyard(req: Request, exc: TrainyardError) -> JSONResponse:
@@ -124,10 +154,15 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code, hint = _HTTP_CODES.get(exc.status_code, ("http_error", "See /openapi.json."))
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-        return envelope(exc.status_code, code, message, hint, headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            allowed = allowed_methods(req.app, req.url.path)
+            if allowed:
+                headers["Allow"] = ", ".join(allowed)
+        return envelope(exc.status_code, code, message, hint, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
