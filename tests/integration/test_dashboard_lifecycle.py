@@ -343,3 +343,48 @@ def test_the_gate_with_non_inferiority_guardrails_through_api_and_page(env: Env,
     err = blocked.json()["error"]
     assert err["code"] == "promotion_blocked" and "primary metric loss: no_difference" in err["message"]
     assert err["details"]["reasons"] == doc["reasons"]
+
+
+def test_an_evaluation_is_launched_once_when_two_threads_launch_it(env: Env, tiny_model: Path) -> None:
+    """The control loop and an API request may both launch the pending evaluations: each is claimed
+    (pending -> launching) by exactly one of them, so one job is submitted."""
+    import threading
+
+    from sqlalchemy import select
+
+    from trainyard.store.registry_models import EvaluationRow
+
+    import_versions(env, tiny_model, "tiny", 2)
+    area = Path(env.p.storage_policy.area("default", "datasets").removeprefix("file://"))
+    area.mkdir(parents=True, exist_ok=True)
+    split = area / "eval.jsonl"
+    split.write_text("".join(json.dumps(r) + "\n" for r in completion_rows(30, seed=5)))
+    with env.p.db.session() as s:
+        tenant_id = env.p.tenants.authenticate(env.key).tenant_id
+        row = env.p.evaluations.create_in(
+            s,
+            tenant_id,
+            "default",
+            model="tiny@2",
+            baseline="tiny@1",
+            dataset=f"file://{split}",
+            split="eval",
+        )
+        eval_id = row.id
+    start = threading.Barrier(4)
+
+    def launch() -> None:
+        start.wait()
+        env.p.evaluations.launch_pending()
+
+    threads = [threading.Thread(target=launch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    jobs = env.client().get("/v1/jobs", headers=env.h).json()["jobs"]
+    tagged = [j for j in jobs if j["name"] == eval_id]  # an evaluation's job is named after it
+    assert len(tagged) == 1
+    with env.p.db.session() as s:
+        stored = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).one()
+        assert stored.state == "running" and stored.job_id == tagged[0]["id"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from trainyard.errors import InvalidInputError, NotFoundError, TrainyardError
@@ -255,6 +255,8 @@ class EvaluationService:
                 q = q.where(EvaluationRow.id == only)
             pending = [(r.id, r.tenant_id) for r in s.scalars(q.limit(50))]
         for eval_id, tenant_id in pending:
+            if not self._claim(eval_id):
+                continue  # another thread (the control loop, an API request) is launching it
             try:
                 self._launch(eval_id, tenant_id)
             except TrainyardError as exc:
@@ -264,10 +266,24 @@ class EvaluationService:
                 self._mark_failed(eval_id, f"{type(exc).__name__}: {exc}")
         return len(pending)
 
+    def _claim(self, eval_id: str) -> bool:
+        """Move a pending evaluation to ``launching``, atomically: only one caller submits its job."""
+        with self.db.session() as s:
+            res = s.execute(
+                update(EvaluationRow)
+                .where(
+                    EvaluationRow.id == eval_id,
+                    EvaluationRow.state == "pending",
+                    EvaluationRow.job_id.is_(None),
+                )
+                .values(state="launching")
+            )
+            return bool(getattr(res, "rowcount", 0) == 1)
+
     def _mark_failed(self, eval_id: str, reason: str) -> None:
         with self.db.session() as s:
             row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == eval_id)).first()
-            if row is not None and row.state in ("pending", "running"):
+            if row is not None and row.state in ("pending", "launching", "running"):
                 row.state = "failed"
                 row.doc = {**row.doc, "error": reason[:2000]}
                 row.finished_at_s = self.clock()

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -72,6 +73,10 @@ TOKENIZER_FILES = (
 MODEL_FILES = ("config.json", "generation_config.json")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MAX_IMPORT_FILES = 200
+# merges load models with transformers, whose loading switches process-wide state (the default dtype,
+# meta-device initialisation): two at once in one process, say the control loop and an API request
+# launching evaluations of the same adapter, can leave tied weights on the meta device. One at a time.
+_MERGE_LOCK = threading.Lock()
 
 
 # ---- storage ------------------------------------------------------------------------------------------
@@ -741,6 +746,12 @@ class RegistryService:
         merged = v.root / "merged"
         if merged.is_dir():
             return merged
+        with _MERGE_LOCK:
+            if merged.is_dir():  # merged by another thread meanwhile
+                return merged
+            return self._merge_adapter(v, merged)
+
+    def _merge_adapter(self, v: ModelVersion, merged: Path) -> Path:
         assert v.base is not None
         base = self.resolve(v.tenant_id, v.base)
         base_dir = self.local_weights_dir(base)
@@ -753,6 +764,11 @@ class RegistryService:
         )
         peft_model: Any = PeftModel.from_pretrained(base_model, str(v.artefacts["adapter"]))
         model = peft_model.merge_and_unload()
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.tie_weights()
+        on_meta = [name for name, t in model.state_dict().items() if t.is_meta]
+        if on_meta:
+            raise RuntimeError(f"merging {v.id} left tensors without data: {on_meta[:5]}")
         tmp = Path(tempfile.mkdtemp(prefix=".merged-", dir=v.root))
         model.save_pretrained(tmp, safe_serialization=True)
         for p in Path(v.artefacts["tokenizer"]).iterdir():

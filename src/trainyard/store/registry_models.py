@@ -72,7 +72,7 @@ class EvaluationRow(Base):
     seq: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(40), unique=True)
     tenant_id: Mapped[str] = mapped_column(String(40))
-    state: Mapped[str] = mapped_column(String(16))  # pending | running | succeeded | failed
+    state: Mapped[str] = mapped_column(String(16))  # pending | launching | running | succeeded | failed
     model: Mapped[str] = mapped_column(String(200), index=True)
     baseline: Mapped[str] = mapped_column(String(200))
     dataset: Mapped[str] = mapped_column(String(500))
