@@ -130,6 +130,8 @@ def score_model(
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
     model.eval()
+    if progress is not None:
+        progress(0)  # loaded (a worker's heartbeat between loading and the first batch)
     gen = (fmt != "text") if generate is None else generate
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     eos = _eos_ids(model, tok)

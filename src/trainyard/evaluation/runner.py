@@ -29,12 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_rows(req["split_path"], limit=req.get("max_examples"))
     total = 2 * len(rows)
 
-    last = [0]
-
-    def progress(i: int) -> None:  # called after each batch
-        if i - last[0] >= 20 or i == total:
-            last[0] = i
-            session.events.emit("heartbeat", rank=session.rank, step=i, total_steps=total)
+    def progress(i: int) -> None:  # after each batch: a large model's batch can take minutes on a CPU
+        session.events.emit("heartbeat", rank=session.rank, step=i, total_steps=total)
 
     res = evaluate_pair(
         req["model_dir"],
