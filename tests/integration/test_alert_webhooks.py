@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from opentelemetry.trace import SpanKind
 
 from controlplane_support import in_process_platform, tiny_spec
 from trainyard.executors.base import ExecutorEvent
@@ -187,6 +188,23 @@ def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) 
         platform.alerts.wait_idle()
         assert [b["rule"] for b in rb.bodies()] == ["webhook_test"]
         assert verify_signature(secret_b, rb.requests[0]["headers"][SIGNATURE_HEADER], rb.requests[0]["body"])
+        # the delivery is a CLIENT span of OpenTelemetry's httpx instrumentation, its context sent along
+        tp = rb.requests[0]["headers"].get("traceparent")
+        assert tp is not None, rb.requests[0]["headers"]
+        sent = [
+            sp
+            for sp in c.app.state.trace_buffer.spans()
+            if sp.kind == SpanKind.CLIENT and (sp.attributes or {}).get("url.full") == rb.url
+        ]
+        assert len(sent) == 1 and sent[0].attributes["http.request.method"] == "POST"
+        assert sent[0].attributes["http.response.status_code"] == 200
+        assert f"{sent[0].context.span_id:016x}" == tp.split("-")[2]
+        (parent,) = [
+            sp
+            for sp in c.app.state.trace_buffer.spans("webhook delivery")
+            if sp.context.span_id == sent[0].parent.span_id
+        ]
+        assert parent.attributes["trainyard.delivery_attempt"] == 1
         assert all(b["tenant"] == "alpha" for b in ra.bodies())
     finally:
         ra.close()

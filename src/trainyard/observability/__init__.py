@@ -26,6 +26,7 @@ from trainyard.observability.tracing import (
     ObservabilitySettings,
     instrument_app,
     instrument_engine,
+    instrument_httpx,
     make_tracer_provider,
 )
 
@@ -76,6 +77,12 @@ def install_observability(
         instrument_app(app, provider, cfg)
         instrument_engine(platform.db, provider)
     platform.jobs.tracer = tracer
+    alerts = getattr(platform, "alerts", None)
+    if alerts is not None:
+        alerts.tracer = tracer
+        alerts.client_hook = (
+            (lambda client: instrument_httpx(client, provider)) if provider is not None else None
+        )
     gateway = getattr(platform, "serving_gateway", None)
     if gateway is not None:
         gateway.tracer = tracer

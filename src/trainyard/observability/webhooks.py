@@ -119,14 +119,18 @@ def send_once(
     timeout_s: float,
     check_url: Callable[[str], object],
     transport: httpx.BaseTransport | None = None,
+    client_hook: Callable[[httpx.Client], None] | None = None,
 ) -> AttemptResult:
     """One signed POST of ``body`` (signed afresh, with this attempt's number); never raises for what
-    the receiver or the network did: the result says whether it is worth retrying."""
+    the receiver or the network did: the result says whether it is worth retrying. ``client_hook`` gets
+    the client before it sends (tracing instruments it there)."""
     t0 = time.monotonic()
     res = AttemptResult(attempt=attempt, ok=False)
     try:
         check_url(url)
         with httpx.Client(timeout=timeout_s, follow_redirects=False, transport=transport) as client:
+            if client_hook is not None:
+                client_hook(client)
             resp = client.post(
                 url,
                 content=body,

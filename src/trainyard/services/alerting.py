@@ -30,6 +30,7 @@ Deliveries only ever go to webhooks of the alert's own tenant.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import threading
@@ -209,6 +210,9 @@ class AlertService:
         self.tenant_name = tenant_name
         self.clock = clock
         self.transport = transport
+        # set by observability.install_observability: a CLIENT span for every delivery attempt
+        self.client_hook: Callable[[Any], None] | None = None
+        self.tracer: Any = None
         self.networks = parse_networks(config.allowed_networks)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trainyard-webhooks")
         self._stop = threading.Event()
@@ -530,19 +534,8 @@ class AlertService:
             self._inflight.discard(fut)
         self._wake.set()
 
-    def _attempt(self, delivery_id: str) -> None:
-        """Send one attempt of a leased delivery and write its outcome."""
-        with self.db.session() as s:
-            conn = s.connection()
-            row = conn.execute(select(_DELIVERIES).where(_DELIVERIES.c.id == delivery_id)).first()
-            if row is None or row.state != "pending":
-                return
-            secret = conn.execute(
-                select(_SECRETS.c.secret).where(_SECRETS.c.tenant_id == row.tenant_id)
-            ).scalar()
-        n = int(row.attempts) + 1
-        payload = dict(row.payload)
-        res = send_once(
+    def _send(self, row: Any, payload: dict[str, Any], n: int, secret: Any) -> Any:
+        return send_once(
             row.url,
             encode(payload),
             attempt=n,
@@ -555,7 +548,35 @@ class AlertService:
             timeout_s=self.config.delivery.timeout_s,
             check_url=self.check_url,
             transport=self.transport,
+            client_hook=self.client_hook,
         )
+
+    def _attempt(self, delivery_id: str) -> None:
+        """Send one attempt of a leased delivery and write its outcome."""
+        with self.db.session() as s:
+            conn = s.connection()
+            row = conn.execute(select(_DELIVERIES).where(_DELIVERIES.c.id == delivery_id)).first()
+            if row is None or row.state != "pending":
+                return
+            secret = conn.execute(
+                select(_SECRETS.c.secret).where(_SECRETS.c.tenant_id == row.tenant_id)
+            ).scalar()
+        n = int(row.attempts) + 1
+        payload = dict(row.payload)
+        span = (
+            self.tracer.start_as_current_span(
+                "webhook delivery",
+                attributes={
+                    "trainyard.webhook_id": row.webhook_id,
+                    "trainyard.delivery_id": row.id,
+                    "trainyard.delivery_attempt": n,
+                },
+            )
+            if self.tracer is not None
+            else contextlib.nullcontext()
+        )
+        with span:
+            res = self._send(row, payload, n, secret)
         max_attempts = int(row.max_attempts)
         will_retry = res.retryable and n < max_attempts
         now = time.time()
