@@ -63,74 +63,162 @@ def state_of(mb: int) -> dict[str, Any]:
     return {"model": model, "optim": optim}
 
 
-def run(mb: int, repeats: int) -> dict[str, Any]:
+def _target_like(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {
+        "model": {k: torch.empty_like(v) for k, v in state["model"].items()},
+        "optim": {
+            "state": {
+                k: {m: torch.empty_like(t) for m, t in v.items()} for k, v in state["optim"]["state"].items()
+            },
+            "param_groups": [dict(g) for g in state["optim"]["param_groups"]],
+        },
+    }
+
+
+def _one_file(mgr: Any, *, crc32: bool) -> Any:
+    """Configurations for the side-by-side comparison: one shard file per rank (one writer thread), with
+    or without torch.save's own per-record CRC32 on top of the sha256 (with it: the previous save path)."""
+    import contextlib
+
+    from trainyard.runtime import checkpoint
+
+    mgr.write_threads = 1
+    real = checkpoint._without_zip_crc32
+
+    @contextlib.contextmanager
+    def swap() -> Any:
+        if crc32:
+            checkpoint._without_zip_crc32 = contextlib.nullcontext  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            checkpoint._without_zip_crc32 = real
+
+    return swap
+
+
+def run(mb: int, repeats: int, compare: bool = True) -> dict[str, Any]:
     import torch
 
     from trainyard.runtime.checkpoint import CheckpointManager
 
     state = state_of(mb)
-    saves, loads, writes, reads = [], [], [], []
-    nbytes = 0
+    saves, save_cpu, writes, write_cpu = [], [], [], []
+    verifies, dcp_loads, loads, reads = [], [], [], []
+    nbytes, n_files = 0, 0
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-io-", dir=os.environ.get("TMPDIR")) as tmp:
         mgr = CheckpointManager(f"file://{tmp}", "io", keep_last=1)
+        others = {
+            name: (CheckpointManager(f"file://{tmp}", f"io-{name}", keep_last=1), crc32)
+            for name, crc32 in (("previous", True), ("one_file", False))
+        }
+        other_s: dict[str, list[float]] = {name: [] for name in others}
+        other_cpu: dict[str, list[float]] = {name: [] for name in others}
         for step in range(1, repeats + 1):
-            res = mgr.save(step, state, {}, blocking=True).result()
-            saves.append(res.total_s)
-            nbytes = res.bytes_written
-            writes.append(disk_write_bandwidth(Path(tmp), nbytes))
+            # interleaved, in an order rotated every repeat (what ran just before skews a measurement):
+            # the current save, the disk's own fsync'd write of the same bytes, the one-file configurations
+            def current(step: int = step) -> None:
+                nonlocal nbytes, n_files
+                c0, t0 = time.process_time(), time.perf_counter()
+                res = mgr.save(step, state, {}, blocking=True).result()
+                saves.append(time.perf_counter() - t0)
+                save_cpu.append(time.process_time() - c0)
+                nbytes, n_files = res.bytes_written, len(res.files)
+
+            def disk() -> None:
+                c0 = time.process_time()
+                writes.append(disk_write_bandwidth(Path(tmp), nbytes or 3 * mb * 2**20 // 3))
+                write_cpu.append(time.process_time() - c0)
+
+            def other_save(name: str, step: int = step) -> None:
+                other, crc32 = others[name]
+                with _one_file(other, crc32=crc32)():
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    other.save(step, state, {}, blocking=True).result()
+                    other_s[name].append(time.perf_counter() - t0)
+                    other_cpu[name].append(time.process_time() - c0)
+
+            order: list[Any] = [current, disk]
+            if compare:
+                order += [lambda n=name: other_save(n) for name in others]
+            k = (step - 1) % len(order)
+            for fn in order[k:] + order[:k]:
+                fn()
             files = [p for p in (Path(tmp) / "io" / f"step-{step}").iterdir() if p.name != "manifest.json"]
             reads.append(plain_read_bandwidth(files))
-            target = {
-                "model": {k: torch.empty_like(v) for k, v in state["model"].items()},
-                "optim": {
-                    "state": {
-                        k: {m: torch.empty_like(t) for m, t in v.items()}
-                        for k, v in state["optim"]["state"].items()
-                    },
-                    "param_groups": [dict(g) for g in state["optim"]["param_groups"]],
-                },
-            }
+            target = _target_like(state)
             t0 = time.perf_counter()
             ref = mgr.latest_valid(report=False)
+            t1 = time.perf_counter()
             assert ref is not None and ref.step == step
             mgr.load(ref, target)
-            loads.append(time.perf_counter() - t0)
+            t2 = time.perf_counter()
+            verifies.append(t1 - t0)
+            dcp_loads.append(t2 - t1)
+            loads.append(t2 - t0)
             assert torch.equal(target["model"]["layer0.weight"], state["model"]["layer0.weight"])
         mgr.close()
-    save_bw = nbytes / statistics.median(saves)
-    load_bw = nbytes / statistics.median(loads)
-    return {
+        for other, _ in others.values():
+            other.close()
+    med = statistics.median
+    save_bw = nbytes / med(saves)
+    load_bw = nbytes / med(loads)
+    disk = med(writes)
+    doc: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_1m_at_start": load_start,
         "load_1m": os.getloadavg()[0],
         "cpus": os.cpu_count(),
         "checkpoint_bytes": nbytes,
+        "files_in_step": n_files,  # shards + .metadata
         "repeats": repeats,
-        "save_s": statistics.median(saves),
+        "save_s": med(saves),
+        "save_cpu_s": med(save_cpu),
         "save_mb_per_s": save_bw / 1e6,
-        "disk_write_mb_per_s": statistics.median(writes) / 1e6,
-        "save_vs_disk_pct": 100 * save_bw / statistics.median(writes),
-        "load_verify_s": statistics.median(loads),
+        "disk_write_mb_per_s": disk / 1e6,
+        "disk_write_cpu_s": med(write_cpu),
+        "save_vs_disk_pct": 100 * save_bw / disk,
+        "load_verify_s": med(loads),
+        "verify_s": med(verifies),
+        "dcp_load_s": med(dcp_loads),
         "load_mb_per_s": load_bw / 1e6,
-        "plain_read_mb_per_s": statistics.median(reads) / 1e6,
-        "load_vs_read_pct": 100 * load_bw / statistics.median(reads),
+        "plain_read_mb_per_s": med(reads) / 1e6,
+        "load_vs_read_pct": 100 * load_bw / med(reads),
     }
+    for name in others if compare else ():
+        doc[f"{name}_save_s"] = med(other_s[name])
+        doc[f"{name}_save_cpu_s"] = med(other_cpu[name])
+        doc[f"{name}_save_vs_disk_pct"] = 100 * (nbytes / med(other_s[name])) / disk
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=400, help="checkpoint size in MB")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-compare", action="store_true", help="skip the one-file configurations")
     args = ap.parse_args(argv)
-    doc = run(args.mb, args.repeats)
+    doc = run(args.mb, args.repeats, compare=not args.no_compare)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
     mb, n, load = doc["checkpoint_bytes"] / 1e6, doc["repeats"], doc["load_1m"]
     print(f"checkpoint {mb:.0f} MB, {n} repeats, load avg {load:.1f}")
     save, save_pct = doc["save_mb_per_s"], doc["save_vs_disk_pct"]
     print(f"save (write+fsync+hash+commit)  {save:8.0f} MB/s  {save_pct:5.1f} % of disk write")
-    print(f"disk write + fsync              {doc['disk_write_mb_per_s']:8.0f} MB/s")
+    cpu, wall, n_files = doc["save_cpu_s"], doc["save_s"], doc["files_in_step"]
+    print(f"  CPU {cpu:.3f} s in {wall:.3f} s, {n_files} files incl. .metadata")
+    for name, label in (("one_file", "1 file, no CRC32"), ("previous", "previous: 1 file, CRC32")):
+        if f"{name}_save_s" in doc:
+            pct, cpu = doc[f"{name}_save_vs_disk_pct"], doc[f"{name}_save_cpu_s"]
+            print(f"  {label:29} {pct:5.1f} % of disk write, CPU {cpu:.3f} s")
+    disk_bw, disk_cpu = doc["disk_write_mb_per_s"], doc["disk_write_cpu_s"]
+    print(f"disk write + fsync              {disk_bw:8.0f} MB/s  CPU {disk_cpu:.3f} s")
     load_bw, load_pct = doc["load_mb_per_s"], doc["load_vs_read_pct"]
     print(f"load (verify sha256 + DCP load) {load_bw:8.0f} MB/s  {load_pct:5.1f} % of plain read")
+    print(f"  verify {doc['verify_s']:.3f} s + DCP load {doc['dcp_load_s']:.3f} s")
     print(f"plain read                      {doc['plain_read_mb_per_s']:8.0f} MB/s")
     print(f"wrote {RESULTS}")
     return 0

@@ -219,3 +219,57 @@ def test_quarantined_step_is_never_chosen_again(tmp_path: Path) -> None:
     assert [s for s, _ in mgr.list_step_dirs(mgr.job_url)] == [1]
     assert any(d.get("quarantined_step") == 2 for k, d in events if k == "log")
     mgr.close()
+
+
+def test_write_thread_count_splits_by_bytes_and_items() -> None:
+    from trainyard.runtime.checkpoint import MIN_BYTES_PER_WRITE_THREAD as M
+    from trainyard.runtime.checkpoint import write_thread_count
+
+    assert write_thread_count([]) == 1
+    assert write_thread_count([M - 1, 100]) == 1  # small states stay in one file
+    assert write_thread_count([M, M, M], max_threads=4) == 3
+    assert write_thread_count([M * 10], max_threads=4) == 1  # one tensor, one file
+    assert write_thread_count([M] * 10, max_threads=4) == 4
+
+
+def test_parallel_shards_are_hashed_while_written_and_a_corrupt_one_is_detected(tmp_path: Path) -> None:
+    import hashlib
+
+    gen = torch.Generator().manual_seed(0)
+    state = {"model": {f"w{i}": torch.randn(1024, 1024, generator=gen) for i in range(12)}}  # 48 MiB
+    events: list = []
+    mgr = _manager(tmp_path, events, write_threads=3)
+    crc_before = torch.serialization.get_crc32_options()
+    mgr.save(1, state, {}, blocking=True)
+    assert torch.serialization.get_crc32_options() == crc_before  # restored after the save
+    step_dir = tmp_path / "job" / "step-1"
+    shards = sorted(p.name for p in step_dir.glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]
+    man = json.loads((step_dir / MANIFEST).read_text())
+    for name in [*shards, ".metadata"]:  # the hash taken while writing is the hash of the bytes on disk
+        data = (step_dir / name).read_bytes()
+        assert man["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+    ref = mgr.latest_valid()
+    assert ref is not None
+    mgr.load(ref, target)
+    assert all(torch.equal(target["model"][k], v) for k, v in state["model"].items())
+    # by default the split follows the size (48 MiB: at most 3 files of 16 MiB), up to WRITE_THREADS
+    from trainyard.runtime.checkpoint import WRITE_THREADS
+
+    mgr_default = _manager(tmp_path / "default")
+    mgr_default.save(1, state, {}, blocking=True)
+    written = len(list((tmp_path / "default" / "job" / "step-1").glob("*.distcp")))
+    assert written == min(3, WRITE_THREADS)
+    mgr_default.close()
+    mgr.save(2, state, {}, blocking=True)
+    victim = tmp_path / "job" / "step-2" / "__0_2.distcp"
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 3] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    ok, why, _ = CheckpointManager.verify(f"file://{tmp_path}/job/step-2")
+    assert not ok and why == "corrupt: sha256 of __0_2.distcp does not match the manifest"
+    ref = mgr.latest_valid()
+    assert ref is not None and ref.step == 1
+    assert any(d.get("skipped_step") == 2 for k, d in events if k == "log")
+    mgr.close()

@@ -1,18 +1,18 @@
 """Versioned, sharded, atomically committed checkpoints (DESIGN §3.4).
 
 Layout: ``<storage>/<job_id>/step-<N>/`` holds the shards written by ``torch.distributed.checkpoint``
-(one ``__<rank>_<i>.distcp`` file per writing rank plus ``.metadata``) and ``manifest.json``, written
-LAST by an atomic rename. The manifest records the step, world size, precision policy, layout, the
-sha256 and size of every other file, the config and code hashes, every rank's RNG state and the
-data-loader position. A step directory without a manifest does not exist for loading; one whose files
-do not match their recorded sha256 is skipped with an event and never loaded.
+(``__<rank>_<i>.distcp`` files, i < WRITE_THREADS, written in parallel by each rank, plus ``.metadata``)
+and ``manifest.json``, written LAST by an atomic rename. The manifest records the step, world size,
+precision policy, layout, the sha256 and size of every other file, the config and code hashes, every
+rank's RNG state and the data-loader position. A step directory without a manifest does not exist for
+loading; one whose files do not match their recorded sha256 is skipped with an event and never loaded.
 
 Saving is asynchronous by default: a background thread copies the state into reused CPU buffers while
 training runs the next forward/backward pass (the trainer waits for the copy only before its next
-optimizer update), then writes the copy; rank 0 hashes the files and commits the manifest once every rank's
-shards are durable. Retention keeps the last ``keep_last`` committed steps plus the best (lowest-loss)
-one. A second root (``fallback_url``, a local directory) receives an emergency save when the primary
-storage fails, and loading considers both.
+optimizer update), then writes the copy (every file hashed while it is written, then fsynced); rank 0
+commits the manifest once every rank's shards are durable. Retention keeps the last ``keep_last``
+committed steps plus the best (lowest-loss) one. A second root (``fallback_url``, a local directory)
+receives an emergency save when the primary storage fails, and loading considers both.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from trainyard.runtime.storage import atomic_write_bytes, join_url, sha256_file, url_to_fs
+from trainyard.runtime.storage import (
+    atomic_write_bytes,
+    fsync_dir,
+    is_local,
+    join_url,
+    sha256_file,
+    url_to_fs,
+)
 
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
@@ -163,10 +170,61 @@ class _HashingStream:
         return getattr(self._raw, name)
 
 
-def hashing_writer(url: str, hashes: dict[str, tuple[str, int]], *, thread_count: int = 1) -> Any:
+# Parallel shard writes: a rank's state is split into up to WRITE_THREADS files (``__<rank>_<i>.distcp``,
+# balanced by bytes), each written, hashed and fsynced by its own thread; hashlib and file writes release
+# the GIL, so the threads overlap hashing with writing. Small states stay in one file.
+WRITE_THREADS = max(
+    1, int(os.environ.get("TRAINYARD_CHECKPOINT_WRITE_THREADS", "") or min(4, os.cpu_count() or 1))
+)
+MIN_BYTES_PER_WRITE_THREAD = 16 * 2**20
+
+_crc_lock = threading.Lock()
+_crc_users = 0
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Any:
+    """torch.save computes a CRC32 of every record while holding the GIL; the manifest's sha256 already
+    covers every byte, so DCP shard writes skip it (torch.load does not need it). Reference-counted, so
+    overlapping saves restore the setting only when the last one ends."""
+    import torch.serialization as ser
+
+    global _crc_users
+    with _crc_lock:
+        if _crc_users == 0:
+            _without_zip_crc32.saved = ser.get_crc32_options()  # type: ignore[attr-defined]
+            ser.set_crc32_options(False)
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                ser.set_crc32_options(_without_zip_crc32.saved)  # type: ignore[attr-defined]
+
+
+def write_thread_count(item_bytes: list[int], max_threads: int = WRITE_THREADS) -> int:
+    """How many shard files (one writer thread each) a rank's write items are split into."""
+    if not item_bytes:
+        return 1
+    by_size = sum(item_bytes) // MIN_BYTES_PER_WRITE_THREAD
+    return max(1, min(max_threads, len(item_bytes), by_size))
+
+
+def hashing_writer(url: str, hashes: dict[str, tuple[str, int]], *, thread_count: int | None = None) -> Any:
     """A DCP ``FsspecWriter`` that hashes every file it writes while writing it (``hashes``: path →
-    (sha256, bytes), for the files this rank wrote), so committing a step need not read them back."""
+    (sha256, bytes), for the files this rank wrote), so committing a step need not read them back.
+    Shards are written by parallel threads (``thread_count``, default: by size, up to WRITE_THREADS)."""
     from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+    from torch.distributed.checkpoint.filesystem import _item_size
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    lock = threading.Lock()
+
+    def record(key: str, digest: str, n: int) -> None:
+        with lock:
+            hashes[key] = (digest, n)
 
     class _HashingFileSystem(FileSystem):
         @contextlib.contextmanager
@@ -176,17 +234,26 @@ def hashing_writer(url: str, hashes: dict[str, tuple[str, int]], *, thread_count
                     yield raw
                     return
                 key = os.fspath(path)
-                stream = _HashingStream(raw, lambda d, n: hashes.__setitem__(key, (d, n)))
+                stream = _HashingStream(raw, lambda d, n: record(key, d, n))
                 yield stream
                 stream.finish()
 
         def rename(self, path: Any, new_path: Any) -> None:
             super().rename(path, new_path)
-            got = hashes.pop(os.fspath(path), None)
-            if got is not None:
-                hashes[os.fspath(new_path)] = got
+            with lock:
+                got = hashes.pop(os.fspath(path), None)
+                if got is not None:
+                    hashes[os.fspath(new_path)] = got
 
-    writer = FsspecWriter(url, sync_files=True, thread_count=thread_count)
+    class _ParallelHashingWriter(FsspecWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            if thread_count is None:
+                sizes = [_item_size(i) for i in plan.items if i.type != WriteItemType.BYTE_IO]
+                self.thread_count = write_thread_count(sizes)
+            with _without_zip_crc32():
+                return super().write_data(plan, planner)
+
+    writer = _ParallelHashingWriter(url, sync_files=True, thread_count=thread_count or 1)
     fs: Any = _HashingFileSystem()
     fs.fs = cast(Any, writer.fs).fs  # the fsspec filesystem init_path resolved for ``url``
     writer.fs = fs
@@ -224,6 +291,7 @@ class CheckpointManager:
         process_group: Any = None,
         emit: EmitFn | None = None,
         fallback_url: str | None = None,
+        write_threads: int | None = None,
     ):
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1")
@@ -245,6 +313,7 @@ class CheckpointManager:
         self._stall_s = 0.0
         self.last_save: SaveResult | None = None
         self._code_hash = code_hash()
+        self.write_threads = write_threads  # shard files (writer threads) per rank; None: by size
 
     # ---- listing and verification ---------------------------------------------------------------
     def roots(self) -> list[str]:
@@ -311,11 +380,25 @@ class CheckpointManager:
         is_dcp = (manifest.get("layout") or {}).get("format", "torch-dcp") == "torch-dcp"
         if is_dcp and DCP_METADATA not in listed:
             return False, f"corrupt: the manifest does not list {DCP_METADATA}", manifest
-        for rel, info in sorted(manifest["files"].items()):
+        files = sorted(manifest["files"].items())
+
+        def digest_of(rel: str) -> tuple[str, int] | None:
             try:
-                digest, size = sha256_file(fs, f"{path}/{rel}")
+                return sha256_file(fs, f"{path}/{rel}")
             except FileNotFoundError:
+                return None
+
+        # the files are hashed in parallel (hashlib and reads release the GIL)
+        workers = max(1, min(WRITE_THREADS, len(files)))
+        if workers == 1:
+            digests = [digest_of(rel) for rel, _ in files]
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-verify") as ex:
+                digests = list(ex.map(digest_of, [rel for rel, _ in files]))
+        for (rel, info), got in zip(files, digests, strict=True):
+            if got is None:
                 return False, f"corrupt: {rel} is missing", manifest
+            digest, size = got
             if size != info["bytes"]:
                 return False, f"corrupt: {rel} has {size} bytes, the manifest says {info['bytes']}", manifest
             if digest != info["sha256"]:
@@ -426,7 +509,7 @@ class CheckpointManager:
         try:
             self._ensure_dir(url)
             hashes: dict[str, tuple[str, int]] = {}
-            writer = hashing_writer(url, hashes)
+            writer = hashing_writer(url, hashes, thread_count=self.write_threads)
             if blocking:
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=_no_dist())
         except CheckpointWriteError:
@@ -547,6 +630,8 @@ class CheckpointManager:
             atomic_write_bytes(
                 fs, f"{path}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode()
             )
+            if is_local(fs):  # the step directory's own entry in the job directory
+                fsync_dir(path.rstrip("/").rsplit("/", 1)[0] or "/")
         except OSError as exc:
             raise CheckpointWriteError(f"committing {url}/{MANIFEST} failed: {exc}") from exc
 

@@ -28,6 +28,14 @@ def is_local(fs: Any) -> bool:
 def sha256_file(fs: Any, path: str) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
+    if is_local(fs):  # one reused buffer, no per-chunk allocation; hashlib releases the GIL meanwhile
+        buf = bytearray(HASH_CHUNK_BYTES)
+        view = memoryview(buf)
+        with open(fs._strip_protocol(path), "rb", buffering=0) as raw:
+            while got := raw.readinto(buf):
+                h.update(view[:got])
+                n += got
+        return h.hexdigest(), n
     with fs.open(path, "rb") as fh:
         while True:
             chunk = fh.read(HASH_CHUNK_BYTES)
@@ -36,6 +44,15 @@ def sha256_file(fs: Any, path: str) -> tuple[str, int]:
             h.update(chunk)
             n += len(chunk)
     return h.hexdigest(), n
+
+
+def fsync_dir(path: str) -> None:
+    """Make a local directory's entries (files created or renamed in it) durable."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def atomic_write_bytes(fs: Any, path: str, data: bytes) -> None:
@@ -47,11 +64,7 @@ def atomic_write_bytes(fs: Any, path: str, data: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(os.path.dirname(path) or ".")
         return
     fs.pipe_file(tmp, data)
     fs.mv(tmp, path)
