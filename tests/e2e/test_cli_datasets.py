@@ -85,3 +85,34 @@ def test_submit_uploads_a_local_dataset_first(server: ServerProcess, tmp_path: P
     (tmp_path / "job2.yaml").write_text(yaml.safe_dump(spec))
     r = cli(server, "submit", str(tmp_path / "job2.yaml"))
     assert r.returncode == 2 and "not a file" in r.stderr
+
+
+def test_upload_with_a_base_model_shows_its_cost_per_epoch(server: ServerProcess, tmp_path: Path) -> None:
+    """`datasets upload --base` counts with the base model's tokenizer and prints what an epoch costs;
+    `datasets cost --json` is the estimate (steps × predicted step time × price, cheapest placement)."""
+    from hf_models import build_tiny_llama, completion_rows
+
+    model_dir = build_tiny_llama(tmp_path / "tiny", seed=0)
+    r = cli(server, "models", "import", str(model_dir), "--name", "tinyc", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = write_jsonl(tmp_path / "c.jsonl", completion_rows(40, seed=3))
+    r = cli(server, "datasets", "upload", str(data), "--name", "priced", "--base", "tinyc@1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["tokenizer"] == "tinyc@1"
+    r = cli(server, "datasets", "cost", doc["id"], "--seq-len", "64", "--global-batch", "4", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    est = json.loads(r.stdout)
+    assert est["dataset"] == doc["id"] and est["model"] == "tinyc@1"
+    assert est["steps_per_epoch"] == -(-doc["splits"]["train"]["rows"] // 4)
+    assert est["step_time_s"] > 0 and est["placement"]["accelerator"] and est["usd_per_hour"] >= 0
+    # the cheapest placement may be this machine's own (free) pool; the cost is never below the bare
+    # steps × step time × price (the quote adds checkpoint and preemption overhead)
+    bare = est["steps_per_epoch"] * est["step_time_s"] / 3600 * est["usd_per_hour"]
+    assert bare <= est["usd_per_epoch"] + 1e-12
+    r = cli(server, "datasets", "get", doc["id"])
+    assert r.returncode == 0 and "per epoch" in r.stdout, r.stdout + r.stderr
+    r = cli(server, "datasets", "upload", str(data), "--name", "priced-bytes", "--json")
+    assert r.returncode == 0, r.stderr
+    r = cli(server, "datasets", "cost", "ds://priced-bytes@1", "--json")  # counted in bytes: needs --model
+    assert r.returncode != 0 and json.loads(r.stdout)["error"]["details"]["errors"][0]["field"] == "model"

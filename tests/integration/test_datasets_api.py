@@ -251,3 +251,57 @@ def test_base_model_tokenizer_counts_tokens_and_its_context_bounds_rows(
         r = api.upload(rows, "tok-unknown", headers=who, base=base)
         assert r.status_code == 422, r.text
         assert r.json()["error"]["details"]["errors"] == [{"field": "base", "message": "unknown base model"}]
+
+
+def test_cost_per_epoch_is_steps_times_step_time_times_price_on_the_cheapest_placement(
+    api: Api, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """GET /v1/datasets/REF/cost quotes a one-epoch fine-tune of the upload's base model with the
+    platform's quoter: the steps are the train split over seq_len × global_batch, the price is the
+    cheapest feasible option's, and a byte-counted version needs a model; another tenant's is 404."""
+    from hf_models import build_tiny_llama, completion_rows
+    from trainyard.services.quoting import quote_pools
+    from trainyard.spec.loader import spec_from_dict
+
+    model_dir = build_tiny_llama(tmp_path_factory.mktemp("cost") / "tiny", seed=0)
+    admin = api.platform.tenants.authenticate(api.admin["Authorization"].split()[1])
+    api.platform.registry.import_directory(admin, model_dir, "costbase")
+    up = api.upload(completion_rows(50, seed=8), "costed", base="costbase@1", eval_fraction=0.2).json()
+    r = api.c.get(
+        f"/v1/datasets/{up['name']}@{up['version']}/cost",
+        params={"seq_len": 64, "global_batch": 4},
+        headers=api.admin,
+    )
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    train_rows = up["splits"]["train"]["rows"]
+    assert doc["model"] == "costbase@1" and doc["train_rows"] == train_rows
+    assert doc["steps_per_epoch"] == -(-train_rows * 64 // (64 * 4))  # one padded sample per row
+    # the same as quoting the one-epoch spec directly, and the cheapest of its feasible options
+    spec_doc = api.platform.datasets.resolve_spec_document(
+        admin,
+        {"apiVersion": "trainyard/v1", "kind": "TrainingJob", "name": "x", "model": {"base": "costbase@1"},
+         "workload": {"dataset": up["id"], "epochs": 1, "seq_len": 64, "global_batch": 4}},
+    )  # fmt: skip
+    spec = api.platform.registry.resolve_spec(admin.tenant_id, spec_from_dict(spec_doc))
+    pools = quote_pools(api.platform.pools.pools(), with_catalog=api.platform.options.with_catalog)
+    options = [o for o in api.platform.options.quoter(spec, pools) if o.feasible]
+    best = min(options, key=lambda o: o.expected_cost_usd)
+    assert doc["usd_per_epoch"] == pytest.approx(best.expected_cost_usd)
+    assert doc["placement"]["accelerator"] == best.accelerator
+    assert doc["step_time_s"] == pytest.approx(best.step_time_s) and doc["step_time_s"] > 0
+    # steps × step time × price, up to the checkpoint and preemption overhead the quote adds
+    base_cost = doc["steps_per_epoch"] * doc["step_time_s"] / 3600 * doc["usd_per_hour"]
+    assert base_cost <= doc["usd_per_epoch"] * 1.000001
+
+    plain = api.upload(completion_rows(20, seed=9), "costed-bytes").json()
+    r = api.c.get(f"/v1/datasets/{plain['name']}@{plain['version']}/cost", headers=api.admin)
+    assert r.status_code == 422 and r.json()["error"]["details"]["errors"][0]["field"] == "model"
+    r = api.c.get(
+        f"/v1/datasets/{plain['name']}@{plain['version']}/cost",
+        params={"model": "costbase@1", "seq_len": 64},
+        headers=api.admin,
+    )
+    assert r.status_code == 200 and r.json()["model"] == "costbase@1"
+    r = api.c.get(f"/v1/datasets/{up['name']}@{up['version']}/cost", headers=api.other)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_dataset"

@@ -8,6 +8,7 @@ and the standard library: no web framework, database or training stack.
 from trainyard.api_models.base import Document, ErrorBody, ErrorEnvelope
 from trainyard.api_models.data import (
     DatasetDoc,
+    DatasetEpochCost,
     DatasetList,
     DatasetRows,
     DatasetSplitDoc,
@@ -65,6 +66,7 @@ __all__ = [
     "CheckpointDoc",
     "CodeUploaded",
     "DatasetDoc",
+    "DatasetEpochCost",
     "DatasetFormat",
     "DatasetList",
     "DatasetRows",

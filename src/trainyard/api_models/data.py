@@ -49,6 +49,35 @@ class DatasetRows(Document):
     total: int | None = None
 
 
+class EpochPlacement(Document):
+    pool: str | None = None
+    accelerator: str
+    devices: int
+    market: str
+    cloud: str | None = None
+    region: str | None = None
+    instance_type: str | None = None
+
+
+class DatasetEpochCost(Document):
+    """What one epoch over a version's train split costs on the cheapest feasible placement."""
+
+    dataset: str = Field(examples=["ds://support-chats@3"])
+    model: str = Field(examples=["tiny@1"])
+    seq_len: int
+    global_batch: int
+    train_tokens: int
+    train_rows: int
+    steps_per_epoch: int
+    step_time_s: float = Field(description="Predicted seconds per optimizer step on the placement")
+    usd_per_hour: float = Field(description="Price of the whole allocation per hour")
+    usd_per_epoch: float = Field(
+        description="Expected cost of one epoch (checkpoint and preemption included)"
+    )
+    hours_per_epoch: float
+    placement: EpochPlacement
+
+
 class ModelVersionDoc(Document):
     id: str = Field(examples=["tiny@2"])
     name: str

@@ -1,4 +1,4 @@
-"""`trainyard datasets upload|list|get|rows`: immutable, content-addressed dataset versions."""
+"""`trainyard datasets upload|list|get|rows|cost`: immutable, content-addressed dataset versions."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from trainyard.cli.common import (
     print_json,
     print_table,
 )
-from trainyard.errors import InvalidInputError
+from trainyard.errors import InvalidInputError, TrainyardError
 
 app = typer.Typer(
     help="Upload, validate and read dataset versions.", no_args_is_help=True, add_completion=False
@@ -103,6 +103,30 @@ def _summary(doc: dict[str, Any]) -> None:
         console.print(f"  derived from {doc['derived_from']}", highlight=False)
 
 
+def _epoch_line(doc: dict[str, Any]) -> None:
+    """For a version counted with a base model's tokenizer: what an epoch costs (`datasets cost`)."""
+    if doc.get("tokenizer") in (None, "bytes"):
+        return
+    try:
+        with client() as c:
+            est = c.dataset_epoch_cost(doc["id"])
+    except TrainyardError as exc:
+        console.print(f"  cost per epoch: not estimated ({exc.message})", highlight=False, soft_wrap=True)
+        return
+    console.print(f"  {_epoch_text(est)}", highlight=False, soft_wrap=True)
+
+
+def _epoch_text(doc: dict[str, Any]) -> str:
+    p = doc["placement"]
+    where = p.get("pool") or p.get("instance_type") or p.get("region")
+    return (
+        f"{doc['model']}: {number(doc['steps_per_epoch'])} steps per epoch × {doc['step_time_s']:.3g} s on "
+        f"{p['devices']}× {p['accelerator']} ({p['market']}, {where}) at ${doc['usd_per_hour']:.2f}/h ≈ "
+        f"${doc['usd_per_epoch']:.4g} per epoch ({doc['hours_per_epoch']:.3g} h; seq_len {doc['seq_len']}, "
+        f"global batch {doc['global_batch']})"
+    )
+
+
 @app.command("upload")
 @handle_errors
 def upload(
@@ -132,6 +156,7 @@ def upload(
         print_json(doc)
     else:
         _summary(doc)
+        _epoch_line(doc)
 
 
 @app.command("list")
@@ -191,6 +216,26 @@ def get(
         print_json(doc)
     else:
         _summary(doc)
+        _epoch_line(doc)
+
+
+@app.command("cost")
+@handle_errors
+def cost(
+    ref: str = typer.Argument(..., help="ds://NAME@VERSION"),
+    model: str = typer.Option(None, "--model", help="Model NAME@V (default: the upload's --base)."),
+    seq_len: int = typer.Option(2048, "--seq-len", min=1, help="Tokens per sample."),
+    global_batch: int = typer.Option(16, "--global-batch", min=1, help="Samples per optimizer step."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
+) -> None:
+    """What one epoch over the train split costs: steps × predicted step time × price, on the cheapest
+    feasible placement."""
+    with client() as c:
+        doc = c.dataset_epoch_cost(ref, model=model, seq_len=seq_len, global_batch=global_batch)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"{doc['dataset']} with {_epoch_text(doc)}", soft_wrap=True, highlight=False)
 
 
 @app.command("rows")

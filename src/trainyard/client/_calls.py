@@ -367,6 +367,17 @@ def get_dataset(ref: str) -> Call[M.DatasetDoc]:
     return Call("GET", f"/v1/datasets/{_seg(dataset_path(ref), '@')}", _doc("DatasetDoc"))
 
 
+def dataset_epoch_cost(
+    ref: str, model: str | None, seq_len: int, global_batch: int
+) -> Call[M.DatasetEpochCost]:
+    return Call(
+        "GET",
+        f"/v1/datasets/{_seg(dataset_path(ref), '@')}/cost",
+        _doc("DatasetEpochCost"),
+        params={"model": model, "seq_len": seq_len, "global_batch": global_batch},
+    )
+
+
 def list_datasets(name: str | None) -> Call[M.DatasetList]:
     return Call("GET", "/v1/datasets", _doc("DatasetList"), params={"name": name})
 

@@ -394,6 +394,12 @@ class AsyncTrainyardClient:
     async def get_dataset(self, ref: str) -> M.DatasetDoc:
         return await self._do(C.get_dataset(ref))
 
+    async def dataset_epoch_cost(
+        self, ref: str, *, model: str | None = None, seq_len: int = 2048, global_batch: int = 16
+    ) -> M.DatasetEpochCost:
+        """What one epoch over the version's train split costs on the cheapest feasible placement."""
+        return await self._do(C.dataset_epoch_cost(ref, model, seq_len, global_batch))
+
     async def list_datasets(self, *, name: str | None = None) -> M.DatasetList:
         return await self._do(C.list_datasets(name))
 

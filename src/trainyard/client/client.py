@@ -399,6 +399,12 @@ class TrainyardClient:
     def get_dataset(self, ref: str) -> M.DatasetDoc:
         return self._do(C.get_dataset(ref))
 
+    def dataset_epoch_cost(
+        self, ref: str, *, model: str | None = None, seq_len: int = 2048, global_batch: int = 16
+    ) -> M.DatasetEpochCost:
+        """What one epoch over the version's train split costs on the cheapest feasible placement."""
+        return self._do(C.dataset_epoch_cost(ref, model, seq_len, global_batch))
+
     def list_datasets(self, *, name: str | None = None) -> M.DatasetList:
         return self._do(C.list_datasets(name))
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from trainyard.api.auth import CurrentPrincipal
-from trainyard.api.schemas import DatasetDoc, DatasetList, DatasetRows, ErrorEnvelope
+from trainyard.api.schemas import DatasetDoc, DatasetEpochCost, DatasetList, DatasetRows, ErrorEnvelope
 from trainyard.enums import DatasetFormat
 from trainyard.errors import PayloadTooLargeError
 
@@ -139,6 +139,35 @@ def dataset_rows(
 ) -> JSONResponse:
     page = _service(request).rows(principal, _ds(ref), split=split, offset=offset, limit=limit)
     return JSONResponse(page)
+
+
+@router.get(
+    "/{ref}/cost",
+    response_model=DatasetEpochCost,
+    responses=ERRORS,
+    summary="What one epoch over the train split costs on the cheapest placement",
+)
+def dataset_epoch_cost(
+    ref: DatasetRef,
+    request: Request,
+    principal: CurrentPrincipal,
+    model: Annotated[
+        str | None, Query(max_length=200, description="Model NAME@V (default: the --base of the upload)")
+    ] = None,
+    seq_len: Annotated[int, Query(ge=1, le=1_048_576)] = 2048,
+    global_batch: Annotated[int, Query(ge=1, le=1_048_576)] = 16,
+) -> JSONResponse:
+    from trainyard.datasets.cost import epoch_cost
+
+    doc = epoch_cost(
+        request.app.state.platform,
+        principal,
+        _ds(ref),
+        model=model,
+        seq_len=seq_len,
+        global_batch=global_batch,
+    )
+    return JSONResponse(doc)
 
 
 def _ds(ref: str) -> str:
