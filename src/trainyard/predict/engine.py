@@ -18,6 +18,7 @@ recomputed), over NVLink for the peers inside the node and the network for the r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -667,6 +668,35 @@ def evaluate(
     )
 
 
+def chosen_plans(
+    step_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: float, starts: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The plan each segment of an evaluation reports, for segments that tile the rows one after the other
+    (segment ``k`` is rows ``starts[k]`` up to the next start, each non-empty): the fastest plan that fits
+    (``memory_bytes <= capacity_bytes``), else the leanest, as ``np.argmin`` picks them one segment at a
+    time (the first on ties). Returns the rows' global indices and whether each segment has a fitting plan.
+    """
+    n = len(step_s)
+    at = np.asarray(starts, dtype=np.int64)
+    if at.size == 0:
+        return at, np.zeros(0, dtype=bool)
+    lengths = np.diff(np.append(at, n))
+    seg = np.repeat(np.arange(at.size), lengths)
+    rows = np.arange(n)
+    fit = memory_bytes <= capacity_bytes
+    fits = np.logical_or.reduceat(fit, at)
+    times = np.where(fit, step_s, np.inf)
+    fast = np.minimum.reduceat(np.where(times == np.minimum.reduceat(times, at)[seg], rows, n), at)
+    lean = np.minimum.reduceat(
+        np.where(memory_bytes == np.minimum.reduceat(memory_bytes, at)[seg], rows, n), at
+    )
+    idx = np.where(fits, fast, lean)
+    for k in np.flatnonzero(idx == n).tolist():  # a NaN: np.argmin's own answer
+        a, b = int(at[k]), int(at[k] + lengths[k])
+        idx[k] = a + int(np.argmin(times[a:b] if fits[k] else memory_bytes[a:b]))
+    return idx, fits
+
+
 # concat_candidates of recent part lists, by the parts' identities (the parts are kept with the result, so
 # an id is never reused while its entry lives)
 _CONCAT_CACHE: dict[tuple[int, ...], tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]] = {}
@@ -728,6 +758,7 @@ __all__ = [
     "Method",
     "Pins",
     "Topology",
+    "chosen_plans",
     "enumerate_candidates",
     "evaluate",
     "memory_terms",

@@ -385,15 +385,22 @@ def _finalize(
     kwargs: dict[str, Any],
     search_min_devices: bool,
     ref_step_s: float | None = None,
+    chosen: tuple[int, bool, float] | None = None,
+    model_flops: float | None = None,
+    dtype: str | None = None,
 ) -> Prediction:
     """Pick the fastest fitting plan of an evaluated candidate set and build the prediction.
 
     ``ref_step_s``: the step time the predictor gives the spec's measured reference device count on this
     accelerator and topology (what a measured step time is scaled from), when the caller has it already;
-    otherwise it is predicted here."""
+    otherwise it is predicted here. ``chosen``: :func:`_chosen_plan`'s answer, when the caller has it
+    (``engine.chosen_plans`` over many candidate sets); ``model_flops``: ``training_flops_per_step(spec)``;
+    ``dtype``: ``compute_dtype(spec.workload.precision)``."""
     w = ctx.w
-    dtype = compute_dtype(spec.workload.precision)
-    model_flops = training_flops_per_step(spec)
+    if dtype is None:
+        dtype = compute_dtype(spec.workload.precision)
+    if model_flops is None:
+        model_flops = training_flops_per_step(spec)
     capacity_gib = ctx.hw.memory_bytes / GIB
     compile_s = accelerator.first_compile_s
     if compile_s:
@@ -422,7 +429,7 @@ def _finalize(
             calibration_key=key,
         )
     assert ev is not None
-    i, fits, step = _chosen_plan(ctx, cal, accelerator, st, dtype, ev)
+    i, fits, step = chosen if chosen is not None else _chosen_plan(ctx, cal, accelerator, st, dtype, ev)
     lo_f, hi_f = math.exp(ctx.params.log_resid_p10), math.exp(ctx.params.log_resid_p90)
     if w.shape.is_moe:
         # MoE: the wider of the dense band and the held-out MoE residuals' band.
@@ -582,32 +589,84 @@ def _predictions(
     cal: Calibration,
     opts: dict[str, Any],
     search: bool,
+    choice: tuple[np.ndarray, np.ndarray, int] | None = None,
 ) -> list[Prediction]:
     """The predictions of ``parts`` (device count, topology, plans) from their evaluation: rows ``start``
-    onwards of ``ev_all``, the parts' plans one after the other."""
+    onwards of ``ev_all``, the parts' plans one after the other. ``choice``: ``engine.chosen_plans`` of
+    ``ev_all`` (global row indices and fits, one per non-empty part of every caller in row order) and the
+    position of this call's first non-empty part in it; computed here when None."""
+    live_starts: list[int] = []
     evs: list[engine.Evaluation | None] = []
     for _n, _topo, cand in parts:
         ev = None
         if cand:
             end = start + len(cand["tp"])
             assert ev_all is not None
+            live_starts.append(start)
             ev = engine.slice_evaluation(ev_all, start, end)
             start = end
         evs.append(ev)
+    if choice is None:
+        if live_starts:
+            assert ev_all is not None
+            choice = (
+                *engine.chosen_plans(
+                    ev_all.step_time_s, ev_all.memory_bytes, ctx.hw.memory_bytes, live_starts
+                ),
+                0,
+            )
+        else:
+            choice = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
+    idx_all, fits_all, k = choice
+    corr = cal.correction(acc.family, st, dtype, acc.name) if live_starts else 1.0
+    chosen: list[tuple[int, bool, float] | None] = []
+    if live_starts:
+        assert ev_all is not None
+        glob = idx_all[k : k + len(live_starts)].tolist()
+        steps = ev_all.step_time_s[glob].tolist()
+        fl = fits_all[k : k + len(live_starts)].tolist()
+        j = 0
+        for _n, _topo, cand in parts:
+            if cand:
+                # ``_chosen_plan``: the row within the part, whether it fits, the corrected step time
+                step = steps[j]
+                step *= corr
+                chosen.append((glob[j] - live_starts[j], bool(fl[j]), step))
+                j += 1
+            else:
+                chosen.append(None)
+    else:
+        chosen = [None] * len(parts)
     ref_step_s: float | None = None
     if acc.name in spec.measured.step_time_s:
         ref = spec.resources.min_devices or 1
-        for (n, _topo, cand), ev in zip(parts, evs, strict=True):
+        for (n, _topo, cand), ev, ch in zip(parts, evs, chosen, strict=True):
             if n == ref:
                 # the step time ``predict`` gives the reference count without the measurement (no plan:
                 # inf, as there)
-                ref_step_s = (
-                    _chosen_plan(ctx, cal, acc, st, dtype, ev)[2] if cand and ev is not None else math.inf
-                )
+                ref_step_s = ch[2] if cand and ev is not None and ch is not None else math.inf
                 break
+    flops = training_flops_per_step(spec)
     return [
-        _finalize(spec, acc, n, ctx, cal, list(notes), source, st, cand, ev, opts, search, ref_step_s)
-        for (n, _topo, cand), ev in zip(parts, evs, strict=True)
+        _finalize(
+            spec,
+            acc,
+            n,
+            ctx,
+            cal,
+            list(notes),
+            source,
+            st,
+            cand,
+            ev,
+            opts,
+            search,
+            ref_step_s,
+            ch,
+            flops,
+            dtype,
+        )
+        for (n, _topo, cand), ev, ch in zip(parts, evs, chosen, strict=True)
     ]
 
 
@@ -649,11 +708,37 @@ def predict_grouped(
                 rows = [sum(len(c["tp"]) for c in live) for live in lives]
                 w = engine.workload_rows([prepared[i][1].w for i in members], rows)
             ev_all = engine.evaluate(w, cand_all, topo0, ctx0.hw, ctx0.params, ctx0.pins)
-        start = 0
+        starts, at = [], 0
+        for c in flat:
+            starts.append(at)
+            at += len(c["tp"])
+        # the group's members share their usable memory (the key holds ``ctx.hw``)
+        idx, fits = (
+            engine.chosen_plans(
+                ev_all.step_time_s, ev_all.memory_bytes, prepared[members[0]][1].hw.memory_bytes, starts
+            )
+            if ev_all is not None
+            else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+        )
+        start, k = 0, 0
         for i, live in zip(members, lives, strict=True):
             spec, ctx, notes, source, st, dtype, parts = prepared[i]
             out[i] = _predictions(
-                spec, accelerator, ctx, notes, source, st, dtype, parts, ev_all, start, cal, opts, search
+                spec,
+                accelerator,
+                ctx,
+                notes,
+                source,
+                st,
+                dtype,
+                parts,
+                ev_all,
+                start,
+                cal,
+                opts,
+                search,
+                (idx, fits, k),
             )
             start += sum(len(c["tp"]) for c in live)
+            k += len(live)
     return out

@@ -1,0 +1,149 @@
+"""The batch prediction path (``predict_grouped``, ``engine.chosen_plans``) equals the scalar predictor."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainyard.catalog.accelerators import get_accelerator, load_accelerators
+from trainyard.predict import predict, predict_grouped
+from trainyard.predict.engine import chosen_plans
+from trainyard.spec.models import JobSpec
+
+ACCS = sorted(a for a in load_accelerators() if a != "cpu")
+
+
+def _spec(
+    layers: int, d_mult: int, heads: int, seq: int, batch: int, prec: str, method: str, custom_b: float | None
+) -> JobSpec:
+    model: dict[str, Any]
+    if custom_b is not None:
+        model = {"architecture": "custom", "params_b": custom_b}
+    else:
+        model = {
+            "n_layers": layers,
+            "d_model": 128 * d_mult,
+            "n_heads": heads,
+            "ffn": "gated",
+            "vocab_size": 32000,
+        }
+    wl = {"seq_len": seq, "global_batch": batch, "precision": prec, "method": method, "steps": 100}
+    return JobSpec.model_validate({"name": "t", "model": model, "workload": wl})
+
+
+spec_st = st.builds(
+    _spec,
+    st.integers(2, 96),
+    st.sampled_from([4, 8, 16, 32, 64]),
+    st.sampled_from([8, 16, 32]),
+    st.sampled_from([512, 2048, 8192]),
+    st.sampled_from([1, 8, 64, 512]),
+    st.sampled_from(["bf16-mixed", "fp32", "fp8-mixed"]),
+    st.sampled_from(["full", "lora"]),
+    st.one_of(st.none(), st.sampled_from([0.3, 2.0, 13.0, 70.0, 400.0])),  # 400B: fits almost nowhere
+)
+
+
+@st.composite
+def _measured(draw: Any, spec: JobSpec) -> JobSpec:
+    """The spec with profile-measured step times on some accelerators, scaled from ``min_devices``."""
+    names = draw(st.lists(st.sampled_from(ACCS), max_size=3, unique=True))
+    if not names:
+        return spec
+    steps = {n: draw(st.floats(0.01, 50.0)) for n in names}
+    return spec.model_copy(
+        update={
+            "measured": spec.measured.model_copy(update={"step_time_s": steps}),
+            "resources": spec.resources.model_copy(
+                update={"min_devices": draw(st.sampled_from([1, 2, 4, 8]))}
+            ),
+        }
+    )
+
+
+def _close(a: Any, b: Any, path: str) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(a, bool):
+        assert isinstance(b, float), path
+        if math.isnan(a) or math.isinf(a):
+            assert a == b or (math.isnan(a) and math.isnan(b)), (path, a, b)
+        else:
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=st.lists(spec_st.flatmap(_measured), min_size=1, max_size=5),
+    acc=st.sampled_from(ACCS),
+    counts=st.lists(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 64, 256]), min_size=1, max_size=5, unique=True),
+    per_node=st.sampled_from([None, 4, 8]),
+    gbps=st.sampled_from([None, 25.0, 400.0]),
+)
+def test_grouped_predictions_equal_predict_field_for_field(
+    specs: list[JobSpec], acc: str, counts: list[int], per_node: int | None, gbps: float | None
+) -> None:
+    a = get_accelerator(acc)
+    topology = {"devices_per_node": per_node, "inter_node_gbps": gbps}
+    try:
+        grouped = predict_grouped([(s, counts) for s in specs], a, **topology)
+    except ValueError:
+        for s in specs:  # the scalar predictor refuses the same combination
+            try:
+                predict(s, a, counts[0], **topology)
+            except ValueError:
+                continue
+        return
+    for s, got in zip(specs, grouped, strict=True):
+        want = [predict(s, a, n, **topology) for n in counts]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _close(g.to_dict(), w.to_dict(), f"{s.model.architecture}/{acc}/{g.devices}")
+
+
+def _one_by_one(
+    step: np.ndarray, mem: np.ndarray, cap: float, starts: list[int]
+) -> tuple[list[int], list[bool]]:
+    """``model._chosen_plan``'s selection, one segment at a time."""
+    idx, fits = [], []
+    for k, a in enumerate(starts):
+        b = starts[k + 1] if k + 1 < len(starts) else len(step)
+        fit_mask = mem[a:b] <= cap
+        if fit_mask.any():
+            i = int(np.argmin(np.where(fit_mask, step[a:b], np.inf)))
+        else:
+            i = int(np.argmin(mem[a:b]))
+        idx.append(a + i)
+        fits.append(bool(fit_mask.any()))
+    return idx, fits
+
+
+values = st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0, math.inf, math.nan])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+    data=st.data(),
+    cap=st.sampled_from([0.0, 1.0, 2.0, math.inf]),
+)
+def test_chosen_plans_equal_argmin_per_segment(lengths: list[int], data: Any, cap: float) -> None:
+    n = sum(lengths)
+    step = np.array(data.draw(st.lists(values, min_size=n, max_size=n)))
+    mem = np.array(data.draw(st.lists(values, min_size=n, max_size=n)))
+    starts = [int(x) for x in np.cumsum([0, *lengths[:-1]])]
+    idx, fits = chosen_plans(step, mem, cap, starts)
+    want_idx, want_fits = _one_by_one(step, mem, cap, starts)
+    assert idx.tolist() == want_idx and fits.tolist() == want_fits
