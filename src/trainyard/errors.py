@@ -234,6 +234,13 @@ class ServiceUnavailableError(TrainyardError):
     default_hint = "Start the platform with `trainyard up` or set TRAINYARD_URL to a running server."
 
 
+class EngineUnavailableError(InvalidInputError):
+    """A deployment asks for an inference engine that is not installed where its replicas run."""
+
+    code = "engine_unavailable"
+    default_hint = "Install the engine in the replicas' environment, or deploy with --engine transformers."
+
+
 class PortInUseError(ServiceUnavailableError):
     """`trainyard up` cannot listen: the port is taken (often by another `trainyard up`)."""
 

@@ -49,6 +49,9 @@ def create(
     scale_down_delay_s: float = typer.Option(30.0, "--scale-down-delay-s", min=0),
     cold_start_timeout_s: float = typer.Option(120.0, "--cold-start-timeout-s", min=0.1),
     tag: list[str] = typer.Option([], "--tag", help="KEY=VALUE attributed to every request (repeatable)."),
+    engine: str = typer.Option(
+        "transformers", "--engine", help="Inference engine: transformers (built in) or vllm (if installed)."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Wait until the deployment serves."),
     as_json: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
@@ -64,6 +67,7 @@ def create(
             scale_down_delay_s=scale_down_delay_s,
             cold_start_timeout_s=cold_start_timeout_s,
             tags=_parse_tags(tag),
+            engine=engine,
         )
         if wait:
             doc = c.wait_deployment(name, timeout_s=max(120.0, cold_start_timeout_s))

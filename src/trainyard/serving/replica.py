@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,14 +24,15 @@ from typing import Any
 
 from fastapi import Request
 
+from trainyard.errors import TrainyardError
 from trainyard.serving.engine import (
     BASE_ADAPTER,
     Engine,
     EngineError,
     GenerationEvent,
     GenerationRequest,
-    TransformersEngine,
 )
+from trainyard.serving.engines import DEFAULT_ENGINE, ENGINES, create_engine
 
 MODEL_HEADER = "x-trainyard-model"
 
@@ -227,16 +229,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES)
     args = ap.parse_args(argv)
     adapters = dict(a.split("=", 1) for a in args.adapter)
-    engine = TransformersEngine(
-        args.model_path,
-        tokenizer_path=args.tokenizer_path,
-        adapters=adapters,
-        device=args.device,
-        max_batch=args.max_batch,
-        threads=args.threads,
-    )
+    try:
+        engine = create_engine(
+            args.engine,
+            args.model_path,
+            tokenizer_path=args.tokenizer_path,
+            adapters=adapters,
+            device=args.device,
+            max_batch=args.max_batch,
+            threads=args.threads,
+        )
+    except TrainyardError as exc:  # e.g. engine_unavailable: say why, not a traceback
+        print(f"error ({exc.code}): {exc.message}\nhint: {exc.hint}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
     engine.start()
     import uvicorn
 

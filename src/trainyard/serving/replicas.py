@@ -37,6 +37,7 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     device: str = "auto"
     threads: int | None = None
+    engine: str = "transformers"  # serving/engines.py
     placement: dict[str, Any] = field(default_factory=dict)  # pool, accelerator, devices, price
 
 
@@ -82,6 +83,8 @@ def replica_command(spec: LaunchSpec, port: int, *, python: str | None = None) -
         spec.host,
         "--device",
         spec.device,
+        "--engine",
+        spec.engine,
     ]
     if spec.threads:
         cmd += ["--threads", str(spec.threads)]

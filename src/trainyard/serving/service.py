@@ -28,6 +28,7 @@ from sqlalchemy import delete, insert, select
 
 from trainyard.errors import ConflictError, InvalidInputError, NotFoundError
 from trainyard.serving.autoscale import AutoscalingPolicy, ScaleState, desired_replicas, merge
+from trainyard.serving.engines import DEFAULT_ENGINE, check_engine
 from trainyard.serving.models import ModelSource, ResolvedModel
 from trainyard.serving.replicas import Launcher, LaunchSpec, LocalLauncher, probe
 from trainyard.serving.traffic import CanaryPolicy, Route, canary_breach, routes_from_docs
@@ -70,6 +71,7 @@ class PoolView:
     tokenizer_path: str
     adapters: dict[str, str]  # adapter key -> directory
     policy: AutoscalingPolicy
+    engine: str = DEFAULT_ENGINE  # the earliest deployment's over this base
     replicas: dict[str, ReplicaView] = field(default_factory=dict)  # ready ones
     in_flight: int = 0
     peak_in_flight: int = 0
@@ -160,6 +162,7 @@ class ServingService:
         *,
         policy: AutoscalingPolicy,
         tags: dict[str, str] | None = None,
+        engine: str = DEFAULT_ENGINE,
     ) -> DeploymentRow:
         if not NAME_RE.match(name):
             raise InvalidInputError(
@@ -168,6 +171,8 @@ class ServingService:
                 details={"errors": [{"field": "name", "message": "must match ^[a-z0-9][a-z0-9-]{0,62}$"}]},
             )
         _check_policy(policy)
+        # local replicas run in this server's environment; Ray nodes have their own
+        check_engine(engine, installed=self.launcher.backend == "local")
         resolved = self.models.resolve(tenant_name, model)
         now = self.clock()
         routes = [Route(model=model, weight=100.0).doc()]
@@ -191,6 +196,7 @@ class ServingService:
                 previous_routes=None,
                 canary=None,
                 autoscaling=policy.doc(),
+                engine=engine,
                 tags=dict(tags or {}),
                 resolved={model: resolved.version_id},
                 state="starting",
@@ -537,6 +543,7 @@ class ServingService:
                         "tokenizer": res.path,
                         "adapters": {},
                         "policies": [],
+                        "engines": [],
                         "name": res.base_version,
                     },
                 )
@@ -545,6 +552,7 @@ class ServingService:
                 else:
                     spec["tokenizer"] = res.tokenizer_path
                 spec["policies"].append(AutoscalingPolicy.from_doc(d.autoscaling))
+                spec["engines"].append((d.created_at_s, d.engine or DEFAULT_ENGINE))
             if resolved_now != d.resolved:
                 updates.setdefault(d.id, {})["resolved"] = resolved_now
             if failed and d.state != "failed":
@@ -565,9 +573,12 @@ class ServingService:
             pools: dict[tuple[str, str], PoolView] = {}
             for key, spec in wanted.items():
                 pol = merge(spec["policies"])
+                engine = min(spec["engines"])[1]
                 pv = self._pools.get(key)
-                if pv is None or pv.model_path != spec["model_path"]:
-                    pv = PoolView(key, spec["model_path"], spec["tokenizer"], dict(spec["adapters"]), pol)
+                if pv is None or pv.model_path != spec["model_path"] or pv.engine != engine:
+                    pv = PoolView(
+                        key, spec["model_path"], spec["tokenizer"], dict(spec["adapters"]), pol, engine
+                    )
                 else:
                     pv.adapters, pv.policy, pv.tokenizer_path = dict(spec["adapters"]), pol, spec["tokenizer"]
                 pools[key] = pv
@@ -668,6 +679,7 @@ class ServingService:
                     tokenizer_path=pv.tokenizer_path,
                     adapters=dict(pv.adapters),
                     model_name=key[1],
+                    engine=pv.engine,
                     placement=dict(placement),
                 )
                 started = self.launcher.start(launch)
@@ -801,6 +813,7 @@ def deployment_document(service: ServingService, row: DeploymentRow, openai_url:
         "autoscaling": row.autoscaling,
         "canary": row.canary,
         "tags": row.tags,
+        "engine": row.engine or DEFAULT_ENGINE,
         "replica_set": [
             {
                 "id": r.id,

@@ -23,6 +23,7 @@ class DeploymentRow(Base):
     previous_routes: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     canary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # rollback thresholds
     autoscaling: Mapped[dict[str, Any]] = mapped_column(JSON)
+    engine: Mapped[str] = mapped_column(String(32), default="transformers", server_default="transformers")
     tags: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     resolved: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # ref -> version id now served
     state: Mapped[str] = mapped_column(String(16))

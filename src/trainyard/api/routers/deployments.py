@@ -3,7 +3,7 @@ deployment answers 404."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
@@ -39,6 +39,7 @@ class DeploymentCreate(BaseModel):
     scale_up_delay_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
     scale_down_delay_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
     cold_start_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    engine: Literal["transformers", "vllm"] = "transformers"
     tags: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict
     )
@@ -102,7 +103,13 @@ async def create_deployment(
 
     def work() -> dict[str, Any]:
         row = svc.create(
-            principal.tenant_id, principal.tenant_name, body.name, body.model, policy=policy, tags=body.tags
+            principal.tenant_id,
+            principal.tenant_name,
+            body.name,
+            body.model,
+            policy=policy,
+            tags=body.tags,
+            engine=body.engine,
         )
         return deployment_document(svc, row, _openai_url(request))
 
