@@ -96,7 +96,7 @@ def test_grouped_predictions_equal_predict_field_for_field(
     specs: list[JobSpec], acc: str, counts: list[int], per_node: int | None, gbps: float | None
 ) -> None:
     a = get_accelerator(acc)
-    topology = {"devices_per_node": per_node, "inter_node_gbps": gbps}
+    topology: dict[str, Any] = {"devices_per_node": per_node, "inter_node_gbps": gbps}
     try:
         grouped = predict_grouped([(s, counts) for s in specs], a, **topology)
     except ValueError:
