@@ -7,6 +7,7 @@ A cluster that cannot start fails the test (never skips it)."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -36,13 +37,14 @@ def _alive(pid: int) -> bool:
 def test_a_deployment_serves_from_a_ray_actor_survives_a_server_crash_and_stops_on_delete(
     tmp_path: Path,
 ) -> None:
-    base = build_tiny_llama(tmp_path / "models" / "base", seed=0)
     home = tmp_path / "home"
-    place_model_version(home / "storage", "default", "tiny", 1, base)
     cluster = LoopbackRayCluster()
     srv: ServerProcess | None = None
     try:
-        node = cluster.add_node("head", resources={pool_resource(POOL): 2}, num_cpus=2)
+        with ThreadPoolExecutor(1) as pool:  # the model is built while the Ray node starts
+            built = pool.submit(build_tiny_llama, tmp_path / "models" / "base", seed=0)
+            node = cluster.add_node("head", resources={pool_resource(POOL): 2}, num_cpus=2)
+            place_model_version(home / "storage", "default", "tiny", 1, built.result())
         srv = ServerProcess(home, executor="ray")
         srv.env.update({**LOOPBACK_ENV, "TRAINYARD_RAY_ADDRESS": cluster.address})
         srv.start(timeout_s=READY_TIMEOUT_S)
