@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     alert_deployment_error_rate: float = Field(default=0.05, ge=0, le=1)
     alert_deployment_p95_latency_s: float = Field(default=10.0, gt=0)
     alert_scan_interval_s: float = Field(default=5.0, ge=0)
+    # storage metering (docs/governance.md): datasets, checkpoints and models billed in GB-hours per
+    # complete interval. Default price: Amazon S3 Standard, first 50 TB/month, us-east-1, $0.023 per
+    # GB-month (https://aws.amazon.com/s3/pricing/), a month taken as 730 hours
+    storage_price_usd_per_gb_month: float = Field(default=0.023, ge=0)
+    storage_accrual_interval_s: float = Field(default=3600.0, gt=0)
     # log level of the server's structured logs (debug, info, warning, error)
     log_level: str = "info"
     # running jobs that get per-job training series on /metrics (newest first; the rest are counted)

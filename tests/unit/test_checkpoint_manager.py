@@ -102,11 +102,20 @@ def test_truncated_shard_and_garbled_manifest_are_skipped(tmp_path: Path) -> Non
 
 
 def test_retention_keeps_last_k_and_the_best(tmp_path: Path) -> None:
-    mgr = _manager(tmp_path, keep_last=2)
+    events: list = []
+    mgr = _manager(tmp_path, events, keep_last=2)
     losses = {1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0, 5: 2.5}
     for step, loss in losses.items():
         _save(mgr, step, loss=loss)
     assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "job").iterdir()) == [2, 4, 5]
+    # each checkpoint event names its size and the steps retention deleted (storage metering reads both)
+    ck = [d for k, d in events if k == "checkpoint"]
+    assert [d["removed_steps"] for d in ck] == [[], [], [1], [], [3]]  # 2 is the best, kept
+    for d in ck:
+        step_dir = tmp_path / "job" / f"step-{d['step']}"
+        if step_dir.exists():
+            on_disk = sum(p.stat().st_size for p in step_dir.iterdir() if p.name != MANIFEST)
+            assert d["bytes"] == on_disk > 0
 
 
 def test_unwritable_storage_raises_a_clear_error_and_keeps_old_steps(tmp_path: Path) -> None:

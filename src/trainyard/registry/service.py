@@ -482,6 +482,7 @@ class RegistryService:
         for n, digest in _copy_files(src, TOKENIZER_FILES, staging / "tokenizer").items():
             files[f"tokenizer/{n}"] = digest
         sha = weights_digest({k.split("/", 1)[1]: v for k, v in files.items() if k.startswith("weights/")})
+        size_bytes = _tree_bytes(staging)
         self._publish(staging, target)
         return self._insert(
             principal.tenant_id,
@@ -499,6 +500,7 @@ class RegistryService:
                 "config": cfg,
                 "shape": shape_from_config(cfg),
                 "files": files,
+                "bytes": size_bytes,
                 "imported_from": src.name,
             },
             created_by=principal.tenant_name,
@@ -612,6 +614,7 @@ class RegistryService:
             files[f"tokenizer/{n}"] = d
         cfg_path = model_path / "config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else (base.config if base else {})
+        size_bytes = _tree_bytes(staging)
         self._publish(staging, target)
         dataset = (spec.get("workload") or {}).get("dataset")
         run_record = {
@@ -642,6 +645,7 @@ class RegistryService:
                 "config": cfg,
                 "shape": shape_from_config(cfg),
                 "files": files,
+                "bytes": size_bytes,
                 "run_record": run_record,
                 "metrics": metrics,
                 **({"sweep": sweep} if sweep is not None else {}),
@@ -980,3 +984,9 @@ def _same_fs(a: Path, b: Path) -> bool:
         return a.stat().st_dev == b.stat().st_dev
     except OSError:
         return False
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under a version's staging directory (measured once, at registration; storage
+    metering reads this number instead of the storage)."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())

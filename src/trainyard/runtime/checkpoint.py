@@ -520,10 +520,11 @@ class CheckpointManager:
 
         def commit() -> SaveResult:
             result = SaveResult(step, url, 0, self._stall_s, 0.0, emergency)
+            removed_steps: list[int] = []
             if self.rank == 0:
                 self._commit(url, step, meta, result, written=hashes)
                 with contextlib.suppress(Exception):
-                    self.apply_retention(current_step=step, root=root)
+                    removed_steps = self.apply_retention(current_step=step, root=root)
             result.total_s = time.perf_counter() - t0
             result.stage_s = self._stall_s
             if self.rank == 0:
@@ -535,6 +536,7 @@ class CheckpointManager:
                     stall_s=round(result.stage_s, 6),
                     bytes=result.bytes_written,
                     emergency=emergency,
+                    removed_steps=sorted(removed_steps),
                 )
             self.last_save = result
             return result

@@ -433,8 +433,18 @@ class Supervisor:
         ingest(s, job.id, ev.attempt, ev.data)
 
     def _on_checkpoint(self, s: Session, job: Job, ev: ExecutorEvent) -> None:
-        entry = {"step": ev.data.get("step"), "path": ev.data.get("path"), "attempt": ev.attempt}
-        JobRepo(s).update(job.id, checkpoints=[*job.checkpoints, entry])
+        step = ev.data.get("step")
+        entry: dict[str, Any] = {"step": step, "path": ev.data.get("path"), "attempt": ev.attempt}
+        if isinstance(ev.data.get("bytes"), int):
+            entry["bytes"] = ev.data["bytes"]  # what storage metering bills, with time_s and removed_at_s
+            entry["time_s"] = ev.time_s
+        removed = set(ev.data.get("removed_steps") or ())
+        kept = []
+        for c in job.checkpoints:
+            if "removed_at_s" not in c and (c.get("step") in removed or c.get("step") == step):
+                c = {**c, "removed_at_s": ev.time_s}  # deleted by retention, or overwritten by this one
+            kept.append(c)
+        JobRepo(s).update(job.id, checkpoints=[*kept, entry])
         EventRepo(s).append(job.id, "checkpoint", {"attempt": ev.attempt, **ev.data}, ev.time_s)
 
     def _close_attempt(self, s: Session, job: Job, ended_s: float) -> dict[str, Any]:

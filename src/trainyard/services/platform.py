@@ -142,6 +142,14 @@ class Platform:
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self._budgets_changed
         self.rate_limiter = RateLimiter(make_store(self.db, settings.rate_limit_backend))
+        from trainyard.tenancy.storage_meter import StorageMeter
+
+        self.storage_meter = StorageMeter(
+            self.db,
+            clock=clock,
+            interval_s=settings.storage_accrual_interval_s,
+            price_usd_per_gb_month=settings.storage_price_usd_per_gb_month,
+        )
         self.supervisor: Supervisor | None = None
         if self.options.executor is not None:
             self.supervisor = ReplanningSupervisor(
@@ -418,6 +426,10 @@ class Platform:
             self.sweeps.tick()
         except Exception:
             log.exception("sweep_phase_failed")
+        try:
+            self.storage_meter.tick()
+        except Exception:
+            log.exception("storage_metering_failed")
 
     def start_loop(self) -> None:
         if self._thread is not None:
