@@ -1,6 +1,6 @@
-"""Storage GB-hours on a real database: a tenant's dataset and its job's checkpoints accrue in the usage
-ledger, appear in /v1/usage by kind and by tag, only for that tenant, once across repeated ticks and a
-restart of the control plane. The clock is a manual one; nothing sleeps."""
+"""Storage GB-hours on a real database: a tenant's dataset, model and its job's checkpoints accrue in
+the usage ledger, appear in /v1/usage by kind and by tag, only for that tenant, once across repeated
+ticks and a restart of the control plane. The clock is a manual one; nothing sleeps."""
 
 from __future__ import annotations
 
@@ -78,6 +78,14 @@ def test_dataset_and_checkpoints_accrue_gb_hours_for_their_tenant_only(db_url: s
             r = c.post("/v1/jobs", json={"spec": spec}, headers=_h(alpha))
             assert r.status_code == 201, r.text
             job_id = r.json()["id"]
+        from hf_models import build_tiny_llama
+
+        model = p.registry.import_directory(
+            p.tenants.authenticate(alpha), build_tiny_llama(tmp_path / "tiny", seed=0), "base"
+        )
+        model_dir = home / "storage" / "tenants" / "alpha" / "models" / "base" / "1"
+        model_bytes = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())
+        assert model_bytes > 0
         p.tick()
         ex.emit(job_id, "started", {"rank": 0, "pid": 1, "host": "h"}, time_s=t0 + 30)
         # the runtime's checkpoint events: size, and the steps retention deleted
@@ -105,17 +113,23 @@ def test_dataset_and_checkpoints_accrue_gb_hours_for_their_tenant_only(db_url: s
         end = t0 + 3 * INTERVAL_S
         hand_ckpt = (3 * (900 - 60) + 2 * (3 * INTERVAL_S - 900)) / 3600.0  # GB x s / 3600
         hand_ds = ds_bytes / GB * (end - t0) / 3600.0
+        hand_model = model_bytes / GB * (end - t0) / 3600.0  # measured on disk here, once, by the test
         usd_per_gbh = PRICE_PER_GB_MONTH / 730.0
         with TestClient(create_app(p, access_log=False), base_url="http://127.0.0.1") as c:
             by_kind = _usage(c, alpha, "kind")
             storage = by_kind["storage_gb_hours"]
-            assert storage["storage_gb_hours"] == pytest.approx(hand_ckpt + hand_ds, abs=1e-6)
-            assert storage["usd"] == pytest.approx((hand_ckpt + hand_ds) * usd_per_gbh, abs=1e-6)
-            # one entry per resource per interval: dataset 3, step 10 two (removed in the second), step 20 two
-            assert storage["entries"] == 3 + 2 + 2
+            total = hand_ckpt + hand_ds + hand_model
+            assert storage["storage_gb_hours"] == pytest.approx(total, abs=1e-6)
+            assert storage["usd"] == pytest.approx(total * usd_per_gbh, abs=1e-6)
+            # one entry per resource per interval: dataset 3, model 3, step 10 two (removed in the
+            # second), step 20 two
+            assert storage["entries"] == 3 + 3 + 2 + 2
+            by_model = _usage(c, alpha, "model")
+            # (the report rounds to 6 decimals)
+            assert by_model[model.id]["storage_gb_hours"] == pytest.approx(hand_model, abs=5.1e-7)
             by_team = _usage(c, alpha, "tag:team")
             assert by_team["vision"]["storage_gb_hours"] == pytest.approx(hand_ckpt, abs=1e-6)
-            assert by_team["(none)"]["storage_gb_hours"] == pytest.approx(hand_ds, abs=1e-6)
+            assert by_team["(none)"]["storage_gb_hours"] == pytest.approx(hand_ds + hand_model, abs=1e-6)
             by_job = _usage(c, alpha, "job")
             assert by_job[job_id]["storage_gb_hours"] == pytest.approx(hand_ckpt, abs=1e-6)
             # the other tenant sees none of it, and cannot ask for alpha's report
@@ -124,7 +138,7 @@ def test_dataset_and_checkpoints_accrue_gb_hours_for_their_tenant_only(db_url: s
             assert r.status_code == 404
             # an entry's time is the end of its interval: a range ending at the third's end has two
             before_third = _usage(c, alpha, "kind", to="2027-01-15T08:30:00Z")["storage_gb_hours"]
-            assert before_third["entries"] == 2 + 2 + 1
+            assert before_third["entries"] == 2 + 2 + 2 + 1
             invoice = c.get("/v1/usage/invoice", headers=_h(alpha)).json()
             line = next(x for x in invoice["lines"] if x["kind"] == "storage_gb_hours")
             assert line["unit"] == "gb_hours" and line["unit_price_usd"] == pytest.approx(usd_per_gbh)
