@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PROMPT = [{"role": "user", "content": "hello world"}]
 READY_TIMEOUT_S = 300.0
+POOL_PRICE_USD_PER_HOUR = 3.6
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,9 @@ def oai(server: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def deployed(tc: TrainyardClient) -> dict[str, dict[str, Any]]:
-    """chat (tiny@1), fa (tiny-a@production), fb (tiny-b@1): three deployments over one base."""
+    """chat (tiny@1), fa (tiny-a@production), fb (tiny-b@1): three deployments over one base, on a
+    local-cpu pool priced so that inference tokens cost something."""
+    tc.patch_pool("local-cpu", {"price_usd_per_device_hour": POOL_PRICE_USD_PER_HOUR})
     docs = {
         "chat": tc.create_deployment("chat", "tiny@1", tags={"team": "search"}),
         "fa": tc.create_deployment("fa", "tiny-a@production"),
@@ -326,6 +329,92 @@ def test_other_tenants_deployments_are_invisible(
                 call()
         with pytest.raises(NotFoundError):  # models are named in the caller's own area only
             oc.create_deployment("mine", "tiny@1")
+
+
+# ---- governance: inference tokens in the usage ledger, tokens per minute ---------------------------
+def test_inference_tokens_are_charged_to_the_ledger_and_shown_to_their_tenant_only(
+    server: ServerProcess,
+    tc: TrainyardClient,
+    oai: openai.OpenAI,
+    deployed: dict[str, Any],
+    models: dict[str, Path],
+) -> None:
+    from trainyard.catalog.accelerators import get_accelerator
+    from trainyard.serving.quote import serving_quote
+
+    r = oai.chat.completions.create(
+        model="chat", messages=PROMPT, max_tokens=6, temperature=0, metadata={"probe": "ledger"}
+    )
+    assert r.usage is not None
+    total = r.usage.total_tokens
+    deadline = time.monotonic() + 30
+    while True:  # the gateway's records reach the database in the controller's next flush
+        rows = tc.usage(by="tag:probe", tenant="default")["rows"]
+        row = next((x for x in rows if x["group"] == "ledger"), None)
+        if row is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert row is not None, rows
+    assert row["tokens"] == total and row["entries"] == 1
+    lines = [
+        line
+        for line in tc.invoice(tenant="default")["lines"]
+        if line["kind"] == "inference_tokens" and line.get("unit") == "tokens"
+    ]
+    assert lines, "no inference_tokens invoice line"
+    unit_price = lines[0]["unit_price_usd"]
+    # $/1k tokens from the predicted decode speed of the model's weights on the pool and its price
+    weight_bytes = sum(f.stat().st_size for f in models["base"].glob("*.safetensors"))
+    quote = serving_quote("local-cpu", get_accelerator("cpu"), weight_bytes, POOL_PRICE_USD_PER_HOUR)
+    assert unit_price > 0 and abs(unit_price - quote.usd_per_1k_tokens / 1000) < 1e-15
+    assert abs(row["usd"] - total * unit_price) < 1e-6  # reports round dollars to 6 places
+    by_dep = {x["group"]: x for x in tc.usage(by="deployment", tenant="default")["rows"]}
+    assert by_dep["chat"]["tokens"] >= total and by_dep["chat"]["usd"] > 0
+    by_team = {x["group"]: x for x in tc.usage(by="tag:team", tenant="default")["rows"]}
+    assert by_team["search"]["tokens"] >= total  # the deployment's own tags allocate its cost too
+
+    key = tc.create_tenant("tokens-other")["api_key"]
+    with TrainyardClient(server.url, key) as oc:
+        from trainyard.errors import NotFoundError
+
+        mine = oc.usage(by="deployment")["rows"]
+        assert all(x["tokens"] == 0 for x in mine) and "chat" not in {x["group"] for x in mine}
+        with pytest.raises(NotFoundError):
+            oc.usage(by="deployment", tenant="default")
+
+
+def test_tokens_per_minute_answers_429_with_retry_after_then_admits(
+    server: ServerProcess, tc: TrainyardClient, oai: openai.OpenAI, deployed: dict[str, Any]
+) -> None:
+    tpm = 120  # 2 tokens/s, a bucket of 120
+    tc.update_tenant("default", {"tokens_per_minute": tpm})
+    try:
+        first = oai.completions.create(model="chat", prompt="hello", max_tokens=10, temperature=0)
+        assert first.usage is not None and first.usage.total_tokens >= 10
+        # a request that needs the whole bucket: the first one's tokens are still missing from it
+        big = tpm - 2  # "hello" is estimated at 2 prompt tokens
+        raw = httpx.post(
+            f"{server.url}/openai/v1/completions",
+            json={"model": "chat", "prompt": "hello", "max_tokens": big, "temperature": 0},
+            headers={"Authorization": f"Bearer {server.api_key}"},
+            timeout=120,
+        )
+        assert raw.status_code == 429, raw.text
+        err = raw.json()["error"]
+        assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens"
+        assert set(err) >= {"message", "type", "param", "code"}
+        retry_after = int(raw.headers["Retry-After"])
+        assert 1 <= retry_after <= 10
+        assert raw.headers["X-RateLimit-Limit-Tokens"] == str(tpm)
+        with pytest.raises(openai.RateLimitError) as exc:
+            oai.completions.create(model="chat", prompt="hello", max_tokens=big, temperature=0)
+        assert exc.value.code == "rate_limit_exceeded"
+        time.sleep(int(exc.value.response.headers["Retry-After"]))
+        ok = oai.completions.create(model="chat", prompt="hello", max_tokens=big, temperature=0)
+        assert ok.usage is not None and ok.usage.completion_tokens >= 1
+    finally:
+        tc.update_tenant("default", {"tokens_per_minute": None})
+    assert _chat(oai, "chat")  # no limit again
 
 
 def test_cli_deployments_get_and_list_json(server: ServerProcess, deployed: dict[str, Any]) -> None:

@@ -53,6 +53,7 @@ class Principal:
     rate_limit_rps: float | None = None  # the tenant's bucket (all its keys)
     rate_limit_burst: float | None = None
     key_rate_limit_rps: float | None = None  # each key's own bucket
+    tokens_per_minute: int | None = None  # the tenant's inference-token bucket (the gateway's)
 
     @property
     def tenant_rps_or_key_rps(self) -> bool:

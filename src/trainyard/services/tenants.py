@@ -357,6 +357,7 @@ class TenantService:
                         rate_limit_rps=limits.rate_limit_rps,
                         rate_limit_burst=limits.rate_limit_burst,
                         key_rate_limit_rps=limits.key_rate_limit_rps,
+                        tokens_per_minute=limits.tokens_per_minute,
                         storage_roots=tenant.storage_roots,
                         allow_user_code=tenant.allow_user_code,
                     )

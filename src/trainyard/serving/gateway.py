@@ -38,6 +38,7 @@ from trainyard.serving.openai_schemas import ChatCompletionRequest, CompletionRe
 from trainyard.serving.replica import MODEL_HEADER
 from trainyard.serving.service import DeploymentView, ReplicaView, RouteView, ServingService
 from trainyard.serving.traffic import choose_route, compare_answers
+from trainyard.tenancy.ratelimit import TokenBuckets
 
 log = structlog.get_logger("trainyard.gateway")
 
@@ -58,10 +59,11 @@ class GatewayError(Exception):
         param: str | None = None,
         hint: str = "",
         details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
-        self.hint, self.details = hint, details or {}
+        self.hint, self.details, self.headers = hint, details or {}, headers or {}
 
     def response(self) -> JSONResponse:
         return openai_error(
@@ -147,6 +149,8 @@ class Gateway:
         # set by observability.install_observability: GenAI and forwarding spans, serving metrics
         self.tracer: Any = None
         self.observe: Callable[[dict[str, Any]], None] | None = None
+        self.token_buckets = TokenBuckets()
+        self.clock: Callable[[], float] = time.monotonic
 
     def _ensure(self) -> tuple[aiohttp.ClientSession, asyncio.Queue[_Shadow]]:
         loop = asyncio.get_running_loop()
@@ -239,13 +243,76 @@ class Gateway:
         )
 
     # ---- completions ----------------------------------------------------------------------
-    async def handle(self, tenant_id: str, endpoint: str, raw: bytes, headers: dict[str, str]) -> Response:
+    async def handle(
+        self,
+        tenant_id: str,
+        endpoint: str,
+        raw: bytes,
+        headers: dict[str, str],
+        *,
+        tokens_per_minute: int | None = None,
+    ) -> Response:
         try:
-            return await self._handle(tenant_id, endpoint, raw, headers)
+            return await self._handle(tenant_id, endpoint, raw, headers, tokens_per_minute)
         except GatewayError as exc:
-            return exc.response()
+            resp = exc.response()
+            if exc.headers:
+                resp.headers.update(exc.headers)
+            return resp
 
-    async def _handle(self, tenant_id: str, endpoint: str, raw: bytes, headers: dict[str, str]) -> Response:
+    def _admit_tokens(
+        self, tenant_id: str, tokens_per_minute: int, req: Any, body: dict[str, Any]
+    ) -> Callable[[dict[str, Any] | None, int], None]:
+        """Reserve the request's estimated prompt tokens plus ``max_tokens`` from the tenant's
+        tokens-per-minute bucket (429 when it has not got them); the returned function settles the
+        reservation with the usage the replica reported (none on a failed request: all returned)."""
+        key = f"tpm:{tenant_id}"
+        want = estimate_prompt_tokens(req) + int(body.get("max_tokens") or 16)
+        decision, reserved = self.token_buckets.reserve(
+            key, tokens_per_minute=tokens_per_minute, n=want, now=self.clock()
+        )
+        if not decision.allowed:
+            hdrs = decision.headers()
+            raise GatewayError(
+                429,
+                f"Rate limit reached for tokens per minute: limit {tokens_per_minute}, requested {want}. "
+                f"Please try again in {hdrs['Retry-After']}s.",
+                kind="tokens",
+                code="rate_limit_exceeded",
+                hint="Wait for Retry-After seconds, send fewer or shorter requests, or raise the limit "
+                "(`trainyard tenants update NAME --tokens-per-minute N`).",
+                details={
+                    "limit_tokens_per_minute": tokens_per_minute,
+                    "requested_tokens": want,
+                    "retry_after_s": round(decision.retry_after_s, 3),
+                },
+                headers={
+                    "Retry-After": hdrs["Retry-After"],
+                    "X-RateLimit-Limit-Tokens": str(tokens_per_minute),
+                    "X-RateLimit-Remaining-Tokens": hdrs["X-RateLimit-Remaining"],
+                    "X-RateLimit-Reset-Tokens": f"{decision.reset_s:.3f}s",
+                },
+            )
+
+        def settle(usage: dict[str, Any] | None, status: int) -> None:
+            if usage:
+                used = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+            elif status >= 400:
+                used = 0
+            else:
+                return  # answered without usage: the reservation stands
+            self.token_buckets.settle(key, tokens_per_minute=tokens_per_minute, reserved=reserved, used=used)
+
+        return settle
+
+    async def _handle(
+        self,
+        tenant_id: str,
+        endpoint: str,
+        raw: bytes,
+        headers: dict[str, str],
+        tokens_per_minute: int | None = None,
+    ) -> Response:
         started = time.perf_counter()
         try:
             doc = json.loads(raw)
@@ -277,6 +344,7 @@ class Gateway:
         if stream:
             body["stream_options"] = {"include_usage": True}
         tags = {**dep.tags, **(req.metadata or {})}
+        settle = self._admit_tokens(tenant_id, tokens_per_minute, req, body) if tokens_per_minute else None
         request_id = uuid.uuid4().hex
         client, shadow_q = self._ensure()
         span = (
@@ -289,6 +357,8 @@ class Gateway:
         except GatewayError as exc:
             if span is not None:
                 genai.end_span(span, exc.status, None, "primary")
+            if settle is not None:
+                settle(None, exc.status)
             raise
         path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
         fwd_headers = {MODEL_HEADER: dep.name}
@@ -302,6 +372,8 @@ class Gateway:
             if span is not None:
                 genai.end_span(span, status, usage, route_kind, replica.url, ttft_s)
             self.service.release(rv.pool_key, replica)
+            if settle is not None:
+                settle(usage, status)
             ok = status < 500
             self.service.record_outcome(dep.id, rv.route.model, ok, latency)
             self._meter(
@@ -576,3 +648,17 @@ def _scan(
             if piece:
                 parts.append(piece)
     return usage, status
+
+
+def estimate_prompt_tokens(req: Any) -> int:
+    """The prompt's tokens before tokenizing (about 4 characters a token, plus a few per chat message
+    for its template); the reservation is settled with the replica's exact count afterwards."""
+    messages = getattr(req, "messages", None)
+    if messages is not None:
+        return sum(len(m.text()) // 4 + 4 for m in messages) + 2
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if prompt and isinstance(prompt[0], int):
+            return len(prompt)
+        return sum(len(p) // 4 + 1 for p in prompt)
+    return len(prompt) // 4 + 1

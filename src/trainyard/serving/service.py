@@ -30,6 +30,7 @@ from trainyard.errors import ConflictError, InvalidInputError, NotFoundError
 from trainyard.serving.autoscale import AutoscalingPolicy, ScaleState, desired_replicas, merge
 from trainyard.serving.engines import DEFAULT_ENGINE, check_engine
 from trainyard.serving.models import ModelSource, ResolvedModel
+from trainyard.serving.quote import ServingQuote, serving_quote
 from trainyard.serving.replicas import Launcher, LaunchSpec, LocalLauncher, probe
 from trainyard.serving.traffic import CanaryPolicy, Route, canary_breach, routes_from_docs
 from trainyard.store.db import Database
@@ -41,6 +42,7 @@ from trainyard.store.serving_models import (
     ServingRequestRow,
     ShadowPairRow,
 )
+from trainyard.tenancy import ledger
 
 log = structlog.get_logger("trainyard.serving")
 
@@ -147,6 +149,8 @@ class ServingService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tick_lock = threading.Lock()
+        self._quotes: dict[tuple[Any, ...], ServingQuote] = {}
+        self._weight_bytes: dict[str, int] = {}
         self.shadow_dropped: dict[str, int] = {}
         self.shadow_sent: dict[str, int] = {}
 
@@ -458,11 +462,91 @@ class ServingService:
         with self.db.session() as s:
             if meter:
                 s.execute(insert(ServingRequestRow), meter)
+                # the inference-token charges, in the same transaction as the requests they bill
+                conn = s.connection()
+                for c, tenant_name in self._token_charges(s, meter):
+                    ledger.charge(conn, c, tenant_name=tenant_name)
             if pairs:
                 known = set(s.scalars(select(DeploymentRow.id)))
                 rows = [p for p in pairs if p["deployment_id"] in known]
                 if rows:
                     s.execute(insert(ShadowPairRow), rows)
+
+    def _token_charges(
+        self, s: Any, meter: builtins.list[dict[str, Any]]
+    ) -> builtins.list[tuple[ledger.Charge, str]]:
+        """One ``inference_tokens`` ledger charge per answered request that used tokens, priced at the
+        serving quote of the replica pool that answered ($/1k tokens from the predicted decode speed
+        of the model's weights on the pool's accelerator and the pool's price)."""
+        billed = [r for r in meter if r["status"] < 400 and r["prompt_tokens"] + r["completion_tokens"] > 0]
+        if not billed:
+            return []
+        replica_ids = {r["replica_id"] for r in billed if r.get("replica_id")}
+        rows = {
+            row.id: row
+            for row in s.scalars(select(ServingReplicaRow).where(ServingReplicaRow.id.in_(replica_ids)))
+        }
+        out: builtins.list[tuple[ledger.Charge, str]] = []
+        for r in billed:
+            row = rows.get(r.get("replica_id") or "")
+            placement = dict(row.placement or {}) if row is not None else self.placement()
+            model_path = row.model_path if row is not None else None
+            q = self._quote(placement, model_path)
+            tokens = int(r["prompt_tokens"]) + int(r["completion_tokens"])
+            unit_price = q.usd_per_1k_tokens / 1000.0 if q is not None else 0.0
+            out.append(
+                (
+                    ledger.Charge(
+                        source_key=f"tokens:{r['request_id']}:{r['route']}:{r['model_version']}",
+                        tenant_id=r["tenant_id"],
+                        kind=ledger.KIND_TOKENS,
+                        quantity=float(tokens),
+                        unit="tokens",
+                        unit_price_usd=unit_price,
+                        usd=tokens * unit_price,
+                        time_s=float(r["created_at_s"]),
+                        accelerator=q.accelerator if q is not None else placement.get("accelerator"),
+                        pool=q.pool if q is not None else placement.get("pool"),
+                        devices=int(placement.get("devices") or 1),
+                        model=r["model_version"],
+                        deployment=r["deployment"],
+                        adapter=r.get("adapter"),
+                        tags=dict(r.get("tags") or {}),
+                    ),
+                    r["tenant"],
+                )
+            )
+        return out
+
+    def _quote(self, placement: dict[str, Any], model_path: str | None) -> ServingQuote | None:
+        """The serving quote of a pool for a model (cached; None when the accelerator is unknown)."""
+        accel_name = str(placement.get("accelerator") or "cpu")
+        price = float(placement.get("price_usd_per_hour") or 0.0) * int(placement.get("devices") or 1)
+        weight_bytes = self._model_bytes(model_path) if model_path else 0
+        key = (placement.get("pool"), accel_name, price, weight_bytes)
+        q = self._quotes.get(key)
+        if q is None:
+            from trainyard.catalog.accelerators import get_accelerator
+
+            try:
+                accel = get_accelerator(accel_name)
+            except Exception:
+                return None
+            q = serving_quote(str(placement.get("pool") or ""), accel, weight_bytes, price)
+            if len(self._quotes) > 10_000:
+                self._quotes.clear()
+            self._quotes[key] = q
+        return q
+
+    def _model_bytes(self, model_path: str) -> int:
+        """Bytes of a model directory's weight files (cached per directory)."""
+        n = self._weight_bytes.get(model_path)
+        if n is None:
+            root = Path(model_path)
+            files = [*root.glob("*.safetensors"), *root.glob("*.bin")] if root.is_dir() else []
+            n = sum(f.stat().st_size for f in files if f.is_file())
+            self._weight_bytes[model_path] = n
+        return n
 
     def _resolve(self, tenant: str, ref: str, now: float) -> ResolvedModel:
         hit = self._resolve_cache.get((tenant, ref))

@@ -221,6 +221,48 @@ class LeasedBuckets:
         return self.inner.take(key, rate=rate, burst=burst, now=now, n=n)
 
 
+class TokenBuckets:
+    """Inference tokens per minute per tenant (DESIGN §3.10): a request reserves its estimated prompt
+    tokens plus ``max_tokens`` at admission and settles with the tokens it really used after the
+    response (the difference moves the bucket's arrival time), all in this process's memory, on the
+    event loop, with no database statement. A bucket of ``tokens_per_minute`` holds one minute of
+    tokens; a request larger than that reserves the whole bucket (it waits for a full bucket instead
+    of never being admitted). Each server process keeps its own buckets: with P processes behind one
+    address a tenant is admitted at most P x its limit (the request-rate buckets are the shared ones)."""
+
+    def __init__(self) -> None:
+        self._tat: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def shape(tokens_per_minute: float) -> tuple[float, float]:
+        """(rate in tokens/s, burst in tokens)."""
+        return tokens_per_minute / 60.0, float(tokens_per_minute)
+
+    def reserve(self, key: str, *, tokens_per_minute: float, n: float, now: float) -> tuple[Decision, float]:
+        """(decision, tokens reserved) for a request that may use ``n`` tokens."""
+        rate, burst = self.shape(tokens_per_minute)
+        n = max(1.0, min(float(n), burst))
+        with self._lock:
+            allowed, new_tat, d = _decide(self._tat.get(key), now, rate, burst, n)
+            if allowed:
+                if len(self._tat) > 100_000:
+                    self._tat = {k: t for k, t in self._tat.items() if t > now}
+                self._tat[key] = new_tat
+        return d, (n if allowed else 0.0)
+
+    def settle(self, key: str, *, tokens_per_minute: float, reserved: float, used: float) -> None:
+        """Replace a reservation by the tokens used (fewer give tokens back; more take them)."""
+        rate, _ = self.shape(tokens_per_minute)
+        delta = (float(used) - float(reserved)) / rate
+        if delta == 0:
+            return
+        with self._lock:
+            tat = self._tat.get(key)
+            if tat is not None:
+                self._tat[key] = tat + delta
+
+
 class RateLimiter:
     """Per-tenant and per-key request buckets over one store."""
 

@@ -27,13 +27,25 @@ def _gateway(request: Request) -> Any:
 @router.post("/chat/completions", summary="Chat completion (OpenAI-compatible)", openapi_extra=BODY)
 async def chat_completions(request: Request, principal: CurrentPrincipal) -> Response:
     raw = await request.body()
-    return await _gateway(request).handle(principal.tenant_id, "chat.completions", raw, dict(request.headers))
+    return await _gateway(request).handle(
+        principal.tenant_id,
+        "chat.completions",
+        raw,
+        dict(request.headers),
+        tokens_per_minute=principal.tokens_per_minute,
+    )
 
 
 @router.post("/completions", summary="Text completion (OpenAI-compatible)", openapi_extra=BODY)
 async def completions(request: Request, principal: CurrentPrincipal) -> Response:
     raw = await request.body()
-    return await _gateway(request).handle(principal.tenant_id, "completions", raw, dict(request.headers))
+    return await _gateway(request).handle(
+        principal.tenant_id,
+        "completions",
+        raw,
+        dict(request.headers),
+        tokens_per_minute=principal.tokens_per_minute,
+    )
 
 
 @router.get("/models", summary="The tenant's deployments as models (a LoRA version's base is its parent)")
