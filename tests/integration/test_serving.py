@@ -369,7 +369,7 @@ def test_inference_tokens_are_charged_to_the_ledger_and_shown_to_their_tenant_on
     assert unit_price > 0 and abs(unit_price - quote.usd_per_1k_tokens / 1000) < 1e-15
     assert abs(row["usd"] - total * unit_price) < 1e-6  # reports round dollars to 6 places
     by_dep = {x["group"]: x for x in tc.usage(by="deployment", tenant="default")["rows"]}
-    assert by_dep["chat"]["tokens"] >= total and by_dep["chat"]["usd"] > 0
+    assert by_dep["chat"]["tokens"] >= total  # (a tiny model's tokens cost under $1e-6)
     by_team = {x["group"]: x for x in tc.usage(by="tag:team", tenant="default")["rows"]}
     assert by_team["search"]["tokens"] >= total  # the deployment's own tags allocate its cost too
 

@@ -463,9 +463,7 @@ class ServingService:
             if meter:
                 s.execute(insert(ServingRequestRow), meter)
                 # the inference-token charges, in the same transaction as the requests they bill
-                conn = s.connection()
-                for c, tenant_name in self._token_charges(s, meter):
-                    ledger.charge(conn, c, tenant_name=tenant_name)
+                ledger.charge_batch(s.connection(), self._token_charges(s, meter))
             if pairs:
                 known = set(s.scalars(select(DeploymentRow.id)))
                 rows = [p for p in pairs if p["deployment_id"] in known]

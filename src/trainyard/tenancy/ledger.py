@@ -529,6 +529,57 @@ def charge(conn: Connection, c: Charge, *, tenant_name: str | None = None) -> bo
     return True
 
 
+def charge_batch(conn: Connection, charges: Sequence[tuple[Charge, str]]) -> int:
+    """:func:`charge` for many facts at once (``(charge, tenant name)`` pairs): one multi-row INSERT …
+    ON CONFLICT DO NOTHING … RETURNING for the entries and one query for the tenants' budgets; only
+    the new entries of tenants with a budget that applies are then settled one by one. Returns the
+    number of entries written."""
+    if not charges:
+        return 0
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt: Any = pg_insert(_LEDGER).on_conflict_do_nothing()
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(_LEDGER).on_conflict_do_nothing()
+    rows = [
+        {
+            "source_key": c.source_key,
+            "tenant_id": c.tenant_id,
+            "kind": c.kind,
+            "quantity": c.quantity,
+            "unit": c.unit,
+            "unit_price_usd": c.unit_price_usd,
+            "usd": c.usd,
+            "time_s": c.time_s,
+            "job_id": c.job_id,
+            "attempt": c.attempt,
+            "accelerator": c.accelerator,
+            "market": c.market,
+            "pool": c.pool,
+            "devices": c.devices,
+            "model": c.model,
+            "deployment": c.deployment,
+            "adapter": c.adapter,
+            "tags": dict(c.tags),
+        }
+        for c, _ in charges
+    ]
+    written = {str(k) for k in conn.execute(stmt.returning(_LEDGER.c.source_key), rows).scalars()}
+    tenants = {c.tenant_id for c, _ in charges if c.usd > 0 and c.source_key in written}
+    if tenants:
+        budgeted: dict[str, list[Budget]] = {}
+        for r in conn.execute(select(_BUDGETS).where(_BUDGETS.c.tenant_id.in_(tenants))):
+            budgeted.setdefault(r.tenant_id, []).append(_budget(r))
+        for c, name in charges:
+            budgets = budgeted.get(c.tenant_id, ())
+            if c.source_key in written and c.usd > 0 and any(b.applies_to(c.tags) for b in budgets):
+                _settle(conn, c, name)
+    return len(written)
+
+
 def _settle(conn: Connection, c: Charge, tenant_name: str) -> None:
     budgets = [b for b in tenant_budgets(conn, c.tenant_id) if b.applies_to(c.tags)]
     if not budgets:
