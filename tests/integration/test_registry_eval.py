@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from sqlalchemy import select
 
 from controlplane_support import free_port
 from hf_models import build_tiny_llama, completion_rows
@@ -27,6 +28,7 @@ from trainyard.executors.sandbox import Sandbox
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
+from trainyard.store.registry_models import EvaluationRow
 from trainyard.store.repositories import JobRepo, TenantRepo
 
 
@@ -341,3 +343,77 @@ def test_public_base_models_are_readable_by_all_and_changeable_by_none(
         other.import_model(world["base_dir"], "x", public=True)
     with pytest.raises(E.ConflictError):
         other.import_model(world["base_dir"], "shared-base")
+
+
+def test_a_guardrail_dataset_blocks_the_gate_unless_its_margin_is_loose(
+    live: Live, world: dict[str, Any], tmp_path: Path
+) -> None:
+    """copy@1 beats the noise-trained copy@2 on the copy split, but copy@2 is far better on noise text:
+    with the noise dataset as a guardrail (its train split, in the same sandboxed job) a tight margin
+    blocks the gate and names the dataset, and a loose one lets it pass."""
+    c = live.c
+    noise = write_jsonl(
+        tmp_path / "noise-guard.jsonl",
+        [{"text": " ".join(str((i * 7919 + j) % 97) for j in range(12))} for i in range(400, 440)],
+    )
+    ds = c.upload_dataset(noise, name="noise-guard", eval_fraction=0.1)
+    ref = f"ds://noise-guard@{ds['version']}"
+    n_guard = ds["splits"]["train"]["rows"]
+    assert n_guard >= 30
+
+    def run(margin: float) -> dict[str, Any]:
+        doc = c.run_evaluation(
+            model="copy@1",
+            baseline="copy@2",
+            dataset=world["split"],
+            max_examples=40,
+            guardrail_datasets=[{"dataset": ref, "split": "train", "metric": "loss", "margin": margin}],
+        )
+        assert doc["gate"]["guardrail_datasets"] == [
+            {"dataset": ref, "split": "train", "metric": "loss", "margin": margin}
+        ]
+        return c.wait_evaluation(doc["id"], timeout_s=300)
+
+    tight = run(0.05)
+    assert tight["state"] == "succeeded", tight
+    assert tight["metrics"]["loss"]["verdict"] == "better" and tight["verdict"] == "better"
+    assert tight["passed"] is False
+    (g,) = [g for g in tight["guardrails"] if g.get("dataset")]
+    assert g["dataset"] == ref and g["split"] == "train" and g["name"] == "loss" and g["passed"] is False
+    assert g["n"] == n_guard and g["delta"] > 0.05  # copy@1's loss on the noise is higher
+    assert tight["reasons"][0].startswith(f"loss on {ref} (train split): not shown non-inferior within")
+    (summary,) = tight["guardrail_datasets"]
+    assert summary["dataset"] == ref and summary["n"] == n_guard
+    assert summary["model"]["mean_loss"] > summary["baseline"]["mean_loss"]
+    # per-example results kept per dataset, beside the request
+    with live.p.db.session() as s:
+        row = s.scalars(select(EvaluationRow).where(EvaluationRow.id == tight["id"])).one()
+        out_dir = Path(row.doc["out_dir"])
+    kept = json.loads((out_dir / "results.json").read_text())
+    assert [(d["dataset"], len(d["model"]["loss"])) for d in kept["guardrail_datasets"]] == [(ref, n_guard)]
+    with pytest.raises(E.PromotionBlockedError):
+        c.promote_model("copy@1", "production", evaluation=tight["id"])
+
+    loose = run(50.0)
+    assert loose["passed"] is True, loose["reasons"]
+    assert any(
+        r.startswith(f"loss on {ref} (train split): non-inferior within margin 50") for r in loose["reasons"]
+    )
+
+    # tenant walls: another tenant's dataset, an unknown one and a file outside the storage area
+    other = live.client(c.create_tenant("guard-other")["api_key"])
+    theirs = other.upload_dataset(noise, name="theirs", eval_fraction=0.1)
+    before = len(c.list_evaluations()["evaluations"])
+    for bad, error in (
+        (f"ds://theirs@{theirs['version']}", E.NotFoundError),
+        ("ds://nope@1", E.NotFoundError),
+        ("file:///etc/passwd", E.InvalidInputError),
+    ):
+        with pytest.raises(error):
+            c.run_evaluation(
+                model="copy@1",
+                baseline="copy@2",
+                dataset=world["split"],
+                guardrail_datasets=[{"dataset": bad, "metric": "loss", "margin": 0.1}],
+            )
+    assert len(c.list_evaluations()["evaluations"]) == before  # nothing stored for a refused one

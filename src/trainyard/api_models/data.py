@@ -105,6 +105,11 @@ class EvaluationDoc(Document):
     n: int | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     guardrails: list[dict[str, Any]] = Field(default_factory=list)
+    guardrail_datasets: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Per guardrail dataset: {dataset, split, n, format, model, baseline} (mean loss, "
+        "perplexity); its guardrails are the `guardrails` entries that name it.",
+    )
     verdict: str | None = None
     passed: bool = False
     examples: list[dict[str, Any]] = Field(default_factory=list)

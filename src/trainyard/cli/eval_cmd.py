@@ -34,12 +34,20 @@ def run(
     correction: str = typer.Option(
         None, "--correction", help="Correction across guardrails: holm (default) or none."
     ),
+    guardrail_dataset: list[str] = typer.Option(
+        None,
+        "--guardrail-dataset",
+        help="DATASET[#SPLIT]:METRIC=MARGIN (repeatable): also run both models on that dataset's split "
+        "(default eval); the metric must be non-inferior there within MARGIN "
+        "(e.g. ds://safety@2:loss=0.05, ds://safety@2#train:exact_match=0.02).",
+    ),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the result."),
     timeout_s: float = typer.Option(3600.0, "--timeout-s", help="Give up waiting after this long."),
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation document as JSON."),
 ) -> None:
     """Run an evaluation as a job; the result carries the verdict and the gate."""
     margins = _margins(non_inferiority or [])
+    guarded = _guardrail_datasets(guardrail_dataset or [])
     with client() as c:
         doc = c.run_evaluation(
             model=model,
@@ -51,6 +59,7 @@ def run(
             non_inferiority=margins or None,
             alpha=alpha,
             correction=correction,
+            guardrail_datasets=guarded or None,
         )
         if wait:
             doc = c.wait_evaluation(doc["id"], timeout_s=timeout_s)
@@ -75,6 +84,38 @@ def _margins(items: list[str]) -> dict[str, float]:
                 details={"errors": [{"field": "non_inferiority", "message": "expected METRIC=MARGIN"}]},
             )
         out[name.strip()] = margin
+    return out
+
+
+def _guardrail_datasets(items: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        where, sep, rule = item.rpartition(":")
+        dataset, _, split = where.partition("#")
+        metric, eq, value = rule.partition("=")
+        try:
+            margin = float(value)
+        except ValueError:
+            margin = float("nan")
+        if not sep or not dataset.strip() or not eq or not metric.strip() or not margin > 0:
+            raise InvalidInputError(
+                f"--guardrail-dataset {item!r}: expected DATASET[#SPLIT]:METRIC=MARGIN, a positive margin",
+                hint="For example --guardrail-dataset ds://safety@2:loss=0.05 (the margin is in the metric's "
+                "units; #train picks another split than eval).",
+                details={
+                    "errors": [
+                        {"field": "guardrail_datasets", "message": "expected DATASET[#SPLIT]:METRIC=MARGIN"}
+                    ]
+                },
+            )
+        out.append(
+            {
+                "dataset": dataset.strip(),
+                "split": split.strip() or "eval",
+                "metric": metric.strip(),
+                "margin": margin,
+            }
+        )
     return out
 
 
@@ -142,8 +183,9 @@ def _print(doc: dict[str, Any]) -> None:
         )
     for g in doc.get("guardrails") or []:
         if g.get("kind") == "non_inferiority":
+            where = f" on {g['dataset']} ({g.get('split', 'eval')})" if g.get("dataset") else ""
             console.print(
-                f"  non-inferiority {g['name']} (margin {g['margin']:g}): bound {g['value']:+.4g} "
+                f"  non-inferiority {g['name']}{where} (margin {g['margin']:g}): bound {g['value']:+.4g} "
                 f"vs {g['threshold']:+.4g}, p {g['p_adjusted']:.3g} ({g['test']}) {g['passed']}"
             )
         else:

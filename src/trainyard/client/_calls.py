@@ -458,6 +458,7 @@ def run_evaluation(
     non_inferiority: Mapping[str, float] | None = None,
     alpha: float | None = None,
     correction: str | None = None,
+    guardrail_datasets: Sequence[Mapping[str, Any]] | None = None,
 ) -> Call[M.EvaluationDoc]:
     body: dict[str, Any] = {
         "model": model,
@@ -473,6 +474,7 @@ def run_evaluation(
         ("non_inferiority", dict(non_inferiority) if non_inferiority is not None else None),
         ("alpha", alpha),
         ("correction", correction),
+        ("guardrail_datasets", [dict(g) for g in guardrail_datasets] if guardrail_datasets else None),
     ):
         if value is not None:
             body[key] = value

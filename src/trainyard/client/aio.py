@@ -473,6 +473,7 @@ class AsyncTrainyardClient:
         non_inferiority: Mapping[str, float] | None = None,
         alpha: float | None = None,
         correction: str | None = None,
+        guardrail_datasets: Sequence[Mapping[str, Any]] | None = None,
     ) -> M.EvaluationDoc:
         return await self._do(
             C.run_evaluation(
@@ -486,6 +487,7 @@ class AsyncTrainyardClient:
                 non_inferiority=non_inferiority,
                 alpha=alpha,
                 correction=correction,
+                guardrail_datasets=guardrail_datasets,
             )
         )
 

@@ -475,6 +475,7 @@ class TrainyardClient:
         non_inferiority: Mapping[str, float] | None = None,
         alpha: float | None = None,
         correction: str | None = None,
+        guardrail_datasets: Sequence[Mapping[str, Any]] | None = None,
     ) -> M.EvaluationDoc:
         return self._do(
             C.run_evaluation(
@@ -488,6 +489,7 @@ class TrainyardClient:
                 non_inferiority=non_inferiority,
                 alpha=alpha,
                 correction=correction,
+                guardrail_datasets=guardrail_datasets,
             )
         )
 

@@ -31,6 +31,7 @@ from trainyard.errors import InvalidInputError, NotFoundError, TrainyardError
 from trainyard.evaluation.evaluator import METRICS, detect_format, read_rows, split_example
 from trainyard.evaluation.stats import (
     ALPHA,
+    DatasetNonInferiority,
     Guardrail,
     MetricInput,
     NonInferiority,
@@ -101,8 +102,12 @@ def gate_options(
     non_inferiority: dict[str, float] | None,
     alpha: float | None,
     correction: str | None,
+    guardrail_datasets: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The gate's configuration as stored on an evaluation, checked (422 naming each bad field)."""
+    """The gate's configuration as stored on an evaluation, checked (422 naming each bad field).
+
+    ``guardrail_datasets``: ``[{dataset, split (default eval), metric (default loss), margin}]``, other
+    dataset versions on which the model must be non-inferior to the baseline within ``margin``."""
     known = set(BUILTIN_METRICS) | set(METRICS)
     primary = DEFAULT_PRIMARY_METRIC if primary_metric is None else primary_metric
     margins = dict(non_inferiority or {})
@@ -123,18 +128,51 @@ def gate_options(
     corr = correction or "holm"
     if corr not in ("holm", "none"):
         errors.append({"field": "correction", "message": "holm or none"})
+    extra: list[dict[str, Any]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for i, item in enumerate(guardrail_datasets or []):
+        field = f"guardrail_datasets.{i}"
+        if not isinstance(item, dict):
+            errors.append({"field": field, "message": "expected {dataset, split, metric, margin}"})
+            continue
+        ds, sp = item.get("dataset"), item.get("split") or "eval"
+        metric, margin = item.get("metric") or DEFAULT_PRIMARY_METRIC, item.get("margin")
+        if not isinstance(ds, str) or not ds:
+            errors.append({"field": f"{field}.dataset", "message": "required: ds://NAME@V"})
+        if not isinstance(sp, str) or len(sp) > 32:
+            errors.append({"field": f"{field}.split", "message": "a split name"})
+        if metric not in known:
+            errors.append({"field": f"{field}.metric", "message": f"unknown metric; one of {sorted(known)}"})
+        if (
+            isinstance(margin, bool)
+            or not isinstance(margin, int | float)
+            or not math.isfinite(margin)
+            or margin <= 0
+        ):
+            errors.append(
+                {"field": f"{field}.margin", "message": "the margin must be a positive number (metric units)"}
+            )
+            continue
+        key = (str(ds), str(sp), str(metric))
+        if key in seen:
+            errors.append({"field": field, "message": "this dataset, split and metric are named twice"})
+        seen.add(key)
+        extra.append({"dataset": ds, "split": sp, "metric": metric, "margin": float(margin)})
     if errors:
         raise InvalidInputError(
             "invalid evaluation gate: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
             hint="Margins are in the metric's own units, e.g. non_inferiority: {exact_match: 0.02}.",
             details={"errors": errors},
         )
-    return {
+    gate: dict[str, Any] = {
         "primary_metric": primary,
         "non_inferiority": {k: float(v) for k, v in margins.items()},
         "alpha": float(a),
         "correction": corr,
     }
+    if extra:
+        gate["guardrail_datasets"] = extra
+    return gate
 
 
 class EvaluationService:
@@ -183,8 +221,9 @@ class EvaluationService:
         non_inferiority: dict[str, float] | None = None,
         alpha: float | None = None,
         correction: str | None = None,
+        guardrail_datasets: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        gate = gate_options(primary_metric, non_inferiority, alpha, correction)
+        gate = gate_options(primary_metric, non_inferiority, alpha, correction, guardrail_datasets)
         with self.db.session() as s:
             if baseline is None:
                 base = self.registry.resolve_in(s, principal.tenant_id, model).base
@@ -226,6 +265,8 @@ class EvaluationService:
         gate: dict[str, Any] | None = None,
     ) -> EvaluationRow:
         model_id, baseline_id = self._check(s, tenant_id, tenant_name, model, baseline, dataset, split)
+        for g in (gate or {}).get("guardrail_datasets") or []:  # the same tenant walls as the split's
+            self.split_resolver(tenant_id, tenant_name, g["dataset"], g["split"])
         row = EvaluationRow(
             id=new_evaluation_id(),
             tenant_id=tenant_id,
@@ -297,11 +338,35 @@ class EvaluationService:
             baseline = self.registry.resolve_in(s, tenant_id, row.baseline)
             dataset, split, max_examples = row.dataset, row.split, int(row.doc.get("max_examples") or 0)
             governed = GovernanceRepo(s).has_budget(tenant_id)  # budgets apply to evaluation jobs too
+            gate_ds = list((row.doc.get("gate") or {}).get("guardrail_datasets") or [])
         split_path, fmt = self.split_resolver(tenant_id, tenant.name, dataset, split)
         rows = read_rows(split_path, limit=max_examples or None)
         if not rows:
             raise InvalidInputError(f"the {split} split of {dataset} is empty")
         fmt = fmt or detect_format(rows)
+        extra: list[dict[str, Any]] = []
+        extra_rows = 0
+        seen_splits: dict[tuple[str, str], int] = {}
+        for g in gate_ds:  # each (dataset, split) is scored once, whatever metrics it guards
+            key = (g["dataset"], g["split"])
+            if key in seen_splits:
+                continue
+            g_path, g_fmt = self.split_resolver(tenant_id, tenant.name, g["dataset"], g["split"])
+            g_rows = read_rows(g_path, limit=max_examples or None)
+            if not g_rows:
+                raise InvalidInputError(
+                    f"the {g['split']} split of guardrail dataset {g['dataset']} is empty"
+                )
+            seen_splits[key] = len(extra)
+            extra_rows += len(g_rows)
+            extra.append(
+                {
+                    "dataset": g["dataset"],
+                    "split": g["split"],
+                    "split_path": str(g_path),
+                    "format": g_fmt or detect_format(g_rows),
+                }
+            )
         model_dir = self.registry.local_weights_dir(model)
         baseline_dir = self.registry.local_weights_dir(baseline)
         out_dir = tenant_area(self.registry.root, tenant.name, "evaluations") / eval_id
@@ -315,6 +380,8 @@ class EvaluationService:
             "max_examples": max_examples or None,
             "max_new_tokens": 32,
         }
+        if extra:
+            request["guardrail_datasets"] = extra
         (out_dir / "request.json").write_text(json.dumps(request, indent=1))
         spec = {
             "apiVersion": "trainyard/v1",
@@ -325,7 +392,7 @@ class EvaluationService:
             "workload": {
                 "seq_len": 128,
                 "global_batch": 1,
-                "steps": max(1, 2 * len(rows)),
+                "steps": max(1, 2 * (len(rows) + extra_rows)),
                 "precision": "fp32",
             },
             "requirements": {"allow": ["cpu"]},
@@ -449,6 +516,7 @@ class EvaluationService:
             primary=gate["primary_metric"],
             non_inferiority=[NonInferiority(k, float(v)) for k, v in gate["non_inferiority"].items()],
             correction=gate["correction"],
+            dataset_guardrails=dataset_guardrails(gate, res),
         )
         metrics = comp.metrics_document()
         lo, hi = comp.metrics["loss"].ci95
@@ -490,7 +558,21 @@ class EvaluationService:
             "metrics": metrics,
             "guardrails": [
                 *({"kind": "threshold", **g.to_dict()} for g in comp.guardrails),
-                *(g.to_dict() for g in comp.non_inferiority),
+                *(_guardrail_doc(g.to_dict(), gate) for g in comp.non_inferiority),
+            ],
+            "guardrail_datasets": [
+                {
+                    "dataset": d["dataset"],
+                    "split": d["split"],
+                    "n": d["n"],
+                    "format": d.get("format"),
+                    "model": {"mean_loss": d["model"]["mean_loss"], "perplexity": d["model"]["perplexity"]},
+                    "baseline": {
+                        "mean_loss": d["baseline"]["mean_loss"],
+                        "perplexity": d["baseline"]["perplexity"],
+                    },
+                }
+                for d in res.get("guardrail_datasets") or []
             ],
             "verdict": comp.verdict,
             "passed": comp.passed,
@@ -517,6 +599,7 @@ class EvaluationService:
             "n": d.get("n"),
             "metrics": d.get("metrics") or {},
             "guardrails": d.get("guardrails") or [],
+            "guardrail_datasets": d.get("guardrail_datasets") or [],
             "verdict": d.get("verdict"),
             "passed": bool(d.get("passed", False)),
             "reasons": d.get("reasons") or [],
@@ -552,6 +635,48 @@ class EvaluationService:
                 q = q.where(EvaluationRow.model == model)
             rows = s.scalars(q.order_by(EvaluationRow.seq.desc()).limit(max(1, min(limit, 500)))).all()
             return [self._document(s, r) for r in rows]
+
+
+def _metric_input(scores: dict[str, Any], baseline: dict[str, Any], metric: str) -> MetricInput | None:
+    """Per-example scores of one metric for both models (``None`` where it was not measured)."""
+    m, b = scores.get(metric), baseline.get(metric)
+    if not isinstance(m, list) or not isinstance(b, list):
+        return None
+    if metric == "loss":
+        return MetricInput(m, b, higher_is_better=False)
+    if metric == "exact_match":
+        return MetricInput(m, b, binary=True)
+    return MetricInput(m, b, higher_is_better=BUILTIN_METRICS.get(metric, True))
+
+
+def dataset_label(dataset: str, split: str) -> str:
+    return f"{dataset} ({split} split)"
+
+
+def _guardrail_doc(doc: dict[str, Any], gate: dict[str, Any]) -> dict[str, Any]:
+    """A dataset guardrail's entry names its dataset and split as given (``dataset``, ``split``)."""
+    label = doc.get("dataset")
+    if label is None:
+        return doc
+    for g in gate.get("guardrail_datasets") or []:
+        if dataset_label(g["dataset"], g["split"]) == label:
+            return {**doc, "dataset": g["dataset"], "split": g["split"]}
+    return doc
+
+
+def dataset_guardrails(gate: dict[str, Any], res: dict[str, Any]) -> list[DatasetNonInferiority]:
+    """The gate's guardrail datasets with the scores the evaluation job measured on each."""
+    scored = {(d["dataset"], d["split"]): d for d in res.get("guardrail_datasets") or []}
+    out = []
+    for g in gate.get("guardrail_datasets") or []:
+        d = scored.get((g["dataset"], g["split"]))
+        mi = _metric_input(d["model"], d["baseline"], g["metric"]) if d is not None else None
+        out.append(
+            DatasetNonInferiority(
+                dataset_label(g["dataset"], g["split"]), g["metric"], float(g["margin"]), mi
+            )
+        )
+    return out
 
 
 def _exp(x: float) -> float:

@@ -35,7 +35,11 @@ within the margin does not block the gate; every other metric must still not be 
 - the guardrail family is Holm-corrected (``correction="holm"``, the default; ``"none"`` tests each at
   ``alpha``). The gate needs every guardrail to pass, an intersection-union test, which already keeps
   the chance of passing a model inferior on any guardrail at or below ``alpha``; Holm is stricter and
-  also controls the family-wise error of the individual "non-inferior" claims reported.
+  also controls the family-wise error of the individual "non-inferior" claims reported;
+- guardrail datasets (``compare(dataset_guardrails=[...])``): a metric measured for both models on
+  another dataset's examples (its own n), tested the same way and in the same family: one Holm
+  correction over the own-split guardrails and the dataset ones together. Each needs at least
+  ``min_examples`` examples of its own; the primary verdict comes from the evaluation's split alone.
 
 Large splits: scipy's generic resampling materialises every resample and its BCa jackknife is
 quadratic in n. Above ``SCIPY_MAX_N`` examples the same estimators are computed in closed form for the
@@ -134,6 +138,18 @@ class NonInferiority:
 
 
 @dataclass(frozen=True)
+class DatasetNonInferiority:
+    """A guardrail on another dataset: ``metric`` measured for the model and the baseline on that
+    dataset's examples (``scores``; ``None`` when it was not measured there) must not be worse by
+    ``margin`` or more. Its examples are its own (any number); it joins the guardrail family."""
+
+    dataset: str
+    metric: str
+    margin: float
+    scores: MetricInput | None = None
+
+
+@dataclass(frozen=True)
 class NonInferiorityResult:
     metric: str
     margin: float  # in the metric's units, > 0
@@ -148,6 +164,11 @@ class NonInferiorityResult:
     correction: str
     passed: bool
     reason: str
+    dataset: str | None = None  # a guardrail dataset; None: the evaluation's own split
+
+    @property
+    def label(self) -> str:
+        return self.metric if self.dataset is None else f"{self.metric} on {self.dataset}"
 
     @property
     def limit(self) -> float:
@@ -171,6 +192,7 @@ class NonInferiorityResult:
             "n": self.n,
             "higher_is_better": self.higher_is_better,
             "reason": self.reason,
+            **({"dataset": self.dataset} if self.dataset is not None else {}),
         }
 
 
@@ -204,7 +226,7 @@ class Comparison:
                 (good if r.verdict == "better" else bad).append(line)
         elif self.n >= self.min_examples:
             (good if self.verdict == "better" else bad).append(f"verdict {self.verdict}")
-        guarded = {g.metric for g in self.non_inferiority}
+        guarded = {g.metric for g in self.non_inferiority if g.dataset is None}
         for name, r in self.metrics.items():
             if name != self.primary and name not in guarded and r.verdict == "worse":
                 bad.append(
@@ -212,7 +234,7 @@ class Comparison:
                     f"(delta {r.delta:+.4g}, Holm-adjusted p {r.p_adjusted:.3g})"
                 )
         for g in self.non_inferiority:
-            (good if g.passed else bad).append(f"{g.metric}: {g.reason}")
+            (good if g.passed else bad).append(f"{g.label}: {g.reason}")
         for t in self.guardrails:
             op = "<=" if t.kind == "upper" else ">="
             line = f"{t.name} {t.value:.4g} {'' if t.passed else 'not '}{op} {t.threshold:.4g}"
@@ -431,52 +453,73 @@ def _noninferiority_results(
     alpha: float,
     min_examples: int,
     correction: str,
+    datasets: Sequence[DatasetNonInferiority] = (),
 ) -> list[NonInferiorityResult]:
-    raw: list[tuple[NonInferiority, str, float, float, float, bool]] = []
+    """Every guardrail, on the evaluation's own split (``specs``) and on guardrail datasets, tested as
+    one family: a single Holm correction over all of them."""
+    # (dataset, metric, margin, scores or None, model array, baseline array, n)
+    items: list[tuple[str | None, str, float, MetricInput | None, Any, Any, int]] = []
     for spec in specs:
         mi = metrics.get(spec.metric)
-        if mi is None:
-            raw.append((spec, "none", 1.0, math.nan, math.nan, True))
+        m, b = arrays[spec.metric] if mi is not None else (None, None)
+        items.append((None, spec.metric, spec.margin, mi, m, b, n))
+    for ds in datasets:
+        if ds.scores is None:
+            items.append((ds.dataset, ds.metric, ds.margin, None, None, None, 0))
             continue
-        m, b = arrays[spec.metric]
+        m = np.asarray(ds.scores.model, dtype=np.float64)
+        b = np.asarray(ds.scores.baseline, dtype=np.float64)
+        if m.shape != b.shape or m.ndim != 1:
+            raise ValueError(f"{ds.metric} on {ds.dataset}: model and baseline need the same examples")
+        if not (np.all(np.isfinite(m)) and np.all(np.isfinite(b))):
+            raise ValueError(f"{ds.metric} on {ds.dataset}: scores must be finite")
+        items.append((ds.dataset, ds.metric, ds.margin, ds.scores, m, b, int(m.shape[0])))
+    raw: list[tuple[str, float, float, float, bool]] = []
+    for _dataset, _metric, margin, mi, m, b, k in items:
+        if mi is None:
+            raw.append(("none", 1.0, math.nan, math.nan, True))
+            continue
         d = m - b
         sign = 1.0 if mi.higher_is_better else -1.0
         g = sign * d
-        if n < 1:
+        if k < 1:
             p, bound, test = 1.0, math.nan, "none"
         elif mi.binary:
             wins, losses = int(np.sum(g > 0)), int(np.sum(g < 0))
-            p, bound = tango_noninferiority(wins, losses, n, spec.margin, alpha)
+            p, bound = tango_noninferiority(wins, losses, k, margin, alpha)
             test = "tango_score"
         else:
-            p, bound = paired_t_noninferiority(g, spec.margin, alpha)
+            p, bound = paired_t_noninferiority(g, margin, alpha)
             test = "paired_t_one_sided"
-        raw.append((spec, test, p, float(d.mean()) if n else math.nan, sign * bound, mi.higher_is_better))
-    ps = [r[2] for r in raw]
+        raw.append((test, p, float(d.mean()) if k else math.nan, sign * bound, mi.higher_is_better))
+    ps = [r[1] for r in raw]
     adjusted = holm(ps) if correction == "holm" else list(ps)
     out = []
-    for (spec, test, p, delta, bound, hib), p_adj in zip(raw, adjusted, strict=True):
+    for (dataset, metric, margin, mi, _m, _b, k), (test, p, delta, bound, hib), p_adj in zip(
+        items, raw, adjusted, strict=True
+    ):
         adj = "Holm-adjusted " if correction == "holm" and len(raw) > 1 else ""
-        if spec.metric not in metrics:
-            passed, reason = False, f"not measured, so not shown non-inferior within {spec.margin:g}"
-        elif n < min_examples:
+        if mi is None:
+            where = "" if dataset is None else f" on {dataset}"
+            passed, reason = False, f"not measured{where}, so not shown non-inferior within {margin:g}"
+        elif k < min_examples:
             passed = False
-            reason = f"{n} paired examples, fewer than the minimum {min_examples}: inconclusive"
+            reason = f"{k} paired examples, fewer than the minimum {min_examples}: inconclusive"
         else:
             passed = p_adj < alpha
             side = ">" if hib else "<"
-            limit = -spec.margin if hib else spec.margin
+            limit = -margin if hib else margin
             verb = "non-inferior" if passed else "not shown non-inferior"
             reason = (
-                f"{verb} within margin {spec.margin:g}: delta {delta:+.4g}, "
+                f"{verb} within margin {margin:g}: delta {delta:+.4g}, "
                 f"{1 - alpha:.0%} bound {bound:+.4g} (needs {side} {limit:+.4g}), "
                 f"one-sided {adj}p {p_adj:.3g} {'<' if passed else '>='} alpha {alpha:g} ({test})"
             )
         out.append(
             NonInferiorityResult(
-                metric=spec.metric,
-                margin=spec.margin,
-                n=n,
+                metric=metric,
+                margin=margin,
+                n=k,
                 delta=delta,
                 bound=bound,
                 p_value=p,
@@ -487,6 +530,7 @@ def _noninferiority_results(
                 correction=correction,
                 passed=passed,
                 reason=reason,
+                dataset=dataset,
             )
         )
     return out
@@ -513,6 +557,7 @@ def compare(
     primary: str | None = None,
     non_inferiority: Sequence[NonInferiority] = (),
     correction: Literal["holm", "none"] = "holm",
+    dataset_guardrails: Sequence[DatasetNonInferiority] = (),
 ) -> Comparison:
     """Paired comparison of every metric, Holm-corrected, with the overall verdict (see module doc)."""
     if not metrics:
@@ -530,6 +575,15 @@ def compare(
         if spec.metric in seen:
             raise ValueError(f"{spec.metric} has two non-inferiority margins")
         seen.add(spec.metric)
+    seen_ds: set[tuple[str, str]] = set()
+    for ds in dataset_guardrails:
+        if not (math.isfinite(ds.margin) and ds.margin > 0):
+            raise ValueError(
+                f"non-inferiority margin of {ds.metric} on {ds.dataset} must be a positive number"
+            )
+        if (ds.dataset, ds.metric) in seen_ds:
+            raise ValueError(f"{ds.metric} on {ds.dataset} has two non-inferiority margins")
+        seen_ds.add((ds.dataset, ds.metric))
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     n = -1
     for name, mi in metrics.items():
@@ -619,12 +673,15 @@ def compare(
         alpha=alpha,
         min_examples=min_examples,
         correction=correction,
+        datasets=dataset_guardrails,
     )
     return Comparison(
         n=n,
         metrics=results,
         guardrails=list(guardrails),
-        verdict=overall_verdict(results.values(), n, min_examples, primary, (g.metric for g in ni)),
+        verdict=overall_verdict(
+            results.values(), n, min_examples, primary, (g.metric for g in ni if g.dataset is None)
+        ),
         alpha=alpha,
         min_examples=min_examples,
         primary=primary,

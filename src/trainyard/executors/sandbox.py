@@ -321,9 +321,9 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
 def stage_evaluation(
     request_file: Path, inputs: Path, sandbox: Sandbox, copy: Callable[[Path, Path], Path]
 ) -> Path:
-    """An evaluation job's inputs (both models' weights, the split) copied under ``inputs``, a request
-    naming the copies, and a directory the worker owns for its results (``outputs-a<attempt>`` beside
-    ``inputs``, where the control plane reads them)."""
+    """An evaluation job's inputs (both models' weights, the split, each guardrail dataset's split)
+    copied under ``inputs``, a request naming the copies, and a directory the worker owns for its
+    results (``outputs-a<attempt>`` beside ``inputs``, where the control plane reads them)."""
     req = json.loads(request_file.read_text())
     for key, name in (("model_dir", "eval-model"), ("baseline_dir", "eval-baseline")):
         src = Path(req[key])
@@ -334,6 +334,8 @@ def stage_evaluation(
             copy(f, staged / f.name)
         req[key] = str(staged)
     req["split_path"] = str(copy(Path(req["split_path"]), inputs / "eval-split.jsonl"))
+    for i, g in enumerate(req.get("guardrail_datasets") or []):  # guardrail datasets' splits
+        g["split_path"] = str(copy(Path(g["split_path"]), inputs / f"eval-guardrail-{i}.jsonl"))
     outputs = inputs.with_name(inputs.name.replace("inputs-", "outputs-", 1))
     outputs.mkdir(exist_ok=True)
     sandbox.own(outputs)

@@ -20,6 +20,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+class GuardrailDataset(BaseModel):
+    dataset: str = Field(min_length=1, max_length=500, examples=["ds://safety@2"])
+    split: str = Field(default="eval", max_length=32)
+    metric: str = Field(default="loss", max_length=64, description="The guarded metric (default loss).")
+    margin: float = Field(gt=0, description="Non-inferiority margin in the metric's units.", examples=[0.05])
+
+
 class EvaluationRequest(BaseModel):
     model: str = Field(min_length=3, max_length=200, examples=["my-finetune@2"])
     baseline: str | None = Field(default=None, max_length=200, description="Default: the model's base.")
@@ -44,6 +51,13 @@ class EvaluationRequest(BaseModel):
     alpha: float | None = Field(default=None, gt=0, lt=0.5, description="Significance level (default 0.05).")
     correction: Literal["holm", "none"] | None = Field(
         default=None, description="Multiple-comparison correction across the guardrails (default holm)."
+    )
+    guardrail_datasets: list[GuardrailDataset] | None = Field(
+        default=None,
+        max_length=16,
+        description="Other dataset versions the model and the baseline are also run on (in the same "
+        "job); on each the metric must be non-inferior within its margin. One family with the "
+        "non_inferiority guardrails for the correction.",
     )
 
 
@@ -71,6 +85,9 @@ def run_evaluation(body: EvaluationRequest, request: Request, principal: Current
         non_inferiority=body.non_inferiority,
         alpha=body.alpha,
         correction=body.correction,
+        guardrail_datasets=(
+            [g.model_dump() for g in body.guardrail_datasets] if body.guardrail_datasets else None
+        ),
     )
     return JSONResponse(doc, status_code=201, headers={"Location": f"/v1/evaluations/{doc['id']}"})
 
