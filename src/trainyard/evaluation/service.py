@@ -192,20 +192,13 @@ class EvaluationService:
         self.split_resolver: SplitResolver = split_resolver or file_split_resolver(lambda: registry.root)
 
     # ---- creation ----------------------------------------------------------------------------------
-    def _check(
-        self,
-        s: Session,
-        tenant_id: str,
-        tenant_name: str,
-        model: str,
-        baseline: str,
-        dataset: str,
-        split: str,
-    ) -> tuple[str, str]:
-        m = self.registry.resolve_in(s, tenant_id, model)
-        b = self.registry.resolve_in(s, tenant_id, baseline)
+    def _check_splits(
+        self, tenant_id: str, tenant_name: str, dataset: str, split: str, gate: dict[str, Any] | None
+    ) -> None:
+        """The split and every guardrail dataset's split are the tenant's to read (else 404 / 422)."""
         self.split_resolver(tenant_id, tenant_name, dataset, split)
-        return m.id, b.id
+        for g in (gate or {}).get("guardrail_datasets") or []:  # the same tenant walls as the split's
+            self.split_resolver(tenant_id, tenant_name, g["dataset"], g["split"])
 
     def create(
         self,
@@ -224,6 +217,9 @@ class EvaluationService:
         guardrail_datasets: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         gate = gate_options(primary_metric, non_inferiority, alpha, correction, guardrail_datasets)
+        # the splits first, outside this session: a ds:// version is read through the dataset
+        # service's own session, which must not wait on this one's write lock
+        self._check_splits(principal.tenant_id, principal.tenant_name, dataset, split, gate)
         with self.db.session() as s:
             if baseline is None:
                 base = self.registry.resolve_in(s, principal.tenant_id, model).base
@@ -244,6 +240,7 @@ class EvaluationService:
                 max_examples=max_examples,
                 guardrails=guardrails,
                 gate=gate,
+                splits_checked=True,
             )
             eval_id = row.id
         self.launch_pending(only=eval_id)
@@ -263,10 +260,12 @@ class EvaluationService:
         guardrails: dict[str, float] | None = None,
         auto: bool = False,
         gate: dict[str, Any] | None = None,
+        splits_checked: bool = False,
     ) -> EvaluationRow:
-        model_id, baseline_id = self._check(s, tenant_id, tenant_name, model, baseline, dataset, split)
-        for g in (gate or {}).get("guardrail_datasets") or []:  # the same tenant walls as the split's
-            self.split_resolver(tenant_id, tenant_name, g["dataset"], g["split"])
+        model_id = self.registry.resolve_in(s, tenant_id, model).id
+        baseline_id = self.registry.resolve_in(s, tenant_id, baseline).id
+        if not splits_checked:
+            self._check_splits(tenant_id, tenant_name, dataset, split, gate)
         row = EvaluationRow(
             id=new_evaluation_id(),
             tenant_id=tenant_id,
