@@ -244,7 +244,7 @@ def test_evaluation_gate_and_alias_history(live: Live, world: dict[str, Any]) ->
     assert {"loss", "perplexity", "exact_match"} <= set(better["metrics"])
     em = better["metrics"]["exact_match"]
     assert em["test"] == "mcnemar_exact" and em["model"] > em["baseline"]
-    assert better["verdict"] == "better" and better["passed"] is True
+    assert better["verdict"] == "better" and better["passed"] is True, better["reasons"]
     assert {g["name"] for g in better["guardrails"]} == {"latency_s_per_token", "cost_usd_per_1k_tokens"}
     ex = better["examples"]
     assert (

@@ -491,19 +491,22 @@ class EvaluationService:
         guardrails: list[Guardrail] = []
         lat_m, lat_b = m.get("latency_s_per_token"), b.get("latency_s_per_token")
         if lat_m is not None and lat_b is not None:
+            # default: twice the baseline's latency plus 5 ms a token of timing noise, and that latency's
+            # cost at this price (a tiny model's few milliseconds a token vary by more than 2x on a busy CPU)
+            lat_limit = 2 * lat_b + 0.005
             guardrails.append(
                 Guardrail(
                     "latency_s_per_token",
-                    float(thresholds.get("latency_s_per_token", 2 * lat_b + 0.005)),
+                    float(thresholds.get("latency_s_per_token", lat_limit)),
                     lat_m,
                 )
             )
             cost_m = price_usd_per_hour * lat_m / 3600 * 1000
-            cost_b = price_usd_per_hour * lat_b / 3600 * 1000
+            cost_limit = price_usd_per_hour * lat_limit / 3600 * 1000 + 1e-6
             guardrails.append(
                 Guardrail(
                     "cost_usd_per_1k_tokens",
-                    float(thresholds.get("cost_usd_per_1k_tokens", 2 * cost_b + 1e-6)),
+                    float(thresholds.get("cost_usd_per_1k_tokens", cost_limit)),
                     cost_m,
                 )
             )
