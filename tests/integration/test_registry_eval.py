@@ -367,6 +367,8 @@ def test_a_guardrail_dataset_blocks_the_gate_unless_its_margin_is_loose(
             baseline="copy@2",
             dataset=world["split"],
             max_examples=40,
+            # timing is not under test here (a busy CPU varies it by more than 10x): wide thresholds
+            guardrails={"latency_s_per_token": 10.0, "cost_usd_per_1k_tokens": 10.0},
             guardrail_datasets=[{"dataset": ref, "split": "train", "metric": "loss", "margin": margin}],
         )
         assert doc["gate"]["guardrail_datasets"] == [
