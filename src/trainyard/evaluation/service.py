@@ -136,7 +136,7 @@ def gate_options(
             errors.append({"field": field, "message": "expected {dataset, split, metric, margin}"})
             continue
         ds, sp = item.get("dataset"), item.get("split") or "eval"
-        metric, margin = item.get("metric") or DEFAULT_PRIMARY_METRIC, item.get("margin")
+        metric, g_margin = item.get("metric") or DEFAULT_PRIMARY_METRIC, item.get("margin")
         if not isinstance(ds, str) or not ds:
             errors.append({"field": f"{field}.dataset", "message": "required: ds://NAME@V"})
         if not isinstance(sp, str) or len(sp) > 32:
@@ -144,10 +144,10 @@ def gate_options(
         if metric not in known:
             errors.append({"field": f"{field}.metric", "message": f"unknown metric; one of {sorted(known)}"})
         if (
-            isinstance(margin, bool)
-            or not isinstance(margin, int | float)
-            or not math.isfinite(margin)
-            or margin <= 0
+            isinstance(g_margin, bool)
+            or not isinstance(g_margin, int | float)
+            or not math.isfinite(g_margin)
+            or g_margin <= 0
         ):
             errors.append(
                 {"field": f"{field}.margin", "message": "the margin must be a positive number (metric units)"}
@@ -157,7 +157,7 @@ def gate_options(
         if key in seen:
             errors.append({"field": field, "message": "this dataset, split and metric are named twice"})
         seen.add(key)
-        extra.append({"dataset": ds, "split": sp, "metric": metric, "margin": float(margin)})
+        extra.append({"dataset": ds, "split": sp, "metric": metric, "margin": float(g_margin)})
     if errors:
         raise InvalidInputError(
             "invalid evaluation gate: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors),
@@ -370,7 +370,7 @@ class EvaluationService:
         baseline_dir = self.registry.local_weights_dir(baseline)
         out_dir = tenant_area(self.registry.root, tenant.name, "evaluations") / eval_id
         out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        request = {
+        request: dict[str, Any] = {
             "evaluation": eval_id,
             "model_dir": str(model_dir),
             "baseline_dir": str(baseline_dir),
