@@ -495,33 +495,34 @@ def release(conn: Connection, job_ids: Iterable[str]) -> None:
 
 
 # ---- charges -------------------------------------------------------------------------------------------
+def _ledger_row(c: Charge) -> dict[str, Any]:
+    """The ledger row of one fact."""
+    return {
+        "source_key": c.source_key,
+        "tenant_id": c.tenant_id,
+        "kind": c.kind,
+        "quantity": c.quantity,
+        "unit": c.unit,
+        "unit_price_usd": c.unit_price_usd,
+        "usd": c.usd,
+        "time_s": c.time_s,
+        "job_id": c.job_id,
+        "attempt": c.attempt,
+        "accelerator": c.accelerator,
+        "market": c.market,
+        "pool": c.pool,
+        "devices": c.devices,
+        "model": c.model,
+        "deployment": c.deployment,
+        "adapter": c.adapter,
+        "tags": dict(c.tags),
+    }
+
+
 def charge(conn: Connection, c: Charge, *, tenant_name: str | None = None) -> bool:
     """Append one fact to the ledger and settle it against the budgets it falls under; False (and no
     change anywhere) when this fact is already in the ledger."""
-    inserted = _insert_ignore(
-        conn,
-        _LEDGER,
-        {
-            "source_key": c.source_key,
-            "tenant_id": c.tenant_id,
-            "kind": c.kind,
-            "quantity": c.quantity,
-            "unit": c.unit,
-            "unit_price_usd": c.unit_price_usd,
-            "usd": c.usd,
-            "time_s": c.time_s,
-            "job_id": c.job_id,
-            "attempt": c.attempt,
-            "accelerator": c.accelerator,
-            "market": c.market,
-            "pool": c.pool,
-            "devices": c.devices,
-            "model": c.model,
-            "deployment": c.deployment,
-            "adapter": c.adapter,
-            "tags": dict(c.tags),
-        },
-    )
+    inserted = _insert_ignore(conn, _LEDGER, _ledger_row(c))
     if not inserted:
         return False
     if c.usd > 0:
@@ -544,29 +545,7 @@ def charge_batch(conn: Connection, charges: Sequence[tuple[Charge, str]]) -> int
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
         stmt = sqlite_insert(_LEDGER).on_conflict_do_nothing()
-    rows = [
-        {
-            "source_key": c.source_key,
-            "tenant_id": c.tenant_id,
-            "kind": c.kind,
-            "quantity": c.quantity,
-            "unit": c.unit,
-            "unit_price_usd": c.unit_price_usd,
-            "usd": c.usd,
-            "time_s": c.time_s,
-            "job_id": c.job_id,
-            "attempt": c.attempt,
-            "accelerator": c.accelerator,
-            "market": c.market,
-            "pool": c.pool,
-            "devices": c.devices,
-            "model": c.model,
-            "deployment": c.deployment,
-            "adapter": c.adapter,
-            "tags": dict(c.tags),
-        }
-        for c, _ in charges
-    ]
+    rows = [_ledger_row(c) for c, _ in charges]
     written = {str(k) for k in conn.execute(stmt.returning(_LEDGER.c.source_key), rows).scalars()}
     tenants = {c.tenant_id for c, _ in charges if c.usd > 0 and c.source_key in written}
     if tenants:
