@@ -571,6 +571,25 @@ class LocalExecutor:
                 out.extend(self._poll_gang(gang))
         return out
 
+    def _observe_exits(self, gang: _Gang, now: float) -> None:
+        """Classify the ranks' exits seen so far and record the gang's first abnormal observation (the
+        first one decides the outcome), unless a preemption notice is out."""
+        expected = gang.killed or gang.preempt_deadline_s is not None  # we killed it, or gave notice
+        note_exits(gang.ranks, entrypoint=gang.entrypoint, expected=expected)
+        if gang.trigger is None and gang.preempt_deadline_s is None:
+            trigger = first_abnormal(
+                gang.ranks,
+                now_s=now,
+                entrypoint=gang.entrypoint,
+                started_s=gang.started_s,
+                started_what="launch",
+                startup_timeout_s=self.startup_timeout_s,
+                heartbeat_timeout_s=self.heartbeat_timeout_s,
+                run_dir=gang.run_dir,
+            )
+            if trigger is not None:
+                gang.trigger, gang.teardown_at_s = trigger, now
+
     def _poll_gang(self, gang: _Gang) -> list[ExecutorEvent]:
         out: list[ExecutorEvent] = []
         now = time.time()
@@ -597,22 +616,7 @@ class LocalExecutor:
                         if gang.trigger is None:
                             gang.trigger = ("failed", data)
                             gang.teardown_at_s = now + self.failure_grace_s
-        expected = gang.killed or gang.preempt_deadline_s is not None  # we killed it, or gave notice
-        note_exits(gang.ranks, entrypoint=gang.entrypoint, expected=expected)
-        # abnormal observations (the first one decides the outcome)
-        if gang.trigger is None and gang.preempt_deadline_s is None:
-            trigger = first_abnormal(
-                gang.ranks,
-                now_s=now,
-                entrypoint=gang.entrypoint,
-                started_s=gang.started_s,
-                started_what="launch",
-                startup_timeout_s=self.startup_timeout_s,
-                heartbeat_timeout_s=self.heartbeat_timeout_s,
-                run_dir=gang.run_dir,
-            )
-            if trigger is not None:
-                gang.trigger, gang.teardown_at_s = trigger, now
+        self._observe_exits(gang, now)
         if gang.preempt_deadline_s is not None and now >= gang.preempt_deadline_s and not gang.killed:
             self._kill(gang)
         if gang.teardown_at_s is not None and now >= gang.teardown_at_s and not gang.killed:
@@ -638,6 +642,9 @@ class LocalExecutor:
                             float(doc["time_s"]),
                         )
                     )
+        # a rank that exited after the first look above (between the two polls) is classified now,
+        # after its late events: an entrypoint's clean exit is its success, an error exit its failure
+        self._observe_exits(gang, now)
         self._gangs.pop(gang.job_id, None)
         if gang.cancelled:
             return out
