@@ -1,17 +1,20 @@
 """Shared helpers for the control-plane tests: databases (SQLite and a throw-away PostgreSQL database),
-a platform + in-process API client, free ports and a real `trainyard up` subprocess."""
+a platform + in-process API client, free ports, a real `trainyard up` subprocess and a webhook receiver."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +116,61 @@ def wait_done(client: Any, headers: dict[str, str], job_id: str, timeout_s: floa
             return doc
         time.sleep(0.2)
     raise AssertionError(f"{job_id} not done in {timeout_s} s: {doc.get('state')} {doc.get('progress')}")
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
+    """``pred()`` once it is truthy (polled every 0.1 s); an AssertionError naming ``what`` after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met in {timeout_s} s")
+
+
+class WebhookReceiver:
+    """A webhook endpoint on 127.0.0.1 that keeps every request (``headers``, ``body``, ``status``,
+    ``t``: monotonic arrival) and answers the status ``status_for(earlier_requests, headers)`` picks
+    (200 by default)."""
+
+    def __init__(
+        self, status_for: Callable[[list[dict[str, Any]], Any], int] = lambda _earlier, _headers: 200
+    ) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver.lock:
+                    status = status_for(receiver.requests, self.headers)
+                    receiver.requests.append(
+                        {"headers": dict(self.headers), "body": body, "status": status, "t": time.monotonic()}
+                    )
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.requests)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(r["body"]) for r in self.seen()]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def free_port() -> int:

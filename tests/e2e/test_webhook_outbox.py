@@ -6,10 +6,8 @@ none of it."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,58 +15,18 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from controlplane_support import ServerProcess
+from controlplane_support import ServerProcess, WebhookReceiver, wait_until
 from trainyard.cli.main import app
 
 
-class Receiver:
-    """Answers ``statuses[i]`` to the i-th request (the last one from then on); keeps every request."""
-
-    def __init__(self, statuses: list[int]) -> None:
-        self.statuses = statuses
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with outer.lock:
-                    status = outer.statuses[min(len(outer.requests), len(outer.statuses) - 1)]
-                    outer.requests.append({"headers": dict(self.headers), "body": body, "status": status})
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def seen(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.requests)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def wait_for(pred: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met in {timeout_s} s")
+def answering(statuses: list[int]) -> WebhookReceiver:
+    """A receiver that answers ``statuses[i]`` to the i-th request (the last one from then on)."""
+    return WebhookReceiver(lambda earlier, _headers: statuses[min(len(earlier), len(statuses) - 1)])
 
 
 @pytest.fixture
-def receivers() -> Iterator[tuple[Receiver, Receiver]]:
-    flaky, broken = Receiver([503, 200]), Receiver([503])
+def receivers() -> Iterator[tuple[WebhookReceiver, WebhookReceiver]]:
+    flaky, broken = answering([503, 200]), answering([503])
     yield flaky, broken
     flaky.close()
     broken.close()
@@ -101,7 +59,7 @@ def js(result: Any) -> Any:
 
 
 def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
-    tmp_path: Path, receivers: tuple[Receiver, Receiver], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, receivers: tuple[WebhookReceiver, WebhookReceiver], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     flaky, broken = receivers
     home = tmp_path / "home"
@@ -118,13 +76,13 @@ def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
             assert r.status_code == 201, r.text
             hooks[name] = r.json()["id"]
             assert c.post(f"/v1/webhooks/{hooks[name]}/test", headers=admin).status_code == 200
-        wait_for(lambda: flaky.seen() and broken.seen(), 30, "the first attempts")
+        wait_until(lambda: flaky.seen() and broken.seen(), 30, "the first attempts")
 
         def waiting() -> list[dict[str, Any]]:
             ds = c.get("/v1/webhooks/deliveries", headers=admin).json()["deliveries"]
             return [d for d in ds if d["state"] == "pending" and d["attempts"] == 1]
 
-        pending = wait_for(lambda: len(waiting()) == 2 and waiting(), 30, "both waiting for a retry")
+        pending = wait_until(lambda: len(waiting()) == 2 and waiting(), 30, "both waiting for a retry")
         assert all(d["last_status_code"] == 503 and d["next_attempt_at"] for d in pending)
     finally:
         first.kill9()
@@ -134,14 +92,14 @@ def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
     try:
         c = httpx.Client(base_url=second.url, timeout=30)
         admin = {"Authorization": f"Bearer {second.api_key}"}
-        wait_for(lambda: len(flaky.seen()) >= 2, 30, "the flaky receiver's retry after the restart")
-        wait_for(lambda: len(broken.seen()) >= 3, 30, "the broken receiver's last attempt")
+        wait_until(lambda: len(flaky.seen()) >= 2, 30, "the flaky receiver's retry after the restart")
+        wait_until(lambda: len(broken.seen()) >= 3, 30, "the broken receiver's last attempt")
 
         def states() -> dict[str, dict[str, Any]]:
             ds = c.get("/v1/webhooks/deliveries", headers=admin).json()["deliveries"]
             return {d["webhook_id"]: d for d in ds}
 
-        done = wait_for(
+        done = wait_until(
             lambda: (s := states()) and {d["state"] for d in s.values()} == {"delivered", "dead"} and s,
             30,
             "a delivered and a dead delivery",
@@ -174,12 +132,12 @@ def test_pending_deliveries_survive_a_kill_and_dead_letter_after_their_attempts(
         listed = js(cli(["webhooks", "list", "--json"], monkeypatch, env))["webhooks"]
         assert made["id"] in {w["id"] for w in listed} and all("signing_secret" not in w for w in listed)
         assert js(cli(["webhooks", "test", made["id"], "--json"], monkeypatch, env))["rule"] == "webhook_test"
-        wait_for(
+        wait_until(
             lambda: any(rq["headers"]["Trainyard-Webhook-Id"] == made["id"] for rq in flaky.seen()),
             30,
             "the CLI's test delivery",
         )
-        got = wait_for(
+        got = wait_until(
             lambda: [
                 d
                 for d in js(cli(["webhooks", "deliveries", made["id"], "--json"], monkeypatch, env))[

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.trace import SpanKind
 
-from controlplane_support import in_process_platform, tiny_spec
+from controlplane_support import WebhookReceiver, in_process_platform, tiny_spec, wait_until
 from trainyard.executors.base import ExecutorEvent
 from trainyard.observability.webhooks import SIGNATURE_HEADER, verify_signature
 from trainyard.services.platform import Platform
@@ -27,47 +25,16 @@ from trainyard.settings import Settings
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 
-class Receiver:
-    """A webhook receiver on 127.0.0.1 that answers 503 to the first ``fail_first`` deliveries of each
-    alert (told apart by their ``Trainyard-Alert-Id``)."""
+def failing_first(n: int) -> WebhookReceiver:
+    """A receiver that answers 503 to the first ``n`` deliveries of each alert (told apart by their
+    ``Trainyard-Alert-Id``), then 200."""
 
-    def __init__(self, fail_first: int = 0) -> None:
-        self.fail_first = fail_first
-        self.requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        receiver = self
+    def status_for(earlier: list[dict[str, Any]], headers: Any) -> int:
+        alert_id = headers.get("Trainyard-Alert-Id")
+        tries = 1 + sum(1 for r in earlier if r["headers"].get("Trainyard-Alert-Id") == alert_id)
+        return 503 if tries <= n else 200
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                alert_id = self.headers.get("Trainyard-Alert-Id")
-                with receiver.lock:
-                    n = 1 + sum(
-                        1 for r in receiver.requests if r["headers"].get("Trainyard-Alert-Id") == alert_id
-                    )
-                    status = 503 if n <= receiver.fail_first else 200
-                    receiver.requests.append(
-                        {"headers": dict(self.headers), "body": body, "status": status, "t": time.monotonic()}
-                    )
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def bodies(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [json.loads(r["body"]) for r in self.requests]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return WebhookReceiver(status_for)
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +59,9 @@ def tenant(c: TestClient, admin: dict[str, str], name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {r.json()['api_key']}"}
 
 
-def wait_for(pred: Any, timeout_s: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met in {timeout_s} s")
-
-
 def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) -> None:
     platform, c, admin = live
-    ra, rb = Receiver(fail_first=2), Receiver()
+    ra, rb = failing_first(2), WebhookReceiver()
     try:
         alpha, beta = tenant(c, admin, "alpha"), tenant(c, admin, "beta")
         wa = c.post("/v1/webhooks", json={"url": ra.url}, headers=alpha)
@@ -124,7 +81,7 @@ def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) 
         r = c.post("/v1/jobs", json={"spec": spec}, headers=alpha)
         assert r.status_code == 201, r.text
         job_id = r.json()["id"]
-        wait_for(
+        wait_until(
             lambda: c.get(f"/v1/jobs/{job_id}", headers=alpha).json()["state"] in ("succeeded", "failed"),
             180,
             "the job ends",
@@ -135,7 +92,7 @@ def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) 
                 done = [rq for rq in ra.requests if rq["status"] == 200]
             return {json.loads(rq["body"])["rule"] for rq in done}
 
-        got = wait_for(
+        got = wait_until(
             lambda: (r := rules_ok()) >= {"budget_threshold"} and r & {"loss_diverging", "loss_nan"} and r,
             60,
             "alpha's alerts delivered",
@@ -184,7 +141,7 @@ def test_alerts_reach_only_their_tenants_webhook_signed_with_retries(live: Any) 
         assert rb.requests == []
         t = c.post(f"/v1/webhooks/{wb.json()['id']}/test", headers=beta)
         assert t.status_code == 200, t.text
-        wait_for(lambda: rb.requests, 20, "beta's test delivery")
+        wait_until(lambda: rb.requests, 20, "beta's test delivery")
         platform.alerts.wait_idle()
         assert [b["rule"] for b in rb.bodies()] == ["webhook_test"]
         assert verify_signature(secret_b, rb.requests[0]["headers"][SIGNATURE_HEADER], rb.requests[0]["body"])
@@ -236,7 +193,7 @@ def test_webhook_urls_must_not_reach_internal_addresses(live: Any) -> None:
 
 def test_stalled_jobs_checkpoint_failures_and_deployment_errors_fire_once(live: Any) -> None:
     platform, c, admin = live
-    rd = Receiver()
+    rd = WebhookReceiver()
     try:
         delta = tenant(c, admin, "delta")
         hook = c.post(
@@ -304,7 +261,7 @@ def test_stalled_jobs_checkpoint_failures_and_deployment_errors_fire_once(live: 
             platform.alerts.observe(ev, job)  # the same failure again: no second alert
         finally:
             platform.start_loop()
-        wait_for(lambda: len(rd.requests) >= 4, 20, "four deliveries")
+        wait_until(lambda: len(rd.requests) >= 4, 20, "four deliveries")
         platform.alerts.wait_idle()
         rules = sorted(b["rule"] for b in rd.bodies())
         assert rules == ["budget_burn", "checkpoint_failed", "deployment_error_rate", "job_stalled"], rules

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_scheduler_round import pool, spec
+from scheduler_strategies import MARKETS, pool_lists
+from test_scheduler_round import spec
 
 from trainyard.schedule import CandidateCache, QueuedJob, RunningJob, SchedulerConfig, schedule_round
 from trainyard.schedule.grid import spec_grid
@@ -28,7 +29,6 @@ import bench_scheduler
 import bench_scheduler_distinct
 
 ACCS = ["a100-80gb", "h100", "t4", "tpu-v4", "trn1", "l4"]
-MARKETS = ["spot", "on_demand", "reserved"]
 CACHE = CandidateCache()
 
 # every option in the model, a search long enough to prove optimality, and no LP shortcut
@@ -39,23 +39,7 @@ EXACT = SchedulerConfig(
 
 @st.composite
 def rounds(draw: Any) -> Any:
-    pools = []
-    for i in range(draw(st.integers(1, 4))):
-        per_node = draw(st.sampled_from([1, 4, 8]))
-        nodes = draw(st.integers(1, 4))
-        market = draw(st.sampled_from(MARKETS))
-        pools.append(
-            pool(
-                f"p{i}",
-                draw(st.sampled_from(ACCS)),
-                draw(st.sampled_from([0.5, 1.0, 2.0, 4.0])),
-                market=market,
-                per_node=per_node,
-                nodes=nodes,
-                available=draw(st.integers(0, per_node * nodes)),
-                interruption_rate_per_hour=0.1 if market == "spot" else None,
-            )
-        )
+    pools = draw(pool_lists(ACCS, max_pools=4))
     jobs = []
     for j in range(draw(st.integers(1, 7))):
         lo = draw(st.sampled_from([1, 2, 4, 8]))

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_paths import both_pricing_paths  # noqa: F401
+from scheduler_strategies import MARKETS, pool_lists
 from test_scheduler_round import pool, spec
 
 from trainyard.schedule import (
@@ -25,29 +26,12 @@ from trainyard.schedule.solver import whole_nodes
 pytestmark = pytest.mark.usefixtures("both_pricing_paths")
 
 ACCS = ["a100-80gb", "h100", "t4", "tpu-v4", "trn1"]
-MARKETS = ["spot", "on_demand", "reserved"]
 CACHE = CandidateCache()  # shared across examples: equal specs and pools are priced once
 
 
 @st.composite
 def rounds(draw):
-    pools = []
-    for i in range(draw(st.integers(1, 5))):
-        per_node = draw(st.sampled_from([1, 4, 8]))
-        nodes = draw(st.integers(1, 4))
-        market = draw(st.sampled_from(MARKETS))
-        pools.append(
-            pool(
-                f"p{i}",
-                draw(st.sampled_from(ACCS)),
-                draw(st.sampled_from([0.5, 1.0, 2.0, 4.0])),
-                market=market,
-                per_node=per_node,
-                nodes=nodes,
-                available=draw(st.integers(0, per_node * nodes)),
-                interruption_rate_per_hour=0.1 if market == "spot" else None,
-            )
-        )
+    pools = draw(pool_lists(ACCS, max_pools=5))
     jobs = []
     for j in range(draw(st.integers(1, 10))):
         lo = draw(st.sampled_from([1, 2, 4, 8, 16]))
