@@ -55,12 +55,14 @@ def make_executor(settings: Settings, name: str | None = None) -> Any:
             f"the {which} executor is not available in this installation ({exc})",
             hint="Start with --executor none to accept and queue jobs without running them.",
         ) from exc
+    if which == "ray":  # each node builds the sandbox for the workers it starts
+        return getattr(module, class_name)(settings=settings, sandbox=sandbox_spec(settings))
     return _construct(getattr(module, class_name), settings)
 
 
-def make_sandbox(settings: Settings) -> Any:
-    """The sandbox workers run in (TRAINYARD_SANDBOX): ``bwrap`` (default; SandboxUnavailableError when it
-    cannot start here) or ``none``, the explicit opt-out, which is logged loudly."""
+def sandbox_spec(settings: Settings) -> Any:
+    """The sandbox workers run in (TRAINYARD_SANDBOX), as a description any machine builds: ``bwrap``
+    (default) or ``none``, the explicit opt-out, which is logged loudly (None)."""
     which = (settings.sandbox or "bwrap").lower()
     if which == "none":
         structlog.get_logger("trainyard.server").warning(
@@ -69,9 +71,16 @@ def make_sandbox(settings: Settings) -> Any:
         return None
     if which != "bwrap":
         raise InvalidInputError(f"unknown sandbox {which!r}", hint="Use TRAINYARD_SANDBOX=bwrap or none.")
-    from trainyard.executors.sandbox import Sandbox
+    from trainyard.executors.sandbox import SandboxSpec
 
-    return Sandbox()
+    return SandboxSpec()
+
+
+def make_sandbox(settings: Settings) -> Any:
+    """The sandbox of this machine's workers (SandboxUnavailableError when it cannot start here), or
+    None under ``TRAINYARD_SANDBOX=none``."""
+    spec = sandbox_spec(settings)
+    return None if spec is None else spec.build()
 
 
 def _construct(cls: Any, settings: Settings) -> Any:

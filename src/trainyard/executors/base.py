@@ -164,6 +164,12 @@ def launch_file_name(attempt: int) -> str:
     return f"launch-a{attempt}.json"
 
 
+def worker_argv(python: str, run_dir: str | Path, attempt: int, rank: int) -> list[str]:
+    """The command line of one rank's worker (``python -m trainyard.runtime.worker``)."""
+    args = ["--run-dir", str(run_dir), "--attempt", str(attempt), "--rank", str(rank)]
+    return [python, "-m", "trainyard.runtime.worker", *args]
+
+
 def notice_file_name(attempt: int) -> str:
     """Written by the executor before it delivers a preemption notice: ``{"deadline_time_s": ...}``."""
     return f"notice-a{attempt}.json"

@@ -49,15 +49,15 @@ from trainyard.executors.base import (
     rank_log_name,
     signal_group,
     wait_for_terminal,
+    worker_argv,
 )
 from trainyard.executors.sandbox import (
     Mounts,
     Sandbox,
     job_env,
-    local_path,
+    prepare_run_dir,
     scrubbed_env,
     stage_inputs,
-    unpack_code,
 )
 from trainyard.runtime.events import EventTail
 from trainyard.runtime.worker import exit_file_name
@@ -349,7 +349,7 @@ class LocalExecutor:
             env = {**self._base_env(), **env_extra}
             mounts: Mounts | None = None
             if self.sandbox is not None:
-                mounts = self._prepare_sandbox(req, run_dir)
+                mounts = prepare_run_dir(self.sandbox, req, run_dir)
                 env = scrubbed_env(os.environ, {**self.extra_env, **env_extra})
             ranks: list[_Rank] = []
             try:
@@ -366,17 +366,7 @@ class LocalExecutor:
                         )
                         continue
                     log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
-                    argv = [
-                        self.python,
-                        "-m",
-                        "trainyard.runtime.worker",
-                        "--run-dir",
-                        str(run_dir),
-                        "--attempt",
-                        str(req.attempt),
-                        "--rank",
-                        str(r),
-                    ]
+                    argv = worker_argv(self.python, run_dir, req.attempt, r)
                     if self.sandbox is not None and mounts is not None:
                         argv = self.sandbox.command(argv, mounts)
                     proc = subprocess.Popen(
@@ -408,50 +398,6 @@ class LocalExecutor:
             infos = [WorkerInfo(rk.rank, rk.pid, self.host) for rk in ranks]
             (run_dir / f"workers-a{req.attempt}.json").write_text(json.dumps([w.to_dict() for w in infos]))
             return infos
-
-    def _prepare_sandbox(self, req: LaunchRequest, run_dir: Path) -> Mounts:
-        """Hand the run directory and the job's local checkpoint directory to the sandbox uid and list
-        what the worker's sandbox mounts: those read-write; its dataset, base model and code read-only."""
-        sandbox = self.sandbox
-        assert sandbox is not None
-        sandbox.share_dir(run_dir)
-        sandbox.give_read(run_dir / launch_file_name(req.attempt))
-        for r in range(req.world_size):
-            sandbox.give_file(run_dir / event_file_name(req.attempt, r))
-        for sub in ("checkpoints", "scratch"):  # the local fallback checkpoints, the model export's temp
-            (run_dir / sub).mkdir(exist_ok=True)
-            sandbox.own(run_dir / sub)
-        rw = [run_dir]
-        share_net = req.world_size > 1
-        ckpt = local_path(req.checkpoint_url)
-        if ckpt is not None:
-            job_dir = ckpt / req.job_id
-            job_dir.mkdir(parents=True, exist_ok=True)
-            sandbox.own(job_dir)
-            rw.append(job_dir)
-        else:
-            share_net = True  # remote checkpoint storage needs the network
-        ro: list[Path] = []
-        spec = req.spec
-        for value in (
-            (spec.get("workload") or {}).get("dataset"),
-            req.env.get("TRAINYARD_DATASET_PATH"),
-            req.env.get("TRAINYARD_BASE_MODEL_PATH"),  # a registered base model's weights (the registry's)
-            (spec.get("model") or {}).get("base"),
-        ):
-            if not value or value.startswith("ds://"):
-                continue
-            path = local_path(value)
-            if path is not None:
-                ro.append(path)
-            elif "://" in value:
-                share_net = True  # a remote dataset or model
-        chdir = run_dir
-        if req.code_url:
-            code = unpack_code(req.code_url)
-            ro.append(code)
-            chdir = code
-        return Mounts(rw=tuple(rw), ro=tuple(ro), chdir=chdir, share_net=share_net)
 
     # ---- control ---------------------------------------------------------------------------------
     def _gang(self, job_id: str) -> _Gang:

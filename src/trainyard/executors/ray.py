@@ -68,6 +68,7 @@ from trainyard.executors.base import (
     rank_log_name,
     wait_for_terminal,
 )
+from trainyard.executors.sandbox import SandboxSpec, job_env
 
 log = logging.getLogger("trainyard.executors.ray")
 
@@ -270,6 +271,7 @@ class RayExecutor:
         python: str | None = None,
         strategy: str | None = None,
         connect: bool = True,
+        sandbox: SandboxSpec | None = None,
     ):
         if address is None and settings is not None:
             address = getattr(settings, "ray_address", None)
@@ -296,6 +298,8 @@ class RayExecutor:
         self.extra_env = dict(extra_env or {})
         self.python = python
         self.strategy = strategy
+        # every rank's worker in bubblewrap, built on its own node (executors.sandbox); None: bare
+        self.sandbox = sandbox
         self._gangs: dict[str, _Gang] = {}
         self._closing: list[_Closing] = []
         self._lock = threading.RLock()
@@ -394,7 +398,8 @@ class RayExecutor:
             run_dir = Path(req.run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             doc = launch_request_to_dict(req)
-            doc["env"] = {**self.extra_env, **dict(req.env)}
+            env = {**self.extra_env, **dict(req.env)}
+            doc["env"] = env if self.sandbox is None else job_env(env)  # no server setting reaches a node
             _write_json(run_dir / launch_file_name(req.attempt), doc)
             nodes = [n["resources"] for n in self.cluster_nodes()]
             bundle, per_node = bundle_for(req.pool, nodes, cpus_per_rank=self.cpus_per_rank)
@@ -717,7 +722,7 @@ class RayExecutor:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=gang.pg, placement_group_bundle_index=rk.rank
                 ),
-            ).remote(gang.job_id, gang.attempt, rk.rank, self.orphan_timeout_s)
+            ).remote(gang.job_id, gang.attempt, rk.rank, self.orphan_timeout_s, self.sandbox)
         gang.hello_refs = [rk.actor.hello.remote(gang.probe_url, gang.probe_token) for rk in gang.ranks]
         gang.phase = "hello"
         gang.placed_s = time.time()
@@ -764,21 +769,9 @@ class RayExecutor:
             self._kill(gang)
             return
         self._remove_probe(gang)
-        unreachable = [h for h in hellos if not h.get("storage_ok")]
-        if unreachable:
-            ips = sorted({str(h.get("node_ip")) for h in unreachable})
-            self._set_trigger(
-                gang,
-                "failed",
-                {
-                    "reason": f"checkpoint storage {gang.doc.get('checkpoint_url')} is not readable from "
-                    f"Ray node(s) {', '.join(ips)}; every node must reach the same storage",
-                    "classification": CLASSIFICATION_INFRA,
-                    "traceback_tail": "",
-                    "rank": int(unreachable[0]["rank"]),
-                },
-                teardown_now=True,
-            )
+        refusal = _node_refusal(hellos, str(gang.doc.get("checkpoint_url")))
+        if refusal is not None:
+            self._set_trigger(gang, "failed", refusal, teardown_now=True)
             self._kill(gang)
             return
         env = dict(gang.doc.get("env") or {})
@@ -873,6 +866,10 @@ class RayExecutor:
             if kind == "started" and rk.hello:
                 data.setdefault("node_ip", rk.hello.get("node_ip"))
                 data.setdefault("ray_node_id", rk.hello.get("node_id"))
+            if kind == "started" and rk.pid and self.sandbox is not None:
+                # a sandboxed worker sees its own pid namespace: the pid recorded (and adopted after a
+                # control-plane restart) is the one on its node's host, bubblewrap's
+                data = {**data, "pid": rk.pid, "pid_in_sandbox": data.get("pid")}
             out.append(ExecutorEvent(gang.job_id, gang.attempt, kind, data, t))
         elif kind in WORKER_TERMINAL_KINDS:
             rk.terminal = doc
@@ -1001,6 +998,35 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
             return None
     except OSError as exc:
         return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
+
+
+def _node_refusal(hellos: list[dict[str, Any]], checkpoint_url: str) -> dict[str, Any] | None:
+    """Why the gang's nodes must not start its workers (a ``failed`` event's data, infrastructure), or
+    None: a node that does not read the checkpoint storage, or one where the sandbox cannot start."""
+    for what, bad in (
+        ("storage", [h for h in hellos if not h.get("storage_ok")]),
+        ("sandbox", [h for h in hellos if h.get("sandbox_error")]),
+    ):
+        if not bad:
+            continue
+        ips = ", ".join(sorted({str(h.get("node_ip")) for h in bad}))
+        if what == "storage":
+            reason = (
+                f"checkpoint storage {checkpoint_url} is not readable from Ray node(s) {ips}; every node "
+                "must reach the same storage"
+            )
+        else:
+            reason = (
+                f"the sandbox cannot start on Ray node(s) {ips}: {bad[0]['sandbox_error']}; workers run "
+                "only inside the sandbox (install bubblewrap on every node, docs/ray.md)"
+            )
+        return {
+            "reason": reason,
+            "classification": CLASSIFICATION_INFRA,
+            "traceback_tail": "",
+            "rank": int(bad[0]["rank"]),
+        }
+    return None
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -7,6 +7,12 @@ the executor on the control plane pull the worker's event file and log by byte o
 executor mirrors those bytes into the job's ``run_dir`` on the control plane, so the event files there
 are byte-identical copies of the ones on the nodes and the offsets double as delivery cursors.
 
+With a :class:`~trainyard.executors.sandbox.SandboxSpec` the actor builds the sandbox on its own node
+(``hello`` reports when bubblewrap cannot start there; the executor then fails the attempt and nothing
+starts) and runs the worker inside it exactly as the local executor does: the node-local directory is
+the worker's run directory (inputs staged into it, entries the server's), the environment is scrubbed,
+and bubblewrap dies with the actor (``--die-with-parent``) as an unsandboxed worker does.
+
 This module does not import Ray: the executor wraps :class:`RankHost` with ``ray.remote`` when it
 launches a gang, and every node imports this module from the same trainyard installation.
 """
@@ -28,12 +34,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainyard.errors import SandboxUnavailableError
 from trainyard.executors.base import (
     event_file_name,
     launch_file_name,
+    launch_request_from_dict,
     notice_file_name,
     rank_log_name,
     signal_group,
+    worker_argv,
+)
+from trainyard.executors.sandbox import (
+    Sandbox,
+    SandboxSpec,
+    job_env,
+    prepare_run_dir,
+    scrubbed_env,
+    stage_inputs,
 )
 
 PR_SET_PDEATHSIG = 1
@@ -69,10 +86,19 @@ def read_probe(url: str) -> str | None:
 class RankHost:
     """One rank of one attempt. Created by the executor inside the gang's placement group."""
 
-    def __init__(self, job_id: str, attempt: int, rank: int, orphan_timeout_s: float = 1800.0):
+    def __init__(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        orphan_timeout_s: float = 1800.0,
+        sandbox: SandboxSpec | None = None,
+    ):
         self.job_id = job_id
         self.attempt = attempt
         self.rank = rank
+        self.sandbox_spec = sandbox
+        self.sandbox: Sandbox | None = None
         self.dir = node_workdir_root() / job_id / f"a{attempt}-r{rank}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -97,6 +123,11 @@ class RankHost:
         storage_ok = True
         if probe_url is not None:
             storage_ok = read_probe(probe_url) == probe_token
+        sandbox_error = None
+        try:
+            self._sandbox()
+        except SandboxUnavailableError as exc:
+            sandbox_error = exc.message
         return {
             "rank": self.rank,
             "node_id": ctx.get_node_id(),
@@ -105,39 +136,49 @@ class RankHost:
             "actor_pid": os.getpid(),
             "port": port,
             "storage_ok": storage_ok,
+            "sandbox_error": sandbox_error,
             "workdir": str(self.dir),
         }
 
+    def _sandbox(self) -> Sandbox | None:
+        """This node's sandbox (built and probed once per actor), or None when the gang runs bare."""
+        if self.sandbox_spec is not None and self.sandbox is None:
+            sandbox = self.sandbox_spec.build()
+            sandbox.probe()
+            self.sandbox = sandbox
+        return self.sandbox
+
     def start(self, launch_doc: dict[str, Any], env: dict[str, str], python: str | None = None) -> int:
-        """Write the launch file (``run_dir`` = this node's directory) and start the worker; its pid."""
+        """Write the launch file (``run_dir`` = this node's directory) and start the worker; its pid
+        (on this node's host: bubblewrap's, when the worker runs in the sandbox)."""
         self.last_contact_s = time.time()
         if self.proc is not None:
             return self.proc.pid
-        doc = dict(launch_doc)
-        doc["run_dir"] = str(self.dir)
+        sandbox = self._sandbox()  # SandboxUnavailableError: never a bare worker instead
+        env = dict(env)
+        if sandbox is not None:  # what the worker reads from the server's storage, copied for it
+            stage_inputs(env, self.dir / f"inputs-a{self.attempt}", sandbox)
+            env = job_env(env)
+        doc = {**launch_doc, "run_dir": str(self.dir), "env": env}
         tmp = self.dir / (launch_file_name(self.attempt) + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         tmp.replace(self.dir / launch_file_name(self.attempt))
         # Same thread count as a local worker (Ray sets OMP_NUM_THREADS from the actor's CPUs): results
         # on CPU are bit-identical only with the same number of threads.
         threads = env.get("TRAINYARD_NUM_THREADS") or os.environ.get("TRAINYARD_NUM_THREADS") or "1"
-        full_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1"}
+        argv = worker_argv(python or sys.executable, self.dir, self.attempt, self.rank)
+        if sandbox is None:
+            full_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1"}
+        else:
+            mounts = prepare_run_dir(sandbox, launch_request_from_dict(doc), self.dir, ranks=[self.rank])
+            full_env = scrubbed_env(os.environ, {"OMP_NUM_THREADS": threads, **env})
+            argv = sandbox.command(argv, mounts, die_with_parent=True)
         log_path = self.dir / rank_log_name(self.rank)
         with open(log_path, "ab") as log:
             log.write(f"--- attempt {self.attempt} rank {self.rank} ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [
-                    python or sys.executable,
-                    "-m",
-                    "trainyard.runtime.worker",
-                    "--run-dir",
-                    str(self.dir),
-                    "--attempt",
-                    str(self.attempt),
-                    "--rank",
-                    str(self.rank),
-                ],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -191,6 +232,8 @@ class RankHost:
         self.last_contact_s = time.time()
         notice = self.dir / notice_file_name(self.attempt)
         notice.write_text(json.dumps({"deadline_time_s": deadline_time_s, "notice_s": notice_s}))
+        if self.sandbox is not None:
+            self.sandbox.give_read(notice)
         if self.proc is None or self._exited():
             return False
         signal_group(self.proc.pid, signal.SIGTERM)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.errors import SandboxUnavailableError, StorageNotAllowedError
+from trainyard.executors.base import LaunchRequest, event_file_name, launch_file_name
 
 SANDBOX_UID = 65534  # nobody
 SANDBOX_GID = 65534
@@ -153,6 +154,21 @@ class Mounts:
     share_net: bool = True
 
 
+@dataclass(frozen=True)
+class SandboxSpec:
+    """The sandbox to build on the machine that starts the workers. A Ray node builds its own from
+    this (picklable) description: the bubblewrap binary, the privileges it runs with and the Python
+    installation it mounts are that node's, not the control plane's."""
+
+    bwrap: str | None = None  # None: the ``bwrap`` on that machine's PATH
+    uid: int | None = None
+    gid: int | None = None
+
+    def build(self) -> Sandbox:
+        """The sandbox on this machine (``SandboxUnavailableError`` where bubblewrap is missing)."""
+        return Sandbox(bwrap=self.bwrap, uid=self.uid, gid=self.gid)
+
+
 class Sandbox:
     """Builds the bubblewrap command line of a worker and prepares what it mounts."""
 
@@ -175,12 +191,14 @@ class Sandbox:
         self._probed = False
 
     # ---- command line ------------------------------------------------------------------------
-    def command(self, argv: Sequence[str], mounts: Mounts) -> list[str]:
+    def command(self, argv: Sequence[str], mounts: Mounts, *, die_with_parent: bool = False) -> list[str]:
         """``argv`` wrapped: bubblewrap with the mounts, then (as root) ``setpriv`` to the sandbox uid.
 
         A shell in front makes bubblewrap's own process ignore SIGTERM (it would die and leave the
         payload running): the notice reaches the payload through the process group, and the payload's
-        handlers are its own (``exec`` resets ignored signals only when the worker asks; it does)."""
+        handlers are its own (``exec`` resets ignored signals only when the worker asks; it does).
+        ``die_with_parent``: the payload is killed when bubblewrap is (a Ray actor ties its worker's
+        life to its own; the local executor's workers outlive the control plane, to be adopted)."""
         args = [
             "/bin/sh",
             "-c",
@@ -209,6 +227,8 @@ class Sandbox:
             args += ["--dev-bind-try", str(dev), str(dev)]
         if not mounts.share_net:
             args.append("--unshare-net")
+        if die_with_parent:
+            args.append("--die-with-parent")
         binds = [(p, "--ro-bind") for p in self._python]
         binds += [(p, "--ro-bind-try") for p in mounts.ro]  # a missing dataset is the trainer's to report
         binds += [(p, "--bind") for p in mounts.rw]
@@ -279,6 +299,54 @@ class Sandbox:
         if self.privileged:
             os.chown(path, self.uid, self.gid)
         os.chmod(path, 0o600)
+
+
+def prepare_run_dir(
+    sandbox: Sandbox, req: LaunchRequest, run_dir: Path, ranks: Iterable[int] | None = None
+) -> Mounts:
+    """Hand the run directory and the job's local checkpoint directory to the sandbox uid and list
+    what a worker's sandbox mounts: those read-write; its dataset, base model and code read-only.
+
+    The attempt's launch file must already be in ``run_dir``; ``ranks`` are the ranks whose event
+    files live there (every rank of the gang by default; a Ray node's directory holds one)."""
+    sandbox.share_dir(run_dir)
+    sandbox.give_read(run_dir / launch_file_name(req.attempt))
+    for r in range(req.world_size) if ranks is None else ranks:
+        sandbox.give_file(run_dir / event_file_name(req.attempt, r))
+    for sub in ("checkpoints", "scratch"):  # the local fallback checkpoints, the model export's temp
+        (run_dir / sub).mkdir(exist_ok=True)
+        sandbox.own(run_dir / sub)
+    rw = [run_dir]
+    share_net = req.world_size > 1
+    ckpt = local_path(req.checkpoint_url)
+    if ckpt is not None:
+        job_dir = ckpt / req.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        sandbox.own(job_dir)
+        rw.append(job_dir)
+    else:
+        share_net = True  # remote checkpoint storage needs the network
+    ro: list[Path] = []
+    spec = req.spec
+    for value in (
+        (spec.get("workload") or {}).get("dataset"),
+        req.env.get("TRAINYARD_DATASET_PATH"),
+        req.env.get("TRAINYARD_BASE_MODEL_PATH"),  # a registered base model's weights (the registry's)
+        (spec.get("model") or {}).get("base"),
+    ):
+        if not value or value.startswith("ds://"):
+            continue
+        path = local_path(value)
+        if path is not None:
+            ro.append(path)
+        elif "://" in value:
+            share_net = True  # a remote dataset or model
+    chdir = run_dir
+    if req.code_url:
+        code = unpack_code(req.code_url)
+        ro.append(code)
+        chdir = code
+    return Mounts(rw=tuple(rw), ro=tuple(ro), chdir=chdir, share_net=share_net)
 
 
 def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
