@@ -7,12 +7,16 @@ addresses are kept). Their custom resources stand in for two pools:
 - ``ray-a``: one device on each node, so a 2-rank job on it must span both nodes;
 - ``ray-b``: two devices on the head node only.
 
-A cluster that cannot start fails the tests (never skips them).
+The executor runs every worker in the sandbox, as ``trainyard up`` does by default (TRAINYARD_SANDBOX):
+the training, node-loss, preemption and adoption tests run sandboxed workers, and the attacks of
+tests/integration/test_sandbox.py are tried from a Ray worker. A cluster that cannot start fails the
+tests (never skips them).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +26,19 @@ from typing import Any
 import pytest
 
 from trainyard.errors import StorageError
-from trainyard.executors.base import Executor, ExecutorEvent, LaunchRequest, WorkerInfo
+from trainyard.executors.base import (
+    CLASSIFICATION_INFRA,
+    Executor,
+    ExecutorEvent,
+    LaunchRequest,
+    WorkerInfo,
+)
 from trainyard.executors.ray import RayExecutor, pool_resource
 from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackNode, LoopbackRayCluster
+from trainyard.executors.sandbox import SANDBOX_UID, SandboxSpec
 from trainyard.runtime.checkpoint import MANIFEST
+from trainyard.server import make_executor
+from trainyard.settings import Settings
 
 pytestmark = pytest.mark.ray
 
@@ -44,6 +57,7 @@ SPEC: dict[str, Any] = {
     "requirements": {"allow": ["cpu"]},
 }
 TERMINAL = ("succeeded", "failed", "lost", "preempted")
+SECRET = "ty_secretadminkey_0123456789"
 
 
 @dataclass
@@ -53,13 +67,26 @@ class RayWorld:
     second: LoopbackNode
     executor: RayExecutor
     shared: Path
+    home: Path  # the server's TRAINYARD_HOME: its key and database
+
+
+def _executor(address: str, shared: Path, **kw: Any) -> RayExecutor:
+    """A control plane's Ray executor with the sandbox, as ``trainyard up`` builds it by default."""
+    kw.setdefault("sandbox", SandboxSpec())
+    return RayExecutor(address, shared_paths=[str(shared)], heartbeat_timeout_s=90.0, **kw)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
+    assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install -y bubblewrap"
     saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
     os.environ.update(LOOPBACK_ENV)
     shared = tmp_path_factory.mktemp("ray-shared")
+    home = tmp_path_factory.mktemp("ray-home")
+    home.chmod(0o700)
+    (home / "api_key").write_text(SECRET)
+    (home / "api_key").chmod(0o600)
+    (home / "trainyard.db").write_text("every tenant's jobs")
     cluster = LoopbackRayCluster()
     executor: RayExecutor | None = None
     try:
@@ -67,8 +94,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
             "head", resources={pool_resource("ray-a"): 1, pool_resource("ray-b"): 2}, num_cpus=2
         )
         second = cluster.add_node("second", resources={pool_resource("ray-a"): 1}, num_cpus=2)
-        executor = RayExecutor(cluster.address, shared_paths=[str(shared)], heartbeat_timeout_s=90.0)
-        w = RayWorld(cluster, head, second, executor, shared)
+        executor = _executor(
+            cluster.address,
+            shared,
+            extra_env={"TRAINYARD_HOME": str(home), "TRAINYARD_DATABASE_URL": "sqlite:///x.db"},
+        )
+        w = RayWorld(cluster, head, second, executor, shared, home)
         yield w
         executor = w.executor  # a test may have replaced it (control-plane restart)
     finally:
@@ -149,9 +180,14 @@ def test_two_rank_job_spans_both_nodes_trains_and_checkpoints(
     # one rank per node: the pool has one device on each
     assert {e.data["node_ip"] for e in started} == {world.head.ip, world.second.ip}
     assert {e.data["ray_node_id"] for e in started} and len({e.data["ray_node_id"] for e in started}) == 2
+    # each rank trained in the sandbox on its node: its own pid namespace, the sandbox uid's files
+    assert all(e.data["pid"] != e.data["pid_in_sandbox"] for e in started), [e.data for e in started]
     ckpts = sorted({e.data["step"] for e in events if e.kind == "checkpoint"})
     assert ckpts[:3] == [CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY, 3 * CHECKPOINT_EVERY] and ckpts[-1] == STEPS
     assert _committed_steps(world.shared, "spread")[-1] == STEPS
+    if os.geteuid() == 0:
+        step_dir = world.shared / "checkpoints" / "spread" / f"step-{STEPS}"
+        assert {p.stat().st_uid for p in [step_dir, *step_dir.iterdir()]} == {SANDBOX_UID}
     assert any(e.kind == "heartbeat" and e.data["step"] > 0 for e in events)
     # the control plane's run_dir holds the ranks' event files and logs, copied from the nodes
     run_dir = world.shared / "runs" / "spread"
@@ -262,10 +298,28 @@ def test_node_loss_preemption_and_adoption_then_identical_weights(
     assert {e.data["resumed_from_step"] for e in final if e.kind == "started"} == {end.data["step"]}
 
     # the control plane restarts: the gang keeps training (detached actors) and a new executor adopts it
-    running = ex.workers("survivor")
+    # from what the service recorded, the started events' pids: bubblewrap's on the node's host, the
+    # processes the actors watch (not the pids inside the sandboxes' namespaces)
+    final += _run_until(
+        ex,
+        "survivor",
+        lambda evs: (
+            {e.data["rank"] for e in [*final, *evs] if e.kind == "started"} == {0, 1} or bool(_terminal(evs))
+        ),
+    )
+    assert not _terminal(final)
+    recorded = {e.data["rank"]: e.data for e in final if e.kind == "started"}
+    running = [WorkerInfo(r, int(d["pid"]), str(d.get("host") or "")) for r, d in sorted(recorded.items())]
+    assert (
+        {w.rank: w.pid for w in ex.workers("survivor")}
+        == {w.rank: w.pid for w in running}
+        != {r: d["pid_in_sandbox"] for r, d in recorded.items()}
+    )
     assert sorted(w.rank for w in running) == [0, 1]
+    for w in running:
+        assert b"bwrap" in Path(f"/proc/{w.pid}/cmdline").read_bytes().split(b"\0")[0]
     ex.shutdown()
-    adopter = RayExecutor(world.cluster.address, shared_paths=[str(world.shared)], heartbeat_timeout_s=90.0)
+    adopter = _executor(world.cluster.address, world.shared)
     world.executor = adopter
     assert adopter.adopt("survivor", 3, str(world.shared / "runs" / "survivor"), running)
     final += _run_until(adopter, "survivor", lambda evs: bool(_terminal(evs)))
@@ -275,6 +329,96 @@ def test_node_loss_preemption_and_adoption_then_identical_weights(
     assert '"kind":"succeeded"' in (world.shared / "runs" / "survivor" / "events-a3-r0.jsonl").read_text()
     # the same weights as the uninterrupted run, after a node loss and a preemption
     assert end3.data["model_sha256"] == reference
+
+
+def test_user_code_on_a_ray_node_is_walled_in(world: RayWorld) -> None:
+    """The attacks of test_sandbox.py's test_user_code_is_walled_in, from a worker a Ray actor started."""
+    ex = world.executor
+    home, ckpt = world.home, world.shared / "checkpoints"
+    other = world.head.temp_dir / "trainyard" / "job-other" / "a0-r0"  # another job's rank on this node
+    other.mkdir(parents=True)
+    (other / "rank-0.log").write_text("another job's log")
+    run = "$TRAINYARD_RUN_DIR"  # the rank's node-local run directory
+    gcs = (world.head.ip, world.cluster.port)  # whoever reaches the GCS runs code as the node's user
+    script = (
+        "id -u; echo env:; env; echo :env; "
+        f"cat {home}/api_key; cat {home}/trainyard.db; ls {other}; ls {world.shared}/runs; "
+        f"echo owned > {ckpt}/job-walls/mine; "
+        f"echo escaped > {ckpt}/escaped; echo escaped > /tmp/../escaped-root; "
+        f"rm -f {run}/rank-0.log; ln -s {home}/api_key {run}/rank-0.log && echo LINKED-LOG; "
+        f"ln -sf {home}/api_key {run}/launch-a0.json && echo LINKED-LAUNCH; "
+        f"ln -s {home}/api_key {run}/launch-a1.json.tmp && echo LINKED-TMP; "
+        f"[ -L {run}/rank-0.log ] || [ -L {run}/launch-a0.json ] && echo IS-A-LINK; "
+        f'python -c "import socket; socket.create_connection({gcs!r}, 2)" '
+        "&& echo REACHED-RAY || echo ray-unreachable; "
+        "echo done-attacking; exit 0"
+    )
+    spec = {**SPEC, "name": "attack", "entrypoint": {"command": ["sh", "-c", script]}}
+    req = _request(world, "job-walls", 0, "ray-b", world_size=1, spec=spec)
+    req.env.update({"TRAINYARD_API_KEY": SECRET, "DATABASE_URL": "postgresql://u:pw@127.0.0.1/db"})
+    ex.launch(req)
+    events = _run_until(ex, "job-walls", lambda evs: bool(_terminal(evs)), timeout_s=120)
+    _settle(ex, "job-walls")
+    log = (world.shared / "runs" / "job-walls" / "rank-0.log").read_text()
+    (end,) = _terminal(events)
+    assert end.kind == "succeeded", (end.data, log)
+    assert "done-attacking" in log, log
+    uid = log.split("--- attempt 0 rank 0 ---\n", 1)[1].splitlines()[0]
+    assert uid != "0", log
+    if os.geteuid() == 0:
+        assert uid == str(SANDBOX_UID), log
+    env = log.split("env:\n", 1)[1].split(":env", 1)[0]
+    for name in ("TRAINYARD_HOME", "TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "DATABASE_URL"):
+        assert f"{name}=" not in env, (name, env)
+    assert not [line for line in env.splitlines() if line.startswith("RAY_")], env  # nor the node's own
+    assert SECRET not in log and "every tenant's jobs" not in log, log
+    assert f"ls: cannot access '{other}'" in log and "another job's log" not in log, log
+    assert f"ls: cannot access '{world.shared}/runs'" in log, log
+    assert (ckpt / "job-walls" / "mine").read_text() == "owned\n"
+    if os.geteuid() == 0:  # what the worker writes is the sandbox uid's
+        assert (ckpt / "job-walls" / "mine").stat().st_uid == SANDBOX_UID
+    assert not (ckpt / "escaped").exists() and not Path("/escaped-root").exists()
+    # the node-local run directory's entries are the actor's: the log and launch files cannot become links
+    for marker in ("LINKED-LOG", "LINKED-LAUNCH", "LINKED-TMP", "IS-A-LINK"):
+        assert marker not in log, log
+    # a single-rank job with file storage has no network: not even the Ray cluster's own port
+    assert "REACHED-RAY" not in log and "ray-unreachable" in log, log
+
+
+def test_a_node_without_bubblewrap_starts_nothing(world: RayWorld, tmp_path: Path) -> None:
+    # the server builds the Ray executor from the same setting as the local one (TRAINYARD_SANDBOX)
+    address = world.cluster.address
+    assert make_executor(Settings(executor="ray", ray_address=address)).sandbox == SandboxSpec()
+    assert make_executor(Settings(executor="ray", ray_address=address, sandbox="none")).sandbox is None
+
+    ex = _executor(address, world.shared, sandbox=SandboxSpec(bwrap=str(tmp_path / "no-bwrap")))
+    try:
+        ex.launch(_request(world, "no-bwrap", 0, "ray-b", world_size=2))
+        events = _run_until(ex, "no-bwrap", lambda evs: bool(_terminal(evs)), timeout_s=120)
+        _settle(ex, "no-bwrap")
+    finally:
+        ex.shutdown()
+    (end,) = _terminal(events)
+    assert end.kind == "failed" and end.data["classification"] == CLASSIFICATION_INFRA, end.data
+    assert f"the sandbox cannot start on Ray node(s) {world.head.ip}" in end.data["reason"], end.data
+    assert "bubblewrap" in end.data["reason"], end.data
+    assert not [e for e in events if e.kind in ("started", "heartbeat", "checkpoint")]
+    # no worker ever ran: nothing came back from the node
+    run_dir = world.shared / "runs" / "no-bwrap"
+    assert not list(run_dir.glob("events-a0-r*.jsonl"))
+    assert "--- attempt 0 rank 0 ---" not in (run_dir / "rank-0.log").read_text()
+
+
+def _settle(ex: RayExecutor, job_id: str, timeout_s: float = 30.0) -> None:
+    """Poll until the job's placement groups are removed (the pools are free for the next test)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        ex.poll()
+        groups = [g for g in _placement_groups().values() if g["name"].startswith(f"trainyard/{job_id}/")]
+        if all(g["state"] == "REMOVED" for g in groups):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the placement groups of {job_id} were not removed within {timeout_s:.0f} s")
 
 
 def _placement_groups() -> dict[str, dict[str, Any]]:

@@ -24,6 +24,13 @@ where every node reads and writes them: ``launch`` refuses storage that is local
 (``file://`` outside the configured shared paths) with a :class:`~trainyard.errors.StorageError`, and
 each rank checks on its node that it reads a probe file the executor wrote there.
 
+Sandbox: with a :class:`~trainyard.executors.sandbox.SandboxSpec` (the server passes the one of
+``TRAINYARD_SANDBOX``, bubblewrap by default, as for the local executor) every rank's actor builds the
+sandbox on its node and starts its worker inside it (ray_actor.py); a node where bubblewrap cannot
+start reports it in ``hello`` and the attempt fails (infrastructure) before any worker starts. The
+``started`` event then carries the host pid of the rank's sandbox (``pid_in_sandbox``: the worker's
+own, in its pid namespace), which is what the service records and an adoption watches.
+
 Control-plane restarts: actors and placement groups are detached and named
 (``<job>/a<attempt>/r<rank>`` in the ``trainyard`` namespace), so ``adopt`` finds them again; an actor
 that nobody drains for ``orphan_timeout_s`` stops its worker and releases its placement group.
