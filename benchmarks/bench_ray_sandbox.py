@@ -45,17 +45,9 @@ def attempt(cls: Any, sandboxed: bool, n: int, shared: Path) -> dict[str, float]
     from trainyard.executors.sandbox import SandboxSpec
 
     job = f"bench-{'sb' if sandboxed else 'bare'}-{n}"
-    req = LaunchRequest(
-        job_id=job,
-        attempt=0,
-        spec={"name": job, "entrypoint": {"command": ["/bin/true"]}},
-        world_size=1,
-        pool="bench",
-        market="on_demand",
-        checkpoint_url=f"file://{shared / 'checkpoints'}",
-        checkpoint_interval_s=None,
-        run_dir=str(shared / "runs" / job),
-    )
+    spec = {"name": job, "entrypoint": {"command": ["/bin/true"]}}
+    ckpt, run_dir = f"file://{shared / 'checkpoints'}", str(shared / "runs" / job)
+    req = LaunchRequest(job, 0, spec, 1, "bench", "on_demand", ckpt, None, run_dir)
     actor = cls.remote(job, 0, 0, 600.0, SandboxSpec() if sandboxed else None)
     try:
         ray.get(actor.drain.remote(0, 0, 0.0))  # the actor's process is up

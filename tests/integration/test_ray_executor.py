@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from sandbox_support import CREDENTIALS, assert_walled_in, first_attacks, server_home
 from trainyard.errors import StorageError
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
@@ -57,7 +58,6 @@ SPEC: dict[str, Any] = {
     "requirements": {"allow": ["cpu"]},
 }
 TERMINAL = ("succeeded", "failed", "lost", "preempted")
-SECRET = "ty_secretadminkey_0123456789"
 
 
 @dataclass
@@ -83,10 +83,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
     os.environ.update(LOOPBACK_ENV)
     shared = tmp_path_factory.mktemp("ray-shared")
     home = tmp_path_factory.mktemp("ray-home")
-    home.chmod(0o700)
-    (home / "api_key").write_text(SECRET)
-    (home / "api_key").chmod(0o600)
-    (home / "trainyard.db").write_text("every tenant's jobs")
+    settings = server_home(home)  # the server's settings reach the executor, never a worker
     cluster = LoopbackRayCluster()
     executor: RayExecutor | None = None
     try:
@@ -94,11 +91,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
             "head", resources={pool_resource("ray-a"): 1, pool_resource("ray-b"): 2}, num_cpus=2
         )
         second = cluster.add_node("second", resources={pool_resource("ray-a"): 1}, num_cpus=2)
-        executor = _executor(
-            cluster.address,
-            shared,
-            extra_env={"TRAINYARD_HOME": str(home), "TRAINYARD_DATABASE_URL": "sqlite:///x.db"},
-        )
+        executor = _executor(cluster.address, shared, extra_env=settings)
         w = RayWorld(cluster, head, second, executor, shared, home)
         yield w
         executor = w.executor  # a test may have replaced it (control-plane restart)
@@ -341,8 +334,7 @@ def test_user_code_on_a_ray_node_is_walled_in(world: RayWorld) -> None:
     run = "$TRAINYARD_RUN_DIR"  # the rank's node-local run directory
     gcs = (world.head.ip, world.cluster.port)  # whoever reaches the GCS runs code as the node's user
     script = (
-        "id -u; echo env:; env; echo :env; "
-        f"cat {home}/api_key; cat {home}/trainyard.db; ls {other}; ls {world.shared}/runs; "
+        first_attacks(home, other) + f"ls {world.shared}/runs; "
         f"echo owned > {ckpt}/job-walls/mine; "
         f"echo escaped > {ckpt}/escaped; echo escaped > /tmp/../escaped-root; "
         f"rm -f {run}/rank-0.log; ln -s {home}/api_key {run}/rank-0.log && echo LINKED-LOG; "
@@ -355,7 +347,7 @@ def test_user_code_on_a_ray_node_is_walled_in(world: RayWorld) -> None:
     )
     spec = {**SPEC, "name": "attack", "entrypoint": {"command": ["sh", "-c", script]}}
     req = _request(world, "job-walls", 0, "ray-b", world_size=1, spec=spec)
-    req.env.update({"TRAINYARD_API_KEY": SECRET, "DATABASE_URL": "postgresql://u:pw@127.0.0.1/db"})
+    req.env.update(CREDENTIALS)
     ex.launch(req)
     events = _run_until(ex, "job-walls", lambda evs: bool(_terminal(evs)), timeout_s=120)
     _settle(ex, "job-walls")
@@ -363,16 +355,9 @@ def test_user_code_on_a_ray_node_is_walled_in(world: RayWorld) -> None:
     (end,) = _terminal(events)
     assert end.kind == "succeeded", (end.data, log)
     assert "done-attacking" in log, log
-    uid = log.split("--- attempt 0 rank 0 ---\n", 1)[1].splitlines()[0]
-    assert uid != "0", log
-    if os.geteuid() == 0:
-        assert uid == str(SANDBOX_UID), log
-    env = log.split("env:\n", 1)[1].split(":env", 1)[0]
-    for name in ("TRAINYARD_HOME", "TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "DATABASE_URL"):
-        assert f"{name}=" not in env, (name, env)
+    env = assert_walled_in(log, other)
     assert not [line for line in env.splitlines() if line.startswith("RAY_")], env  # nor the node's own
-    assert SECRET not in log and "every tenant's jobs" not in log, log
-    assert f"ls: cannot access '{other}'" in log and "another job's log" not in log, log
+    assert "another job's log" not in log, log
     assert f"ls: cannot access '{world.shared}/runs'" in log, log
     assert (ckpt / "job-walls" / "mine").read_text() == "owned\n"
     if os.geteuid() == 0:  # what the worker writes is the sandbox uid's
