@@ -62,6 +62,17 @@ def jobs() -> list[dict[str, Any]]:
     ]
 
 
+def _predicted_from_profiles(home: Path, doc: dict[str, Any], devices: int) -> float:
+    """What `trainyard predict` says from the home's stored profiles (the quote should agree with it)."""
+    from trainyard.catalog.accelerators import get_accelerator
+    from trainyard.predict import predict
+    from trainyard.services.profiles import profile_calibration
+    from trainyard.spec import spec_from_dict
+
+    cal = profile_calibration(home)
+    return predict(spec_from_dict(doc), get_accelerator("cpu"), devices, calibration=cal).step_time_s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the measured median")
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                     cpu = [o for o in options if o["accelerator"] == "cpu" and o["feasible"]]
                     if not cpu:
                         raise SystemExit(f"{spec['name']}: no feasible cpu option in {options}")
-                    quoted[spec["name"]] = cpu[0]["step_time_s"]
+                    quoted[spec["name"]] = {o["devices"]: o["step_time_s"] for o in cpu}
                 for spec in jobs():
                     job = c.submit(spec)
                     done = c.wait(job["id"], timeout_s=900)
@@ -112,13 +123,16 @@ def main(argv: list[str] | None = None) -> int:
                     points = c.job_metrics(job["id"], downsample=False).to_dict()["points"]
                     steps = [p["step_time_s"] for p in points if p["step_time_s"] and p["step"] > args.skip]
                     measured = statistics.median(steps)
-                    predicted = quoted[spec["name"]]
+                    devices = int(done["placement"]["devices"])  # the quote for the placement made
+                    predicted = quoted[spec["name"]][devices]
                     rows.append(
                         {
                             "job": spec["name"],
                             "model": spec["model"],
                             "workload": spec["workload"],
                             "quoted_step_time_s": predicted,
+                            "devices": devices,
+                            "predicted_from_stored_profiles_s": _predicted_from_profiles(home, spec, devices),
                             "measured_step_time_s": measured,
                             "measured_steps": len(steps),
                             "error_pct": 100 * (predicted / measured - 1),
@@ -141,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"fresh server, first-start profile stored after {profiled_s:.1f} s; load {load_start:.1f}")
-    print(f"{'job':16} {'quoted':>10} {'measured':>10} {'error':>8}")
+    print(f"{'job':16} {'devices':>7} {'quoted':>10} {'profiles':>10} {'measured':>10} {'error':>8}")
     for r in rows:
         q, m = r["quoted_step_time_s"] * 1e3, r["measured_step_time_s"] * 1e3
-        print(f"{r['job']:16} {q:8.1f}ms {m:8.1f}ms {r['error_pct']:+7.1f}%")
+        pr = r["predicted_from_stored_profiles_s"] * 1e3
+        print(f"{r['job']:16} {r['devices']:7d} {q:8.1f}ms {pr:8.1f}ms {m:8.1f}ms {r['error_pct']:+7.1f}%")
     print(f"max |error| {worst:.1f} % (target ≤ {TARGET_PCT:.0f} %): {'met' if doc['met'] else 'NOT met'}")
     print(f"wrote {args.out}")
     return 0
