@@ -39,6 +39,7 @@ def both_paths(
     *,
     cache: CandidateCache | None = None,
     time_limit_s: float | None = None,
+    groups: Any = None,
 ) -> RoundResult:
     """``schedule_round`` on the vectorised path, checked against the scalar reference on a cache of its
     own (with the same calibration hook)."""
@@ -46,11 +47,11 @@ def both_paths(
     ref_cache = CandidateCache(calibrated=cache.calibrated if cache is not None else None)
     ref = schedule_round(
         jobs, pools, running, now_s, replace(cfg, vectorised_pricing=False), cache=ref_cache,
-        time_limit_s=time_limit_s,
+        time_limit_s=time_limit_s, groups=groups,
     )  # fmt: skip
     got = schedule_round(
         jobs, pools, running, now_s, replace(cfg, vectorised_pricing=True), cache=cache,
-        time_limit_s=time_limit_s,
+        time_limit_s=time_limit_s, groups=groups,
     )  # fmt: skip
     assert decisions(got) == decisions(ref)
     return got

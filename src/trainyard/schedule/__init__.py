@@ -10,6 +10,7 @@ from trainyard.schedule.round import schedule_round
 from trainyard.schedule.types import (
     Alternative,
     Candidate,
+    JobGroup,
     Placement,
     PoolState,
     QueuedJob,
@@ -25,6 +26,7 @@ __all__ = [
     "Candidate",
     "CandidateCache",
     "EventKind",
+    "JobGroup",
     "JobsFileError",
     "Placement",
     "PoolState",

@@ -34,10 +34,14 @@ from trainyard.schedule.candidates import (
 from trainyard.schedule.grid import CandidateGrid, Rows, pool_markets, spec_grid
 from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
 from trainyard.schedule.solver import (
+    BUDGET_UNITS_PER_USD,
+    GroupLimit,
     PoolCapacity,
     ProblemJob,
     Solution,
     TenantLimit,
+    budget_left_units,
+    cost_units,
     greedy,
     solve,
     whole_nodes,
@@ -45,6 +49,7 @@ from trainyard.schedule.solver import (
 from trainyard.schedule.types import (
     Alternative,
     Candidate,
+    JobGroup,
     Placement,
     QueuedJob,
     RoundResult,
@@ -577,36 +582,48 @@ def _job_options(
     cfg: SchedulerConfig,
     cache: CandidateCache,
     screened: Mapping[str, list[tuple[Pool, list[int], str]]] | None,
+    pin: int | None = None,
 ) -> tuple[Any, ...]:
     """A queued job's options this round: (its spec's view, feasible rows, feasible, fitting now, the
-    model's options, feasible by cost, the greedy seed's wider list, whether its deadline is out of reach)."""
+    model's options, feasible by cost, the greedy seed's wider list, whether its deadline is out of reach).
+    ``pin``: the index of the only pool it may use (its group's), or None."""
     view = views.get(vkey)
     if view is None:
         view = _spec_view(qj, pools, rnd, pools_key, cfg, cache, screened)
         views[vkey] = view
     static = view.static
     grid = static.grid
-    if deadline is None:
+    if deadline is None and pin is None:
         return (view, static.order, view.feasible, view.fitting, view.pruned, view.by_cost, view.seed, False)
-    left_s = deadline - now_s  # the view's finish_s is the p90 duration
-    on_time = grid.finish <= left_s
-    feasible_rows = static.order[on_time[static.order]]
-    if not feasible_rows.size and static.order.size:
-        # No option can finish by the deadline any more (it has passed, or the job waited too long): the
-        # deadline is missed whatever happens, so the job is placed as if it had none (cheapest, or soonest
-        # for objective.minimize: time) rather than stranded in the queue. Its waiting cost keeps the
-        # deadline's urgency, so it goes first when capacity is short.
-        return (view, static.order, view.feasible, view.fitting, view.pruned, view.by_cost, view.seed, True)
+    ok = None if pin is None else grid.pool == pin
+    left_s = None if deadline is None else deadline - now_s  # the view's finish_s is the p90 duration
+    late = False
+    allowed = ok
+    if left_s is not None:
+        on_time = grid.finish <= left_s if ok is None else (grid.finish <= left_s) & ok
+        if not on_time[static.order].any() and (ok is None or ok[static.order].any()) and static.order.size:
+            # No option can finish by the deadline any more (it has passed, or the job waited too long):
+            # the deadline is missed whatever happens, so the job is placed as if it had none (cheapest, or
+            # soonest for objective.minimize: time) rather than stranded in the queue. Its waiting cost
+            # keeps the deadline's urgency, so it goes first when capacity is short.
+            if ok is None:
+                return (view, static.order, view.feasible, view.fitting, view.pruned, view.by_cost, view.seed,
+                        True)  # fmt: skip
+            left_s, late = None, True
+        else:
+            allowed = on_time
+    assert allowed is not None
+    feasible_rows = static.order[allowed[static.order]]
     feasible = Rows(grid, feasible_rows.tolist())
     fitting = Rows(grid, feasible_rows[view.fits[feasible_rows]].tolist())
     if cfg.pareto_pruning:
-        useful = pareto_rows(static, left_s, view.fits)
+        useful = pareto_rows(static, left_s, view.fits if ok is None else view.fits & ok)
     else:
-        ok = on_time & view.fits
-        useful = static.order[ok[static.order]]
+        use = allowed & view.fits
+        useful = static.order[use[static.order]]
     pruned = _prune_rows(grid, useful, cfg)
-    by_cost = Rows(grid, static.by_cost[on_time[static.by_cost]].tolist())
-    return (view, feasible_rows, feasible, fitting, pruned, by_cost, _seed_rows(grid, useful, cfg), False)
+    by_cost = Rows(grid, static.by_cost[allowed[static.by_cost]].tolist())
+    return (view, feasible_rows, feasible, fitting, pruned, by_cost, _seed_rows(grid, useful, cfg), late)
 
 
 def schedule_round(
@@ -618,16 +635,25 @@ def schedule_round(
     *,
     cache: CandidateCache | None = None,
     time_limit_s: float | None = None,
+    groups: Mapping[str, JobGroup] | None = None,
 ) -> RoundResult:
     """Decide placements for the queue (and migrations for running jobs) against live pools.
 
     ``pools`` carry the current free capacity (``available_devices``, running jobs already excluded) and
     current prices. Running jobs count against tenant quotas; each may stay, move (when it pays off, with
-    hysteresis) or be forced off spot when it falls behind its deadline.
+    hysteresis) or be forced off spot when it falls behind its deadline. Queued jobs naming a ``group`` are
+    scheduled as one (:class:`JobGroup`: one pool, a limit on starts and on their summed expected cost);
+    a group's running members keep their allocations.
     """
     cfg = config or SchedulerConfig()
     cache = cache if cache is not None else CandidateCache()
     cache.trim()
+    groups = dict(groups or {})
+    limits_of = {
+        g: GroupLimit(jg.max_starts, None if jg.budget_usd is None else budget_left_units(jg.budget_usd))
+        for g, jg in sorted(groups.items())
+    }
+    pool_index = {p.name: i for i, p in enumerate(pools)}
     pool_by_name = {p.name: p for p in pools}
     problem: list[ProblemJob] = []
     # job -> (feasible, fitting now: both by objective; feasible by expected cost)
@@ -654,18 +680,29 @@ def schedule_round(
     cache.round_memo["options"] = (rkey, this_round)
     for qj in jobs:
         deadline = qj.deadline_abs_s
+        pinned = None if qj.group is None else (groups.get(qj.group) or JobGroup()).pool
+        pin = None if pinned is None else pool_index.get(pinned)
+        if pinned is not None and pin is None:
+            why = f"its group {qj.group} runs on pool {pinned}, which is not among this round's pools"
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, why))
+            continue
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
-        jkey = (vkey, None if deadline is None else deadline - now_s)
+        jkey = (vkey, None if deadline is None else deadline - now_s, pin)
         got = before.get(jkey)
         if got is None:
-            got = _job_options(qj, deadline, now_s, vkey, views, pools, rnd, pools_key, cfg, cache, screened)
+            got = _job_options(
+                qj, deadline, now_s, vkey, views, pools, rnd, pools_key, cfg, cache, screened, pin
+            )
         this_round[jkey] = got
         view, feasible_rows, feasible, fitting, pruned, by_cost, seed_pool, is_late = got
         grid = view.static.grid
         if is_late and deadline is not None:
             late[qj.job_id] = deadline
         if not feasible:
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, _infeasible_reason(view.cands, pools)))
+            why = _infeasible_reason(view.cands, pools)
+            if pinned is not None:
+                why = f"its group {qj.group} runs on pool {pinned}, which cannot run it: " + why
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, why))
             continue
         info[qj.job_id] = (feasible, fitting, by_cost)
         # what the job is expected to cost when it runs later, in objective terms but at list prices
@@ -689,6 +726,7 @@ def schedule_round(
             options=tuple(pruned),
             unplaced_usd=reference + wait,
             rank_usd=wait,
+            group=qj.group,
         )
         full.append((pj, seed_pool))
 
@@ -703,8 +741,8 @@ def schedule_round(
     # (the wider lists are made into candidates only as far as the greedy pass reads them)
     limits = _tenant_limits(cfg, running)
     seeds = _memo(
-        cache, "greedy", (full, capacities, limits),
-        lambda: greedy([replace(pj, options=f) for pj, f in full], capacities, limits),
+        cache, "greedy", (full, capacities, limits, limits_of),
+        lambda: greedy([replace(pj, options=f) for pj, f in full], capacities, limits, limits_of),
     )  # fmt: skip
     for pj, wider in full:
         opts = list(pj.options)
@@ -716,7 +754,9 @@ def schedule_round(
 
     for rj in running:
         running_by_id[rj.job_id] = rj
-        rpj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
+        rpj = None  # a group's member stays: a move would split the pool its group shares
+        if rj.group is None:
+            rpj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
         if rpj is None:
             kept.append(rj.job_id)
         else:
@@ -725,15 +765,16 @@ def schedule_round(
     tenants = _tenant_limits(cfg, running)
     # a model equal to the last round's (nothing it reads changed) has the same answer: the solver is
     # deterministic (one worker, fixed seed, deterministic limits), so it is not searched again
-    key = (problem, capacities, tenants, cfg, time_limit_s)
+    key = (problem, capacities, tenants, limits_of, cfg, time_limit_s)
     again = cache.round_memo.get("solve")
     if again is not None and again[0] == key:
         sol = replace(again[1], wall_time_s=0.0)
     else:
-        sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s)
+        sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s, groups=limits_of)
         cache.round_memo["solve"] = (key, sol)
 
     usage = _tenant_usage(problem, sol)
+    group_use = _group_usage(problem, sol)
     placements: list[Placement] = []
     for pj in problem:
         idx = sol.choice.get(pj.job_id)
@@ -760,16 +801,15 @@ def schedule_round(
             continue
         feasible_now, fitting_now, by_cost_now = info[pj.job_id]
         if idx is None:
-            unplaced.append(
-                Unplaced(
-                    pj.job_id,
-                    pj.tenant,
-                    _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants),
-                )
-            )
+            why = _group_reason(pj, fitting_now, group_use, groups)
+            if why is None:
+                why = _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants)
+            unplaced.append(Unplaced(pj.job_id, pj.tenant, why))
             continue
         chosen = pj.options[idx]
         reason = _placement_reason(chosen, fitting_now, feasible_now, by_cost_now, pool_by_name)
+        if pj.group is not None:
+            reason += f"; group {pj.group} shares {chosen.pool}"
         if pj.job_id in late:
             over_s = now_s + chosen.expected_hours_p90 * 3600.0 - late[pj.job_id]
             reason += (
@@ -889,6 +929,50 @@ def _running_problem(
         rank_usd=1e12 if check.behind else 0.0,
         current_devices=rj.devices,
     )
+
+
+def _group_usage(problem: Sequence[ProblemJob], sol: Solution) -> dict[str, tuple[str, int, int]]:
+    """Per group in this round's solution: (the pool its members took, how many started, their budget
+    units)."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for pj in problem:
+        i = sol.choice.get(pj.job_id)
+        if pj.group is None or i is None:
+            continue
+        opt = pj.options[i]
+        _, n, units = out.get(pj.group, ("", 0, 0))
+        out[pj.group] = (opt.pool, n + 1, units + cost_units(opt.expected_cost_usd))
+    return out
+
+
+def _group_reason(
+    pj: ProblemJob,
+    fitting: Sequence[Candidate],
+    use: Mapping[str, tuple[str, int, int]],
+    groups: Mapping[str, JobGroup],
+) -> str | None:
+    """Why a group's member was left out when its group's limits are what held it back, else None."""
+    if pj.group is None or not fitting:
+        return None
+    g = groups.get(pj.group) or JobGroup()
+    pool, started, units = use.get(pj.group, ("", 0, 0))
+    if g.max_starts is not None and started >= g.max_starts:
+        return (
+            f"its group {pj.group} may start {max(g.max_starts, 0)} more member(s) now (its parallelism less "
+            f"its running members), {'and this round started them' if started else 'none left'}"
+        )
+    here = [c for c in fitting if not pool or c.pool == pool]
+    if pool and not here:
+        return f"its group {pj.group} shares {pool} this round, which has no room left for it"
+    if g.budget_usd is not None and here:
+        left = g.budget_usd - units / BUDGET_UNITS_PER_USD
+        cheapest = min(c.expected_cost_usd for c in here)
+        if cost_units(cheapest) > budget_left_units(g.budget_usd) - units:
+            return (
+                f"its group {pj.group} has {_fmt_usd(max(left, 0.0))} of its budget left for new members; "
+                f"the cheapest option that fits now is expected to cost {_fmt_usd(cheapest)}"
+            )
+    return None
 
 
 def _tenant_usage(problem: Sequence[ProblemJob], sol: Solution) -> dict[str, tuple[int, int]]:

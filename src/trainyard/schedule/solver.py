@@ -7,6 +7,11 @@ Problem (one round):
 * per pool: devices taken ≤ free devices, and nodes taken by multi-node options ≤ whole free nodes
   (a multi-node option takes whole nodes; a single-node option must fit inside one node);
 * per tenant: devices ≤ quota left, concurrently running jobs ≤ quota left;
+* per group (a sweep's trials, ``ProblemJob.group``): every member started this round goes on one pool
+  (a selector ``y[g, p]`` per pool of the group's options, ``Σ_p y[g, p] ≤ 1`` and, per member and pool,
+  ``Σ x[member's options on p] ≤ y[g, p]``), at most ``starts_left`` members start, and the members
+  started cost in all no more than ``budget_units`` (expected cost of each option rounded up to a
+  millionth of a dollar, the budget left rounded down, so the integer row implies the dollar one);
 * objective (integer, ``cost_scale`` units per dollar): Σ chosen option cost + Σ over queued jobs left
   unplaced of (reference cost + waiting cost). The reference cost is what the job is expected to cost
   when it runs later on its cheapest structurally feasible option, so leaving a job out never looks
@@ -45,6 +50,7 @@ class ProblemJob:
     unplaced_usd: float | None  # reference + waiting cost if left out; None = must be placed (running job)
     rank_usd: float = 0.0  # greedy order: larger goes first (priority × urgency × waiting cost)
     current_devices: int = 0  # devices held now (running jobs), for the tenant device quota
+    group: str | None = None  # the group it is scheduled with (queued jobs only): :class:`GroupLimit`
 
     @property
     def must_place(self) -> bool:
@@ -63,6 +69,66 @@ class PoolCapacity:
 class TenantLimit:
     devices_left: int | None
     jobs_left: int | None
+
+
+@dataclass(frozen=True)
+class GroupLimit:
+    """What a group's members may take this round; ``None`` means unlimited. Members always share a pool."""
+
+    starts_left: int | None = None
+    budget_units: int | None = None  # in BUDGET_UNITS_PER_USD (see :func:`budget_left_units`)
+
+
+#: The budget rows count dollars in millionths: exact to a micro-dollar, far inside int64 for any budget.
+BUDGET_UNITS_PER_USD = 1_000_000
+
+
+def cost_units(usd: float) -> int:
+    """An option's expected cost in budget units, rounded up (so Σ units ≤ budget units ⇒ Σ $ ≤ budget $)."""
+    return math.ceil(round(usd * BUDGET_UNITS_PER_USD, 3))
+
+
+def budget_left_units(usd: float) -> int:
+    """A budget left in budget units, rounded down (a negative budget is none at all)."""
+    return max(0, math.floor(round(usd * BUDGET_UNITS_PER_USD, 3)))
+
+
+class _Groups:
+    """The group constraints as the greedy passes check them: the pool a group's members took, the starts
+    and the budget it has left."""
+
+    def __init__(self, groups: Mapping[str, GroupLimit] | None) -> None:
+        groups = groups or {}
+        self.pool: dict[str, str] = {}
+        self.starts = {g: lim.starts_left for g, lim in groups.items() if lim.starts_left is not None}
+        self.budget = {g: lim.budget_units for g, lim in groups.items() if lim.budget_units is not None}
+
+    def closed(self, job: ProblemJob) -> bool:
+        """No member of the job's group may start any more."""
+        g = job.group
+        return g is not None and self.starts.get(g, 1) < 1
+
+    def allows(self, job: ProblemJob, opt: Candidate) -> bool:
+        g = job.group
+        if g is None or opt.is_stay:
+            return True
+        p = self.pool.get(g)
+        if p is not None and opt.pool != p:
+            return False
+        if self.starts.get(g, 1) < 1:
+            return False
+        b = self.budget.get(g)
+        return b is None or cost_units(opt.expected_cost_usd) <= b
+
+    def take(self, job: ProblemJob, opt: Candidate) -> None:
+        g = job.group
+        if g is None or opt.is_stay:
+            return
+        self.pool[g] = opt.pool
+        if g in self.starts:
+            self.starts[g] -= 1
+        if g in self.budget:
+            self.budget[g] -= cost_units(opt.expected_cost_usd)
 
 
 @dataclass(frozen=True)
@@ -102,11 +168,14 @@ def greedy(
     jobs: Sequence[ProblemJob],
     pools: Mapping[str, PoolCapacity],
     tenants: Mapping[str, TenantLimit],
+    groups: Mapping[str, GroupLimit] | None = None,
 ) -> dict[str, int | None]:
     """Place jobs one at a time, most pressing first, each on its cheapest option that still fits.
 
-    A queued job is left out when even its cheapest fitting option costs more than waiting.
+    A queued job is left out when even its cheapest fitting option costs more than waiting. A group's
+    first member placed picks the pool its later members must use.
     """
+    grp = _Groups(groups)
     free = {p.name: node_free_list(p) for p in pools.values()}
     # quick bounds per pool (whole free nodes, largest free share of a node) to skip hopeless options fast
     whole = {name: fl.count(pools[name].devices_per_node) for name, fl in free.items()}
@@ -122,12 +191,16 @@ def greedy(
         dl = t_dev.get(tenant)
         if not job.must_place and ((jl is not None and jl < 1) or (dl is not None and dl < 1)):
             continue  # the tenant's quota is used up (every queued option needs a job slot and a device)
+        if grp.closed(job):
+            continue
         limit = job.unplaced_usd
         held = job.current_devices
         for idx, opt in enumerate(job.options):
             if limit is not None and opt.objective_usd >= limit:
                 break  # options are sorted: waiting is cheaper than this and every later one
             if dl is not None and opt.devices - held > dl:
+                continue
+            if not grp.allows(job, opt):
                 continue
             slot = None
             if not opt.is_stay:
@@ -147,6 +220,7 @@ def greedy(
                 whole[pool] = fl.count(per_node)
                 biggest[pool] = max(fl, default=0)
             choice[job.job_id] = idx
+            grp.take(job, opt)
             if dl is not None:
                 t_dev[tenant] = dl - (opt.devices - held)
             if jl is not None:
@@ -163,9 +237,10 @@ def greedy(
 class _Matrix:
     """The round's 0/1 program in index form, shared by the LP relaxation and the CP-SAT model.
 
-    Variable k is option ``opt[k]`` of job ``job[k]``; ``coef[k]`` is its objective coefficient in integer
-    units (option cost minus the job's unplaced cost); rows are ``Σ a·x ≤ bound`` (capacity, quotas) and
-    one choice row per job (``= 1`` for running jobs, ``≤ 1`` for queued ones).
+    Variable k < ``n_options`` is option ``opt[k]`` of job ``job[k]``; ``coef[k]`` is its objective
+    coefficient in integer units (option cost minus the job's unplaced cost); the variables after them are
+    the groups' pool selectors (``selector[(group, pool)]``, objective 0); rows are ``Σ a·x ≤ bound``
+    (capacity, quotas, groups) and one choice row per job (``= 1`` for running jobs, ``≤ 1`` for queued ones).
     """
 
     job: list[int] = field(default_factory=list)
@@ -175,6 +250,8 @@ class _Matrix:
     rows: list[tuple[list[int], list[int], int]] = field(default_factory=list)
     constant_units: int = 0
     first: dict[str, int] = field(default_factory=dict)
+    n_options: int = 0
+    selector: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def _build(
@@ -182,8 +259,12 @@ def _build(
     pools: Mapping[str, PoolCapacity],
     tenants: Mapping[str, TenantLimit],
     scale: int,
+    groups: Mapping[str, GroupLimit] | None = None,
 ) -> _Matrix:
     m = _Matrix()
+    # group -> its members' option variables, and per (group, member, pool) the member's variables there
+    grp_vars: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    grp_pool: dict[str, dict[tuple[int, str], list[int]]] = defaultdict(dict)
     pool_dev: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     pool_nodes: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
     ten_dev: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
@@ -217,8 +298,32 @@ def _build(
                 tj = ten_jobs[job.tenant]
                 tj[0].append(k)
                 tj[1].append(1)
+            if job.group is not None and not opt.is_stay:
+                gv = grp_vars[job.group]
+                gv[0].append(k)
+                gv[1].append(cost_units(opt.expected_cost_usd))
+                grp_pool[job.group].setdefault((j, opt.pool), []).append(k)
             k += 1
         m.choice_rows.append((m.first[job.job_id], len(job.options), job.must_place))
+    m.n_options = k
+    for g in sorted(grp_vars):
+        vs, units = grp_vars[g]
+        lim = (groups or {}).get(g)
+        if lim is not None and lim.starts_left is not None:
+            m.rows.append((vs, [1] * len(vs), max(lim.starts_left, 0)))
+        if lim is not None and lim.budget_units is not None:
+            m.rows.append((vs, units, max(lim.budget_units, 0)))
+        on = grp_pool[g]
+        names = sorted({p for _, p in on})
+        if len(names) < 2:
+            continue  # every member's options are on one pool: nothing to share
+        for p in names:
+            m.selector[(g, p)] = k
+            m.coef.append(0)
+            k += 1
+        m.rows.append(([m.selector[(g, p)] for p in names], [1] * len(names), 1))
+        for (_, p), member in on.items():
+            m.rows.append(([*member, m.selector[(g, p)]], [1] * len(member) + [-1], 0))
     for name, (vs, cs) in pool_dev.items():
         m.rows.append((vs, cs, pools[name].free_devices))
         if name in pool_nodes:
@@ -233,7 +338,7 @@ def _build(
 
 def _decode(m: _Matrix, jobs: Sequence[ProblemJob], values: Sequence[int]) -> dict[str, int | None]:
     choice: dict[str, int | None] = {job.job_id: None for job in jobs}
-    for k, v in enumerate(values):
+    for k, v in enumerate(values[: m.n_options]):
         if v:
             choice[jobs[m.job[k]].job_id] = m.opt[k]
     return choice
@@ -245,6 +350,7 @@ def _lp_round(
     pools: Mapping[str, PoolCapacity],
     tenants: Mapping[str, TenantLimit],
     config: SchedulerConfig,
+    groups: Mapping[str, GroupLimit] | None = None,
 ) -> tuple[dict[str, int | None], float] | None:
     """LP relaxation (HiGHS) and a rounding: options taken in decreasing LP value, each if it still fits.
 
@@ -301,8 +407,11 @@ def _lp_round(
         return None
     x = np.round(np.asarray(res.x), 6)
     coef = np.asarray(m.coef)
-    order = np.lexsort((np.arange(n), coef, -x))  # LP value desc, then cheaper, then stable
-    chosen = [False] * n
+    n_opt = m.n_options
+    x, coef = x[:n_opt], coef[:n_opt]  # the groups' selectors follow from the options taken
+    order = np.lexsort((np.arange(n_opt), coef, -x))  # LP value desc, then cheaper, then stable
+    chosen = [False] * n_opt
+    grp = _Groups(groups)
     free = {p.name: node_free_list(p) for p in pools.values()}
     t_dev = {t: lim.devices_left for t, lim in tenants.items()}
     t_jobs = {t: lim.jobs_left for t, lim in tenants.items()}
@@ -320,6 +429,8 @@ def _lp_round(
         td = _tenant_devices(job, opt)
         if dl is not None and td > dl:
             continue
+        if not grp.allows(job, opt):
+            continue
         slot = None
         if not opt.is_stay:
             slot = find_slot(free[opt.pool], opt, pools[opt.pool].devices_per_node)
@@ -327,6 +438,7 @@ def _lp_round(
                 continue
             take_slot(free[opt.pool], opt, slot)
         chosen[k] = True
+        grp.take(job, opt)
         taken.add(j)
         if dl is not None:
             t_dev[job.tenant] = dl - td
@@ -347,6 +459,7 @@ def solve(
     config: SchedulerConfig,
     *,
     time_limit_s: float | None = None,
+    groups: Mapping[str, GroupLimit] | None = None,
 ) -> Solution:
     """Solve one round.
 
@@ -355,16 +468,16 @@ def solve(
     limit; the LP stops at ``lp_iteration_limit`` simplex iterations.
     """
     limit = config.time_limit_s if time_limit_s is None else time_limit_s
-    g_choice = greedy(jobs, pools, tenants)
+    g_choice = greedy(jobs, pools, tenants, groups)
     g_obj = objective_usd(jobs, g_choice)
     if not any(j.options for j in jobs):
         return Solution(g_choice, g_obj, g_obj, "empty", 0.0, g_obj)
     scale = config.cost_scale
-    m = _build(jobs, pools, tenants, scale)
+    m = _build(jobs, pools, tenants, scale, groups)
 
     best_choice, best_obj, best_status = g_choice, g_obj, "greedy"
     bound_usd = -math.inf
-    lp = _lp_round(m, jobs, pools, tenants, config)
+    lp = _lp_round(m, jobs, pools, tenants, config, groups)
     if lp is not None:
         lp_choice, lp_bound_units = lp
         bound_usd = lp_bound_units / scale
@@ -397,6 +510,9 @@ def solve(
         idx = best_choice.get(job.job_id)
         if idx is not None and job.job_id in m.first:
             hint[m.first[job.job_id] + idx] = 1
+            sel = m.selector.get((job.group or "", job.options[idx].pool))
+            if job.group is not None and sel is not None:
+                hint[sel] = 1
     proto.solution_hint.vars.extend(range(len(m.coef)))
     proto.solution_hint.values.extend(hint)
 

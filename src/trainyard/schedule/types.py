@@ -31,6 +31,7 @@ class QueuedJob:
     # share of the job's steps already done and checkpointed (a job re-queued after a preemption), in
     # [0, 1): only the rest is priced
     progress_fraction: float = 0.0
+    group: str | None = None  # scheduled as a group with the jobs that name the same one (:class:`JobGroup`)
 
     @property
     def deadline_abs_s(self) -> float | None:
@@ -56,6 +57,7 @@ class RunningJob:
     placed_s: float  # when the current placement started (for the minimum dwell time)
     progress_fraction: float = 0.0  # share of the job's steps already done, in [0, 1]
     priority: int = 0
+    group: str | None = None  # a group's running member keeps its allocation (its group shares the pool)
 
     @property
     def deadline_abs_s(self) -> float | None:
@@ -68,6 +70,23 @@ def deadline_abs_s(spec: JobSpec, submit_s: float) -> float | None:
     submitted = datetime.fromtimestamp(submit_s, tz=UTC) if abs(submit_s) < 1e11 else None
     rel = spec.objective.deadline_s(submitted)
     return None if rel is None else submit_s + rel
+
+
+@dataclass(frozen=True)
+class JobGroup:
+    """Jobs scheduled as a group, such as a sweep's trials (``QueuedJob.group`` names it).
+
+    The members a round starts all go on one pool (``pool``, once the caller has pinned it: where the
+    group's earlier members ran; else the round picks one), so their results compare fairly and their
+    prediction and price are shared. At most ``max_starts`` of them start in the round (the group's
+    parallelism less its running members), and the expected costs of those started add up to no more than
+    ``budget_usd`` (the group's budget less its spend and the rest of its running members). ``None``: no
+    such limit. A group named by jobs but not given here only shares the pool.
+    """
+
+    max_starts: int | None = None
+    budget_usd: float | None = None
+    pool: str | None = None
 
 
 @dataclass(frozen=True)
