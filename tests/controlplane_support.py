@@ -70,10 +70,15 @@ def database_url(kind: str, tmp: Path) -> Iterator[str]:
 
 @contextmanager
 def in_process_platform(
-    settings: Any, *, heartbeat_timeout_s: float = 60.0, price_usd_per_device_hour: float | None = None
+    settings: Any,
+    *,
+    heartbeat_timeout_s: float = 60.0,
+    price_usd_per_device_hour: float | None = None,
+    schedule_round: Any = None,
 ) -> Iterator[tuple[Any, Any, dict[str, str]]]:
     """A platform on ``settings`` with a real local executor and its control loop running, behind
-    FastAPI's TestClient (no port): yields (platform, client, admin headers); stops everything after."""
+    FastAPI's TestClient (no port): yields (platform, client, admin headers); stops everything after.
+    ``schedule_round``: the scheduler (default: the greedy cheapest-option round)."""
     from fastapi.testclient import TestClient
 
     from trainyard.api.app import create_app
@@ -86,7 +91,7 @@ def in_process_platform(
         settings,
         PlatformOptions(
             executor=executor,
-            schedule_round=GreedyCheapestRound(),
+            schedule_round=schedule_round or GreedyCheapestRound(),
             cpu_count=2,
             with_catalog=False,
             loop_interval_s=0.1,

@@ -10,11 +10,19 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainyard.catalog.pools import Pool
-from trainyard.cost.sweep import promotes, quote_sweep, rung_steps, rungs_for
+from trainyard.cost.sweep import (
+    SimTrial,
+    estimate_search,
+    promotes,
+    quote_sweep,
+    rung_steps,
+    rungs_for,
+    simulate_asha,
+)
 from trainyard.errors import SpecError
 from trainyard.spec.sweep import SweepSpec, sweep_from_dict, trial_specs
 
@@ -122,40 +130,130 @@ def test_rungs_shrink_and_end_at_full_length(n: int, eta: int, f0: float, steps:
     assert all(a.trials >= b.trials and a.steps <= b.steps for a, b in itertools.pairwise(rungs))
 
 
-def test_group_quote_matches_a_hand_computation() -> None:
-    """Six identical-cost trials on one CPU pool at $3.60/device-hour = $0.001/device-second; 2 s steps.
-    Rungs (eta 3, f0 1/9, 900 steps): 6 trials x 100 steps, 2 x 200 more, 1 x 600 more = 1,600 steps."""
+def test_asynchronous_halving_matches_a_hand_computation() -> None:
+    """Three trials one at a time, eta 2, a decision at step 50 of 100, $1 a second, 1 s a step. With
+    values 3, 1, 2: trial 0 is the only value at the rung and goes on, trial 1 is the best of two and goes
+    on, trial 2 is not the best of three and stops at 50: 250 steps. Over the 3! orders of the ranks the
+    first always goes on, the second with probability 1/2 (75 steps expected), the third with 1/3
+    (66.7): 241.7 steps, where the synchronous schedule (3 x 50, then 1 x 50) is 200."""
+    tr = [SimTrial(1.0, 0.0, 1.0, 100, (50,))] * 3
+    out = simulate_asha(tr, [[3], [1], [2]], reduction_factor=2, max_parallel=1, budget_usd=None)
+    assert out.states == ("completed", "completed", "stopped") and out.steps == (100, 100, 50)
+    assert out.cost_usd == pytest.approx(250.0) and out.hours == pytest.approx(250.0 / 3600)
+    est = estimate_search(tr, reduction_factor=2, max_parallel=1, budget_usd=None)
+    assert est.outcomes == 6 and est.expected_cost_usd == pytest.approx(100 + 75 + 50 + 50 / 3)
+    assert est.max_cost_usd == pytest.approx(300.0)  # ranks improving in launch order: nobody stops
+    # two at a time: trials 0 and 1 reach the rung together (0 first, by index), then trial 2 alone
+    two = simulate_asha(tr, [[3], [1], [2]], reduction_factor=2, max_parallel=2, budget_usd=None)
+    assert two.steps == (100, 100, 50) and two.hours == pytest.approx(150.0 / 3600)
+    # a start-up is billed once per trial
+    slow = [SimTrial(1.0, 10.0, 1.0, 100, (50,))] * 3
+    out = simulate_asha(slow, [[3], [1], [2]], reduction_factor=2, max_parallel=1, budget_usd=None)
+    assert out.cost_usd == pytest.approx(280.0)
+
+
+def test_the_budget_admits_waits_skips_and_stops() -> None:
+    tr = [SimTrial(1.0, 0.0, 1.0, 100, (50,))] * 3
+    # $250: trials 0 and 1 fit the prediction ($100 each), trial 2 waits, then is admitted when trial 1
+    # stops at 50 and leaves room ($150 + $100 predicted = $250)
+    out = simulate_asha(tr, [[1], [2], [3]], reduction_factor=2, max_parallel=3, budget_usd=250.0)
+    assert out.states == ("completed", "stopped", "stopped") and out.cost_usd == pytest.approx(200.0)
+    # $150 without halving: one trial at a time; the second never fits and is skipped
+    out = simulate_asha(tr, [[1], [2], [3]], reduction_factor=None, max_parallel=3, budget_usd=150.0)
+    assert out.states == ("completed", "skipped", "skipped") and out.cost_usd == pytest.approx(100.0)
+    # a trial dearer than predicted is stopped 5 s of its spend before the budget
+    dear = [SimTrial(1.0, 0.0, 2.0, 100, (), predicted_usd=100.0)]
+    out = simulate_asha(dear, [[]], reduction_factor=None, max_parallel=1, budget_usd=150.0)
+    assert out.states == ("cancelled",) and out.budget_stopped and out.cost_usd == pytest.approx(145.0)
+
+
+def test_group_quote_prices_the_trials_on_one_pool_and_simulates_the_policy() -> None:
+    """Six identical trials at $3.60/device-hour on one CPU pool, 2 s steps, a 60 s start-up: the quote is
+    the simulation's mean over the 720 orders of their ranks, on the quote's own step prices."""
     s = sweep(early_stopping={"reduction_factor": 3, "min_fraction": 1 / 9}, max_parallel=2)
-    q = quote_sweep(s, [POOL])
-    assert q.feasible and len(q.trials) == 6
+    dear = POOL.model_copy(update={"name": "dear-pool", "price_usd_per_device_hour": 7.2})
+    q = quote_sweep(s, [dear, POOL])
+    assert q.feasible and len(q.trials) == 6 and q.pool == "cpu-pool" and q.outcomes == 720
     opt = q.trials[0].option
-    assert opt is not None and opt.accelerator == "cpu"
-    per_step = opt.usd_per_step
-    assert all(t.option is not None and t.option.usd_per_step == pytest.approx(per_step) for t in q.trials)
-    assert [(r.trials, r.steps) for r in q.rungs] == [(6, 100), (2, 300), (1, 900)]
-    assert q.expected_cost_usd == pytest.approx(1600 * per_step)
-    assert q.max_cost_usd == pytest.approx(1600 * per_step)
-    step_h = opt.expected_hours / opt.total_steps
-    # waves: 3 x 100 steps, 1 x 200 steps, 1 x 600 steps
-    assert q.expected_hours == pytest.approx((300 + 200 + 600) * step_h)
-    no_es = quote_sweep(sweep(), [POOL])
-    assert no_es.expected_cost_usd == pytest.approx(6 * 900 * per_step)
-    assert no_es.expected_cost_usd > 3 * q.expected_cost_usd
+    assert opt is not None and all(t.option is not None and t.option.pool == "cpu-pool" for t in q.trials)
+    sim = SimTrial.of(opt, 900, [100, 300])
+    assert sim.rate_usd_per_s == pytest.approx(0.001) and sim.step_s == pytest.approx(2.0, rel=1e-5)
+    assert sim.cost_usd(sim.full_s) == pytest.approx(opt.expected_cost_usd)
+    est = estimate_search([sim] * 6, reduction_factor=3, max_parallel=2, budget_usd=None)
+    assert q.expected_cost_usd == pytest.approx(est.expected_cost_usd)
+    assert q.expected_hours == pytest.approx(est.expected_hours)
+    assert q.no_stopping_cost_usd == pytest.approx(6 * opt.expected_cost_usd)
+    # asynchronous halving lets more go on than the synchronous 6 x 100, 2 x 200, 1 x 600 steps
+    assert q.expected_cost_usd > 6 * 60 * 0.001 + 1600 * opt.usd_per_step
+    assert q.expected_cost_usd < q.no_stopping_cost_usd / 2
+    # served pools first: the dearer one when it is the only pool an executor serves
+    served = quote_sweep(s, [dear, POOL], served={"dear-pool"})
+    assert served.pool == "dear-pool" and served.expected_cost_usd == pytest.approx(2 * q.expected_cost_usd)
 
 
-def test_budget_is_checked_against_the_most_expensive_outcome() -> None:
+def test_a_budget_below_the_expected_search_is_not_feasible_and_caps_the_quote() -> None:
     s = sweep(early_stopping={"reduction_factor": 3, "min_fraction": 1 / 9})
-    full = quote_sweep(s, [POOL])
-    tight = quote_sweep(s.model_copy(update={"budget_usd": full.max_cost_usd * 0.99}), [POOL])
+    free = quote_sweep(s, [POOL])
+    tight = quote_sweep(s.model_copy(update={"budget_usd": free.expected_cost_usd * 0.9}), [POOL])
     assert not tight.feasible and "over its budget" in tight.reason
-    ok = quote_sweep(s.model_copy(update={"budget_usd": full.max_cost_usd * 1.01}), [POOL])
-    assert ok.feasible
+    assert tight.max_cost_usd <= tight.budget_usd and tight.budget_stop_share > 0
+    assert tight.uncapped_cost_usd == pytest.approx(free.expected_cost_usd)
+    ok = quote_sweep(s.model_copy(update={"budget_usd": free.no_stopping_cost_usd * 1.01}), [POOL])
+    assert (
+        ok.feasible
+        and ok.budget_stop_share == 0
+        and ok.expected_cost_usd == pytest.approx(free.expected_cost_usd)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 7),
+    eta=st.integers(2, 4),
+    f0=st.sampled_from([0.1, 0.25, 0.5]),
+    parallel=st.integers(1, 4),
+    budget=st.none() | st.floats(50, 1500),
+    startup=st.sampled_from([0.0, 20.0]),
+)
+def test_quote_invariants(
+    n: int, eta: int, f0: float, parallel: int, budget: float | None, startup: float
+) -> None:
+    """The simulated quote never spends more than every trial run to its end, never more than the
+    budget, is no dearer with early stopping than without (no budget), and costs more with more trials."""
+    steps = 100
+    rungs = [max(1, math.ceil(steps * min(1.0, f0 * eta**r))) for r in range(8)]
+    decisions = tuple(sorted({x for x in rungs if x < steps}))
+
+    def quote_of(k: int, halving: bool = True, cap: float | None = budget) -> Any:
+        trials = [SimTrial(1.0, startup, 1.0, steps, decisions)] * k
+        return estimate_search(
+            trials, reduction_factor=eta if halving else None, max_parallel=parallel, budget_usd=cap,
+            samples=120,
+        )  # fmt: skip
+
+    q = quote_of(n)
+    full = n * (startup + steps)
+    assert q.expected_cost_usd <= q.max_cost_usd + 1e-9 <= full + 1e-6
+    assert q.expected_cost_usd <= quote_of(n, halving=False, cap=None).expected_cost_usd + 1e-9
+    if budget is not None:
+        assert q.max_cost_usd <= budget + 1e-9
+    else:
+        assert quote_of(n + 1).expected_cost_usd >= q.expected_cost_usd - 1e-9
+        assert q.expected_cost_usd <= quote_of(n, halving=False).expected_cost_usd + 1e-9
 
 
 def test_a_trial_without_a_feasible_option_makes_the_sweep_infeasible() -> None:
     s = sweep(parameters={"requirements.allow": {"values": [["cpu"], ["h100"]]}})
     q = quote_sweep(s, [POOL])
     assert not q.feasible and "1 of 2 trials" in q.reason and math.isinf(q.expected_cost_usd)
+
+
+def test_trials_that_no_single_pool_runs_make_the_sweep_infeasible() -> None:
+    t4 = Pool(name="t4-pool", accelerator="t4", devices_per_node=1, nodes=1, market="on_demand",
+              region="local", price_usd_per_device_hour=0.5)  # fmt: skip
+    s = sweep(parameters={"requirements.allow": {"values": [["cpu"], ["t4"]]}})
+    q = quote_sweep(s, [POOL, t4])
+    assert not q.feasible and "no pool can run every trial" in q.reason
 
 
 def test_the_example_sweep_parses_and_quotes_within_its_budget() -> None:

@@ -683,8 +683,8 @@ def schedule_round(
         pinned = None if qj.group is None else (groups.get(qj.group) or JobGroup()).pool
         pin = None if pinned is None else pool_index.get(pinned)
         if pinned is not None and pin is None:
-            why = f"its group {qj.group} runs on pool {pinned}, which is not among this round's pools"
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, why))
+            gone = f"its group {qj.group} runs on pool {pinned}, which is not among this round's pools"
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, gone))
             continue
         vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
         jkey = (vkey, None if deadline is None else deadline - now_s, pin)
@@ -699,10 +699,10 @@ def schedule_round(
         if is_late and deadline is not None:
             late[qj.job_id] = deadline
         if not feasible:
-            why = _infeasible_reason(view.cands, pools)
+            cannot = _infeasible_reason(view.cands, pools)
             if pinned is not None:
-                why = f"its group {qj.group} runs on pool {pinned}, which cannot run it: " + why
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, why))
+                cannot = f"its group {qj.group} runs on pool {pinned}, which cannot run it: " + cannot
+            unplaced.append(Unplaced(qj.job_id, qj.tenant, cannot))
             continue
         info[qj.job_id] = (feasible, fitting, by_cost)
         # what the job is expected to cost when it runs later, in objective terms but at list prices
@@ -801,10 +801,10 @@ def schedule_round(
             continue
         feasible_now, fitting_now, by_cost_now = info[pj.job_id]
         if idx is None:
-            why = _group_reason(pj, fitting_now, group_use, groups)
-            if why is None:
-                why = _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants)
-            unplaced.append(Unplaced(pj.job_id, pj.tenant, why))
+            held = _group_reason(pj, fitting_now, group_use, groups)
+            if held is None:
+                held = _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants)
+            unplaced.append(Unplaced(pj.job_id, pj.tenant, held))
             continue
         chosen = pj.options[idx]
         reason = _placement_reason(chosen, fitting_now, feasible_now, by_cost_now, pool_by_name)

@@ -308,11 +308,11 @@ def _build(
     m.n_options = k
     for g in sorted(grp_vars):
         vs, units = grp_vars[g]
-        lim = (groups or {}).get(g)
-        if lim is not None and lim.starts_left is not None:
-            m.rows.append((vs, [1] * len(vs), max(lim.starts_left, 0)))
-        if lim is not None and lim.budget_units is not None:
-            m.rows.append((vs, units, max(lim.budget_units, 0)))
+        glim = (groups or {}).get(g)
+        if glim is not None and glim.starts_left is not None:
+            m.rows.append((vs, [1] * len(vs), max(glim.starts_left, 0)))
+        if glim is not None and glim.budget_units is not None:
+            m.rows.append((vs, units, max(glim.budget_units, 0)))
         on = grp_pool[g]
         names = sorted({p for _, p in on})
         if len(names) < 2:

@@ -29,7 +29,7 @@ from trainyard.services.governance import GovernanceService
 from trainyard.services.jobs import JobService
 from trainyard.services.pools import PoolService, local_cpu_pool, local_gpu_pools
 from trainyard.services.quoting import QuoteFn
-from trainyard.services.scheduler_adapter import ReplanningSupervisor
+from trainyard.services.scheduler_adapter import OptimizerRound, ReplanningSupervisor
 from trainyard.services.scheduling import ScheduleRound
 from trainyard.services.tenants import TenantService
 from trainyard.serving.models import ModelSource
@@ -182,6 +182,9 @@ class Platform:
             executable=supervisor.executable if supervisor is not None else None,
             clock=clock,
         )
+        rnd = supervisor.schedule_round if supervisor is not None else None
+        if isinstance(rnd, OptimizerRound):  # trials are scheduled as their sweep's group
+            rnd.groups = self.sweeps.scheduling_groups
         from trainyard.serving.gateway import Gateway
         from trainyard.serving.models import ChainedModelSource, RegistryModelSource, StorageModelSource
         from trainyard.serving.service import ServingService

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from trainyard.predict.params import Calibration
 from trainyard.schedule import (
     CandidateCache,
     EventKind,
+    JobGroup,
     QueuedJob,
     Replanner,
     RunningJob,
@@ -87,10 +88,24 @@ def calibrated_predictions(calibration: Calibration | None) -> CalibrationHook |
     return calibrated
 
 
+def job_group(tenant_id: str, spec_doc: Mapping[str, Any]) -> str | None:
+    """The scheduling group of a job: a sweep's trial (tagged ``sweep_id``) is scheduled with its sweep."""
+    tags = spec_doc.get("tags") or {}
+    sweep_id = tags.get("sweep_id") if isinstance(tags, Mapping) else None
+    if not sweep_id:
+        return None
+    from trainyard.services.sweeps import group_key
+
+    return group_key(tenant_id, str(sweep_id))
+
+
 class OptimizerRound:
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.cache = CandidateCache()
+        # the limits of the groups the queue names (``SweepService.scheduling_groups``); None: the groups
+        # only share a pool
+        self.groups: Callable[[Iterable[str]], Mapping[str, JobGroup]] | None = None
         self.calibration: Calibration | None = None  # feedback-corrected predictor calibration
         self._calibration_version: int | None = None
 
@@ -128,6 +143,7 @@ class OptimizerRound:
                     spec=spec,
                     submit_s=view.submitted_at_s,
                     progress_fraction=min(max(float(done), 0.0), 0.999),
+                    group=job_group(view.tenant_id, view.spec),
                 )
             )
             if view.tenant_max_active_devices is not None:
@@ -153,6 +169,7 @@ class OptimizerRound:
                     market=rv.market,
                     placed_s=rv.placed_s,
                     progress_fraction=min(max(rv.progress_fraction, 0.0), 0.999),
+                    group=job_group(rv.tenant_id, rv.spec),
                 )
             )
         if not queued and not moving:
@@ -160,7 +177,9 @@ class OptimizerRound:
         cfg = self.config
         if quotas:
             cfg = replace(cfg, quotas={**dict(cfg.quotas), **quotas})
-        result = schedule_round(queued, list(pools), moving, now_s, cfg, cache=self.cache)
+        named = sorted({q.group for q in queued if q.group is not None})
+        groups = dict(self.groups(named)) if self.groups is not None and named else {}
+        result = schedule_round(queued, list(pools), moving, now_s, cfg, cache=self.cache, groups=groups)
         by_name = {p.name: p for p in pools}
         running_by_id = {r.job_id: r for r in moving}
         placements: dict[str, Placement] = {}

@@ -17,6 +17,9 @@ The control loop calls :meth:`SweepService.tick` after the supervisor's phases. 
 4. **Launch.** Trials start in order, at most ``max_parallel`` open at once, and only while
    ``spent`` + the predicted rest of every open trial (to its last step) + the new trial's predicted
    cost stays within the budget; a trial that can never fit is skipped.
+   The scheduler then places the submitted trials as a group (:meth:`SweepService.scheduling_groups`):
+   on the pool the sweep's first trial ran on, at most ``max_parallel`` running at once, and within the
+   budget left by the trials' spend and the rest of the running ones (a hard row of its optimisation).
 5. **Finish.** When no trial is open or waiting, the completed trial with the best final value is the
    best trial; its model (already registered by its job as ``<sweep>-tNNN@V``) is registered once more
    under the sweep's name, with the sweep, the trial and its parameters in the version's lineage.
@@ -34,7 +37,7 @@ import builtins
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,8 +45,9 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from trainyard.cost.sweep import promotes, quote_sweep, rung_steps, rungs_for
+from trainyard.cost.sweep import STOP_MARGIN_S, promotes, quote_sweep, rung_steps, rungs_for
 from trainyard.errors import InfeasibleError, NotFoundError, TrainyardError
+from trainyard.schedule.types import JobGroup
 from trainyard.services.domain import Job, Principal, iso
 from trainyard.services.jobs import JobService, spec_digest
 from trainyard.services.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState
@@ -57,7 +61,6 @@ from trainyard.store.telemetry_models import METRIC_COLUMNS, JobMetricRow
 
 log = structlog.get_logger("trainyard.sweeps")
 
-STOP_MARGIN_S = 5.0  # the budget stop acts this many seconds of the running trials' spend early
 SMOOTH_FRACTION = 0.1  # a rung's value: the mean over the last 10 % of the steps up to it
 OPEN_SWEEP_STATES = ("running", "cancelling")
 MAX_LIST = 500
@@ -91,6 +94,22 @@ def _job_spent_usd(job: Job, now_s: float) -> float:
     ):
         accrued = max(0.0, now_s - job.attempt_started_at_s) * _rate_usd_per_s(job)
     return float(job.cost_usd) + accrued
+
+
+def _rest_usd(t: dict[str, Any], job: Job, now_s: float) -> float:
+    """The predicted rest of an open trial, to its last step: its predicted cost less what it has cost, or
+    what it really costs a step so far times its steps left, when that says more."""
+    paid = _job_spent_usd(job, now_s)
+    rest = max(0.0, float(t.get("predicted_cost_usd") or 0.0) - paid)
+    done = int(t.get("last_step") or 0)
+    if done > 0:
+        rest = max(rest, paid / done * max(0, t["total_steps"] - done))
+    return rest
+
+
+def group_key(tenant_id: str, sweep_id: str) -> str:
+    """The scheduler's group of a sweep's trials (a tenant's own sweep only: the key names the tenant)."""
+    return f"{tenant_id}/{sweep_id}"
 
 
 def _metric_values(s: Session, job_id: str, metric: str, upto_step: int) -> tuple[int | None, float | None]:
@@ -153,7 +172,7 @@ class SweepService:
                 spec = self.jobs.spec_resolver(principal, spec)
             self.jobs.check_walls(principal, spec)  # 4xx before anything is stored
         quoter = self.jobs._quoter
-        q = quote_sweep(sweep, self._pools(), quoter=quoter)  # type: ignore[arg-type]
+        q = quote_sweep(sweep, self._pools(), quoter=quoter, served=self._served())  # type: ignore[arg-type]
         infeasible = [t for t in q.trials if not t.feasible]
         if infeasible:
             raise InfeasibleError(
@@ -262,6 +281,7 @@ class SweepService:
             sweep = sweep_from_dict(row.spec, row.id)
             trials = [dict(t) for t in row.trials]
             state, tenant_id = row.state, row.tenant_id
+            quote_pool = (row.quote or {}).get("pool")
             doc = dict(row.doc)
             jobs: dict[str, Job] = {}
             repo = JobRepo(s)
@@ -376,7 +396,7 @@ class SweepService:
         spent = sum(_job_spent_usd(j, now) for j in jobs.values())
         # 5. launch the next trials within max_parallel and the budget
         if state == "running":
-            spent = self._launch(sweep, sweep_id, principal, trials, jobs, spent, budget)
+            spent = self._launch(sweep, sweep_id, principal, trials, jobs, spent, budget, quote_pool)
         open_trials = [
             t for t in trials if t["state"] == "waiting" or (t["job_id"] in jobs and _open(jobs[t["job_id"]]))
         ]
@@ -451,19 +471,31 @@ class SweepService:
             allow_user_code=bool(tenant.allow_user_code),
         )
 
-    def _prediction(self, spec_doc: dict[str, Any], fallback: tuple[float, float]) -> tuple[float, float]:
+    def _served(self) -> set[str] | None:
+        """The pools an executor serves (None: not known)."""
+        if self._executable is None or self._live_pools is None:
+            return None
+        executable = self._executable
+        return {p.name for p in self._live_pools() if executable(p)}
+
+    def _prediction(
+        self, spec_doc: dict[str, Any], fallback: tuple[float, float], pool: str | None = None
+    ) -> tuple[float, float]:
         """(expected $ of the whole run, $/step) of a trial as admission quotes it: the cheapest feasible
-        option on a pool an executor serves (the catalog's cloud offers are priced too but never
-        started), else the best option. The expected cost includes what the quote adds to the steps
-        (start-up, checkpoints, expected preemption losses)."""
+        option on the sweep's pool (``pool``: where its trials run), else on a pool an executor serves
+        (the catalog's cloud offers are priced too but never started), else the best option. The
+        expected cost includes what the quote adds to the steps (start-up, checkpoints, expected
+        preemption losses)."""
         quote = self.jobs.quote_for(spec_doc, spec_digest(spec_doc))
         if isinstance(quote, TrainyardError):
             return fallback
         feasible = [o for o in quote if o.get("feasible")]
-        served: set[str] = set()
-        if self._executable is not None and self._live_pools is not None:
-            served = {p.name for p in self._live_pools() if self._executable(p)}
-        mine = [o for o in feasible if o.get("pool") in served] or feasible
+        served = self._served() or set()
+        mine = (
+            [o for o in feasible if pool is not None and o.get("pool") == pool]
+            or [o for o in feasible if o.get("pool") in served]
+            or feasible
+        )
         if not mine:
             return fallback
         return float(mine[0].get("expected_cost_usd") or 0.0), float(mine[0].get("usd_per_step") or 0.0)
@@ -477,21 +509,21 @@ class SweepService:
         jobs: dict[str, Job],
         spent: float,
         budget: float | None,
+        quote_pool: str | None = None,
     ) -> float:
         open_jobs = [j for j in jobs.values() if j.state not in TERMINAL_STATES]
         if len(open_jobs) >= sweep.max_parallel or not any(t["state"] == "waiting" for t in trials):
             return spent
         specs = dict(enumerate(trial_specs(sweep)))
         now = self.clock()
+        # the sweep's pool: where its first trial ran (the scheduler places the others there), else the
+        # pool its quote priced the trials on
+        placed = sorted((t["index"], jobs[t["job_id"]]) for t in trials if t.get("job_id") in jobs)
+        pool = next((j.placement.pool for _, j in placed if j.placement is not None), quote_pool)
         committed = spent
         for j in open_jobs:  # the predicted rest of every open trial, to its last step
             t = next(x for x in trials if x["job_id"] == j.id)
-            paid = _job_spent_usd(j, now)
-            rest = max(0.0, float(t.get("predicted_cost_usd") or 0.0) - paid)
-            done = int(t.get("last_step") or 0)
-            if done > 0:  # what it really costs a step so far, when that says more
-                rest = max(rest, paid / done * max(0, t["total_steps"] - done))
-            committed += rest
+            committed += _rest_usd(t, j, now)
         slots = sweep.max_parallel - len(open_jobs)
         for t in trials:
             if slots <= 0:
@@ -503,7 +535,7 @@ class SweepService:
             spec = spec.model_copy(update={"tags": tags})
             doc = spec.to_document()
             fallback = (float(t.get("predicted_cost_usd") or 0.0), float(t.get("usd_per_step") or 0.0))
-            predicted, per_step = self._prediction(doc, fallback)
+            predicted, per_step = self._prediction(doc, fallback, pool)
             t["predicted_cost_usd"], t["usd_per_step"] = predicted, per_step
             if budget is not None and committed + predicted > budget:
                 if not open_jobs:
@@ -525,6 +557,48 @@ class SweepService:
             committed += predicted
             slots -= 1
         return spent
+
+    def scheduling_groups(self, keys: Iterable[str]) -> dict[str, JobGroup]:
+        """The scheduler's view of the sweeps whose trials wait in the queue (keys from :func:`group_key`):
+        the pool the sweep's first started trial ran on (its later trials share it), how many more may run
+        now (``max_parallel`` less the trials holding capacity), and the budget left for trials started
+        now (``budget_usd`` less the spend and the predicted rest of the running trials). A key naming no
+        open sweep of that tenant gets no starts."""
+        wanted: dict[str, str] = {}
+        for key in keys:
+            tenant_id, _, sweep_id = key.partition("/")
+            wanted[sweep_id] = tenant_id
+        if not wanted:
+            return {}
+        now = self.clock()
+        out: dict[str, JobGroup] = {group_key(t, sid): JobGroup(max_starts=0) for sid, t in wanted.items()}
+        with self.db.session() as s:
+            rows = s.scalars(select(SweepRow).where(SweepRow.id.in_(sorted(wanted)))).all()
+            repo = JobRepo(s)
+            for row in rows:
+                if wanted[row.id] != row.tenant_id or row.state != "running":
+                    continue
+                spec = row.spec or {}
+                trials = sorted(row.trials or [], key=lambda t: int(t["index"]))
+                jobs = [(t, repo.get(t["job_id"])) for t in trials if t.get("job_id")]
+                held = [  # holding capacity: starting, running, or cancelled with the attempt not yet stopped
+                    (t, j)
+                    for t, j in jobs
+                    if j is not None
+                    and (j.state in ACTIVE_STATES or (_open(j) and j.state == JobState.CANCELLED))
+                ]
+                pool = next((j.placement.pool for _, j in jobs if j is not None and j.placement), None)
+                budget = spec.get("budget_usd")
+                left = None
+                if budget is not None:
+                    spent = sum(_job_spent_usd(j, now) for _, j in jobs if j is not None)
+                    rest = sum(_rest_usd(t, j, now) for t, j in held if j.state in ACTIVE_STATES)
+                    left = float(budget) - spent - rest
+                parallel = int(spec.get("max_parallel") or 1)
+                out[group_key(row.tenant_id, row.id)] = JobGroup(
+                    max_starts=max(0, parallel - len(held)), budget_usd=left, pool=pool
+                )
+        return out
 
     def _finish(
         self,
@@ -610,7 +684,18 @@ def _document(row: SweepRow, *, with_trials: bool = True) -> dict[str, Any]:
         "trial_counts": counts,
         "quote": {
             k: (row.quote or {}).get(k)
-            for k in ("expected_cost_usd", "max_cost_usd", "expected_hours", "feasible", "reason", "rungs")
+            for k in (
+                "expected_cost_usd",
+                "max_cost_usd",
+                "expected_hours",
+                "feasible",
+                "reason",
+                "rungs",
+                "pool",
+                "uncapped_cost_usd",
+                "no_stopping_cost_usd",
+                "budget_stop_share",
+            )
         },
         "created_at": iso(row.created_at_s),
         "updated_at": iso(row.updated_at_s),
