@@ -153,6 +153,12 @@ def check_quote_against_the_run(doc: dict[str, Any], jobs: dict[int, dict[str, A
     values = [[t["rungs"].get(str(r), math.inf) for r in range(len(decisions))] for t in trials]
     replay = simulate_asha(sims, values, **run)
     facts = (spent, expected, replay, step_s, startup_s, billed, [t["state"] for t in trials])
+    quoted = doc["quote"]["expected_cost_usd"]
+    print(
+        f"spent ${spent:.4f}; simulated mean ${expected.expected_cost_usd:.4f} "
+        f"(max ${expected.max_cost_usd:.4f}); replay ${replay.cost_usd:.4f}; pre-run quote ${quoted:.4f}; "
+        f"fitted step {step_s:.4f} s, start-up {startup_s:.2f} s; states {facts[-1]}"
+    )
     assert expected.expected_cost_usd == pytest.approx(spent, rel=0.35), facts
     assert replay.cost_usd == pytest.approx(spent, rel=0.15), facts
     assert [s for s in replay.states] == [t["state"] for t in trials], facts
