@@ -430,6 +430,15 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
             "activation_checkpointing": "selective",
         }
         assumptions.append("Neuron tensor degree in NeuronCores halved to chips; selective recompute assumed")
+        # Neuron's data parallelism runs the ZeRO-1 optimizer (master weights and moments sharded over the
+        # replicas; ``params.STACK_PLAN_SPACE``). The precision column says how the states are held:
+        # "BF16+FP32Optimizer" keeps an fp32 master copy and fp32 moments; "BF16+SR" trains the model in
+        # bf16 with stochastic rounding (XLA_USE_BF16: weights, gradients and moments in bf16, no master).
+        plan["distributed_optimizer"] = True
+        if "+SR" in r["precision"]:
+            plan["bf16_states"] = True
+            assumptions.append("BF16+SR: weights, gradients and Adam moments in bf16, no fp32 master copy")
+        assumptions.append("ZeRO-1 optimizer (NeuronX Distributed / neuronx-nemo-megatron data parallel)")
     elif stack == "xla" and not par.strip():
         # Parallelism, micro-batch and rematerialisation not published (MaxText tiering table): the
         # planner chooses, as it would for a user's spec.

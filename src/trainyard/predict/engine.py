@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from trainyard.predict.params import EfficiencyParams
+from trainyard.predict.params import EfficiencyParams, PlanSpace
 from trainyard.predict.workload import Workload, expert_flops_per_token, head_flops_per_token
 from trainyard.spec.models import ActivationCheckpointing, Method
 
@@ -90,11 +90,23 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
+# Every parallelism (the CUDA stacks' space); ``params.STACK_PLAN_SPACE`` narrows it per software stack.
+FULL_SPACE = PlanSpace("any")
+
+
 def enumerate_candidates(
-    topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins, n_experts: int = 1
+    topo: Topology,
+    global_batch: int,
+    n_layers: int,
+    n_heads: int,
+    pins: Pins,
+    n_experts: int = 1,
+    space: PlanSpace = FULL_SPACE,
 ) -> dict[str, np.ndarray]:
-    """All plans for this topology and pins, as parallel integer arrays (possibly empty; shared between
-    callers: never modify them).
+    """All plans for this topology and pins inside the software stack's plan ``space``, as parallel
+    integer arrays (possibly empty; shared between callers: never modify them). A stack without FSDP
+    has only unsharded data parallelism, one without pipelines only pipeline degree 1, one without
+    tensor sharding only tensor degree 1; a pin outside the space leaves no plan.
 
     ``n_experts`` > 1 (MoE) adds the expert-parallel degree: powers of two dividing both the data-parallel
     degree and the expert count (or the pinned degree, when it does).
@@ -107,18 +119,26 @@ def enumerate_candidates(
         n_layers = min(n_layers, 16)
     if pins.tensor is None:
         n_heads = min(n_heads & -n_heads, 64) if n_heads > 0 else n_heads
-    return _enumerate_candidates(topo, global_batch, n_layers, n_heads, pins, n_experts)
+    return _enumerate_candidates(topo, global_batch, n_layers, n_heads, pins, n_experts, space)
 
 
 @lru_cache(maxsize=16384)
 def _enumerate_candidates(
-    topo: Topology, global_batch: int, n_layers: int, n_heads: int, pins: Pins, n_experts: int
+    topo: Topology,
+    global_batch: int,
+    n_layers: int,
+    n_heads: int,
+    pins: Pins,
+    n_experts: int,
+    space: PlanSpace = FULL_SPACE,
 ) -> dict[str, np.ndarray]:
     n = topo.devices
     rows: list[tuple[int, ...]] = []
     cp = pins.context
     if pins.tensor is not None:
-        tps = [pins.tensor]
+        tps = [pins.tensor] if space.tensor or pins.tensor == 1 else []
+    elif not space.tensor:
+        tps = [1]
     else:
         tps = [t for t in _pow2_upto(min(topo.tp_limit, 64)) if n_heads % t == 0]
     for tp in tps:
@@ -126,7 +146,9 @@ def _enumerate_candidates(
             continue
         rest = n // (tp * cp)
         if pins.pipeline is not None:
-            pps = [pins.pipeline]
+            pps = [pins.pipeline] if space.pipeline or pins.pipeline == 1 else []
+        elif not space.pipeline:
+            pps = [1]
         else:
             pps = [p for p in _pow2_upto(min(rest, n_layers, 16))]
         for pp in pps:
@@ -157,6 +179,9 @@ def _enumerate_candidates(
                         scopes.append(FSDP_HYBRID)
             if pins.fsdp_scope is not None and dp > 1:
                 scopes = [pins.fsdp_scope]
+            if not space.fsdp:
+                # the stack cannot shard the model states: unsharded data parallelism only
+                scopes = [s for s in scopes if s == FSDP_NONE]
             for scope in scopes:
                 if scope == FSDP_HYBRID:
                     shard = max(1, min(dp, topo.fast_domain // (tp * cp)))

@@ -12,6 +12,7 @@ Pure: no I/O besides the packaged calibration data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,9 @@ from trainyard.predict.params import (
     WORKSPACE_GIB,
     Calibration,
     EfficiencyParams,
+    PlanSpace,
     default_calibration,
+    plan_space_of,
     stack_of,
 )
 from trainyard.predict.workload import Workload, compute_dtype, training_flops_per_step, workload_of
@@ -96,6 +99,7 @@ class _Context:
     inter_gbs: float
     tp_cap: int
     pins: Pins
+    space: PlanSpace  # what the software stack runs (``params.STACK_PLAN_SPACE``)
     # Device counts already checked for a fitting plan (the smallest-fitting search of every device count
     # of a sweep revisits the same counts); never part of equality.
     fits_memo: dict[int, bool] = field(default_factory=dict, compare=False, repr=False)
@@ -178,7 +182,7 @@ def _candidates(ctx: _Context, devices: int) -> tuple[Topology, dict[str, np.nda
     topo = _topology(ctx, devices)
     sh = ctx.w.shape
     return topo, engine.enumerate_candidates(
-        topo, ctx.w.global_batch, sh.n_blocks, sh.n_heads, ctx.pins, sh.experts_total
+        topo, ctx.w.global_batch, sh.n_blocks, sh.n_heads, ctx.pins, sh.experts_total, ctx.space
     )
 
 
@@ -238,6 +242,11 @@ def _context(
     if accelerator.family == "aws-trainium":
         tp_cap = min(node, 16)
     hw = _hardware(accelerator, dtype, calibration, params)
+    space = plan_space_of(st)
+    pins = _pins_from_spec(spec, plan)
+    if space.zero1 and "distributed_optimizer" not in (plan or {}):
+        # the stack's data parallelism shards master weights and optimizer moments (ZeRO-1)
+        pins = dataclasses.replace(pins, distributed_optimizer=True)
     ctx = _Context(
         w=w,
         acc=accelerator,
@@ -248,13 +257,31 @@ def _context(
         intra_gbs=accelerator.intra_node_gbs / 2.0,
         inter_gbs=(inter_node_gbps if inter_node_gbps is not None else accelerator.inter_node_gbps) / 8.0,
         tp_cap=max(tp_cap, (plan or {}).get("tensor", 1)),
-        pins=_pins_from_spec(spec, plan),
+        pins=pins,
+        space=space,
     )
     return ctx, notes, source, st
 
 
 def _infeasible_reason(ctx: _Context, devices: int) -> str:
     pins = ctx.pins
+    space = ctx.space
+    if pins.pipeline is not None and pins.pipeline > 1 and not space.pipeline:
+        return (
+            f"pipeline parallel {pins.pipeline} is not in the {space.name} stack's plan space "
+            f"({space.describe()}): no pipeline stages"
+        )
+    if pins.tensor is not None and pins.tensor > 1 and not space.tensor:
+        return (
+            f"tensor parallel {pins.tensor} is not in the {space.name} stack's plan space "
+            f"({space.describe()})"
+        )
+    fsdp_pinned = pins.fsdp is True or pins.fsdp_scope in (engine.FSDP_GLOBAL, engine.FSDP_HYBRID)
+    if fsdp_pinned and not space.fsdp:
+        return (
+            f"FSDP is not in the {space.name} stack's plan space ({space.describe()}): it shards only "
+            "the optimizer states over data parallel"
+        )
     if pins.tensor is not None and pins.tensor > ctx.tp_cap:
         return (
             f"tensor parallel {pins.tensor} exceeds the {ctx.tp_cap} devices of one {ctx.acc.name} node "

@@ -30,6 +30,55 @@ DEFAULT_STACK = {
     "cpu": "torch-cpu",
 }
 
+
+@dataclass(frozen=True)
+class PlanSpace:
+    """The parallelisms a software stack can run: the planner enumerates only these, and a pin outside
+    them has no plan (the prediction says why).
+
+    ``fsdp``: sharding the model states over the data-parallel ranks (full or hybrid); ``pipeline``:
+    pipeline stages; ``tensor``: tensor (model) sharding of the layers; ``zero1``: data parallelism
+    shards the fp32 master weights and optimizer moments over the replicas (ZeRO-1), as the stack's
+    trainer does by default.
+    """
+
+    name: str
+    fsdp: bool = True
+    pipeline: bool = True
+    tensor: bool = True
+    zero1: bool = False
+
+    def describe(self) -> str:
+        kinds = [
+            k for k, on in (("FSDP", self.fsdp), ("tensor", self.tensor), ("pipeline", self.pipeline)) if on
+        ]
+        dp = "data parallel with ZeRO-1" if self.zero1 else "data parallel"
+        return f"{self.name}: {', '.join([*kinds, dp])}"
+
+
+# What each software stack runs (the plan space of the planner and of calibration):
+# - CUDA/ROCm/Synapse PyTorch stacks (PyTorch FSDP/FSDP2, Megatron-Core, DeepSpeed): FSDP, tensor, pipeline
+#   and data parallelism.
+# - XLA (MaxText / JAX on TPU, PyTorch-XLA): FSDP and tensor sharding inside a slice (ici_fsdp,
+#   ici_tensor), data parallelism across slices over the data-centre network; no pipeline stages.
+# - Neuron (NeuronX Distributed, neuronx-nemo-megatron on Trainium): tensor, pipeline and data parallelism
+#   with the ZeRO-1 optimizer (master weights and moments sharded over data parallel); no FSDP. The
+#   published Neuron runs are all of this kind (throughput_calibration.csv: TP/PP/DP degrees).
+STACK_PLAN_SPACE: dict[str, PlanSpace] = {
+    "cuda": PlanSpace("cuda"),
+    "rocm": PlanSpace("rocm"),
+    "synapse": PlanSpace("synapse"),
+    "torch-cpu": PlanSpace("torch-cpu"),
+    "xla": PlanSpace("xla", pipeline=False),
+    "neuron": PlanSpace("neuron", fsdp=False, zero1=True),
+}
+
+
+def plan_space_of(stack: str) -> PlanSpace:
+    """The plan space of a software stack (a stack the table does not name runs everything)."""
+    return STACK_PLAN_SPACE.get(stack) or PlanSpace(stack)
+
+
 # Size of the fast-interconnect domain (devices that reach each other over NVLink/ICI/NeuronLink rather
 # than the data-centre network). TPU slices are ICI-connected across hosts up to the pod size
 # (v4 4096 chips, v5e 256, v5p 8960, v6e 256; cloud.google.com/tpu docs); trn1 instances hold 16 chips on
