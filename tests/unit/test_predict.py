@@ -310,10 +310,14 @@ def test_packaged_calibration_predicts_published_rows_in_sample() -> None:
 def test_fit_recovers_parameters_on_a_group() -> None:
     rows, _ = packaged_rows()
     tpu = [r for r in rows if r.family == "google-tpu"]
-    cal = fit_calibration(tpu)
+    v6e = [r for r in tpu if r.accelerator == "tpu-v6e"]
+    cal = fit_calibration([r for r in tpu if r.accelerator != "tpu-v6e"] + v6e[:2])
     assert "google-tpu/xla/bf16" in cal.params
     p, note = cal.lookup("google-tpu", "xla", "bf16", "tpu-v5p")
-    assert note  # v5p has too few rows of its own: group parameters with a note
+    assert not note and p.n_rows == 5  # v5p has enough rows of its own (MIN_ROWS_ACCELERATOR)
+    assert 0.3 < p.mm_max < 0.98
+    p, note = cal.lookup("google-tpu", "xla", "bf16", "tpu-v6e")
+    assert note  # two v6e rows are too few: group parameters with a note
     assert 0.3 < p.mm_max < 0.98
 
 
