@@ -211,7 +211,7 @@ def test_rounds_on_distinct_shapes_decide_alike_on_both_paths() -> None:
     markets, deadlines and budgets) with running jobs: cold and warm rounds on both paths."""
     jobs, pools, running = _distinct_round(90, 12)
     assert running
-    cfg = SchedulerConfig(time_limit_s=0.2)
+    cfg = SchedulerConfig(time_limit_s=5.0)  # room to prove optimality on a loaded machine: equal optima
     cache = CandidateCache()
     cold = both_paths(jobs, pools, running, 1800.0, cfg, cache=cache)
     warm = both_paths(jobs, pools, running, 1800.0, cfg, cache=cache)
