@@ -7,9 +7,15 @@ in a fresh child process so its peak resident set is its own:
 - ``sha256sum FILE`` — the ceiling: reading and hashing the bytes once;
 - ingestion passes 1-2 (stream, validate, normalise, hash rows, de-duplicate, content address,
   hash split + MinHash near-duplicate clusters) — the work done before anything is stored;
-- the whole upload: passes 1-3 (also writing the canonical train and eval files and their sha256s).
+- the whole upload: passes 1-3 (also writing the canonical train and eval files and their sha256s);
+- with ``--baseline-src``, the same two with another checkout's code, alternating with this one's;
+- with ``--tokenizer``, passes 1-2 counting tokens with a byte-level BPE trained on the file, one
+  ``encode`` call per string against one batched call per batch of rows (same counts, checked).
 
-Usage:  python benchmarks/bench_datasets.py [--mb 1024] [--keep FILE]
+Every variant is checked to give the same dataset (content address, counts, split hashes).
+
+Usage:  python benchmarks/bench_datasets.py [--mb 1024] [--keep FILE] [--budget BYTES]
+            [--baseline-src OTHER_CHECKOUT/src] [--tokenizer]
 Writes: benchmarks/results/bench_datasets.json
 """
 
@@ -72,26 +78,39 @@ def generate(path: Path, target_bytes: int, seed: int = 0) -> int:
 
 
 CHILD = """
-import json, sys, time, resource, tempfile
+import json, sys, time, resource, tempfile, shutil
 from pathlib import Path
 from trainyard.datasets.ingest import IngestOptions, ingest
-path, write = sys.argv[1], sys.argv[2] == "1"
-tmp = Path(tempfile.mkdtemp(prefix="bench-ds-"))
+cfg = json.loads(sys.argv[1])
+extra = {}
+if cfg.get("budget"):
+    extra["memory_budget"] = cfg["budget"]
+if cfg.get("tokenizer"):
+    from trainyard.datasets.tokens import TokenizerSpec, token_counters
+    one, batch = token_counters(TokenizerSpec("bench", cfg["tokenizer"]))
+    extra["count_tokens"] = one
+    extra["tokenizer"] = "bench"
+    if cfg.get("batch"):
+        extra["count_tokens_batch"] = batch
+tmp = Path(tempfile.mkdtemp(prefix="bench-ds-", dir=cfg.get("spool")))
 t0 = time.perf_counter()
-with open(path, "rb") as fh:
-    ing = ingest(fh, IngestOptions(eval_fraction=0.1, max_bytes=1 << 40), tmp)
+with open(cfg["path"], "rb") as fh:
+    ing = ingest(fh, IngestOptions(eval_fraction=0.1, max_bytes=1 << 40, **extra), tmp)
 t1 = time.perf_counter()
-if write:
+if cfg["write"]:
     ing.write(f"file://{tmp}/out")
 t2 = time.perf_counter()
 ru = resource.getrusage(resource.RUSAGE_SELF)
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
 ing.close()
-doc = {"ingest_s": t1 - t0, "write_s": t2 - t1, "rows": ing.rows,
+doc = {"ingest_s": t1 - t0, "write_s": t2 - t1, "rows": ing.rows, "sha256": ing.sha256,
        "duplicates_removed": ing.duplicates_removed,
        "near_duplicates_kept_in_train": ing.near_duplicates_kept_in_train, "train_rows": ing.train.rows,
-       "eval_rows": ing.eval.rows,
-       "max_rss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
-import shutil; shutil.rmtree(tmp, ignore_errors=True)
+       "eval_rows": ing.eval.rows, "train_sha256": ing.train.sha256, "eval_sha256": ing.eval.sha256,
+       "train_tokens": ing.train.tokens, "eval_tokens": ing.eval.tokens,
+       "work": getattr(ing, "work", None),
+       "max_rss_mb": ru.ru_maxrss / 1024, "vm_hwm_mib": hwm / 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
+shutil.rmtree(tmp, ignore_errors=True)
 print(json.dumps(doc))
 """
 
@@ -100,19 +119,45 @@ def child_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def run_ingest(path: Path, write: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+def run_ingest(path: Path, write: bool, src: Path = ROOT / "src", **cfg: Any) -> dict[str, Any]:
+    """One ingestion in a fresh child process with ``src`` on its path (another checkout's ``src``
+    measures that code side by side)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path), "1" if write else "0"],
+        [sys.executable, "-c", CHILD, json.dumps({"path": str(path), "write": write, **cfg})],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    doc = json.loads(out.stdout)
+    doc: dict[str, Any] = json.loads(out.stdout)
     doc["process_s"] = time.perf_counter() - t0
     return doc
+
+
+def train_tokenizer(path: Path, out_dir: Path, lines: int = 20_000, vocab: int = 8000) -> Path:
+    """A byte-level BPE trained on the file's first ``lines`` rows (what a base model's tokenizer.json
+    is; nothing downloaded)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = []
+    with path.open("rb") as fh:
+        for _, raw in zip(range(lines), fh, strict=False):
+            texts.extend(m["content"] for m in json.loads(raw)["messages"])
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    return out_dir
 
 
 def baseline_python_rss_mb() -> float:
@@ -124,10 +169,27 @@ def baseline_python_rss_mb() -> float:
     return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout)
 
 
+SAME = ("sha256", "rows", "duplicates_removed", "near_duplicates_kept_in_train", "train_rows", "eval_rows")
+SAME_WRITTEN = ("train_sha256", "eval_sha256", "train_tokens", "eval_tokens")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=1024, help="size of the generated file in MiB")
     ap.add_argument("--keep", type=Path, default=None, help="generate into (or reuse) this file")
+    ap.add_argument("--budget", type=int, default=0, help="IngestOptions.memory_budget (0: its default)")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="another checkout's src/ (e.g. the previous commit's) to measure side by side, alternating",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="also ingest with a BPE tokenizer trained on the file: encode per string vs batched",
+    )
+    ap.add_argument("--spool", type=Path, default=None, help="directory for the spool (default: /tmp)")
     args = ap.parse_args()
     tmpdir = Path(tempfile.mkdtemp(prefix="bench-datasets-"))
     path = args.keep or tmpdir / "chat.jsonl"
@@ -138,6 +200,7 @@ def main() -> None:
         took = time.perf_counter() - t0
         print(f"generated {path} ({path.stat().st_size / 2**20:.0f} MiB, {rows} rows) in {took:.0f} s")
     size_mb = path.stat().st_size / 2**20
+    cfg: dict[str, Any] = {"budget": args.budget, "spool": str(args.spool) if args.spool else None}
     load_start = os.getloadavg()
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -147,72 +210,74 @@ def main() -> None:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     sha_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     sha_rss = child_rss_mb()
-    passes12 = run_ingest(path, write=False)
-    full = run_ingest(path, write=True)
+    runs: dict[str, dict[str, Any]] = {}
+    # alternate this code and the baseline so both see the same load
+    if args.baseline_src:
+        runs["baseline ingest"] = run_ingest(path, False, args.baseline_src.resolve())
+    runs["ingest"] = passes12 = run_ingest(path, False, **cfg)
+    if args.baseline_src:
+        runs["baseline upload"] = run_ingest(path, True, args.baseline_src.resolve())
+    runs["upload"] = run_ingest(path, True, **cfg)
+    if args.tokenizer:
+        tok_dir = train_tokenizer(path, tmpdir / "tokenizer")
+        runs["tokenizer: encode per string"] = run_ingest(path, False, tokenizer=str(tok_dir), **cfg)
+        runs["tokenizer: batched"] = run_ingest(path, False, tokenizer=str(tok_dir), batch=True, **cfg)
     load_end = os.getloadavg()
     base_rss = baseline_python_rss_mb()
+    for name, doc in runs.items():  # every variant must produce the same dataset
+        ref = runs["upload"] if "upload" in name else passes12
+        keys = SAME + (SAME_WRITTEN if "upload" in name else ())
+        if not name.startswith("tokenizer"):
+            assert all(doc[k] == ref[k] for k in keys), f"{name} differs from this code's outcome"
+    if args.tokenizer:
+        a, b = runs["tokenizer: encode per string"], runs["tokenizer: batched"]
+        assert (a["train_tokens"], a["eval_tokens"]) == (b["train_tokens"], b["eval_tokens"])
 
-    rows = [
-        ("sha256sum (ceiling)", sha_s, sha_cpu, sha_rss),
-        (
-            "ingest: validate+normalise+hash+dedup+split",
-            passes12["ingest_s"],
-            passes12["cpu_s"],
-            passes12["max_rss_mb"],
-        ),
-        (
-            "upload: the above + write both splits",
-            full["ingest_s"] + full["write_s"],
-            full["cpu_s"],
-            full["max_rss_mb"],
-        ),
-    ]
+    table = [("sha256sum (ceiling)", sha_s, sha_cpu, sha_rss, None)]
+    labels = {
+        "baseline ingest": "baseline: ingest",
+        "ingest": "ingest: validate+normalise+hash+dedup+split",
+        "baseline upload": "baseline: upload",
+        "upload": "upload: the above + write both splits",
+    }
+    for name, doc in runs.items():
+        wall = doc["ingest_s"] + doc["write_s"]
+        table.append((labels.get(name, name), wall, doc["cpu_s"], doc["max_rss_mb"], doc.get("work")))
     print(
         f"\nfile: {size_mb:.0f} MiB, {passes12['rows']} unique rows,"
         f" {passes12['duplicates_removed']} duplicates,"
         f" {passes12['near_duplicates_kept_in_train']} near-duplicates kept in train;"
-        f" load {load_start[0]:.1f} -> {load_end[0]:.1f}"
+        f" load {load_start[0]:.1f} -> {load_end[0]:.1f}; pass 2: {passes12['work']}"
     )
     print(f"{'what':<46} {'wall s':>8} {'MiB/s':>7} {'CPU s':>7} {'MiB/CPU-s':>10} {'peak RSS MiB':>13}")
-    for name, wall, cpu, rss in rows:
+    for name, wall, cpu, rss, _ in table:
         print(f"{name:<46} {wall:8.2f} {size_mb / wall:7.1f} {cpu:7.2f} {size_mb / cpu:10.1f} {rss:13.1f}")
     print(f"(a Python process with the ingest module imported and nothing read: {base_rss:.0f} MiB)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "machine": {
-                    "platform": platform.platform(),
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                },
-                "load_avg_1m": {"start": load_start[0], "end": load_end[0]},
-                "file_mib": round(size_mb, 1),
-                "sha256sum": {
-                    "seconds": sha_s,
-                    "cpu_s": sha_cpu,
-                    "mib_per_s": size_mb / sha_s,
-                    "mib_per_cpu_s": size_mb / sha_cpu,
-                    "max_rss_mib": sha_rss,
-                },
-                "ingest": {
-                    **passes12,
-                    "mib_per_s": size_mb / passes12["ingest_s"],
-                    "mib_per_cpu_s": size_mb / passes12["cpu_s"],
-                },
-                "upload": {
-                    **full,
-                    "mib_per_s": size_mb / (full["ingest_s"] + full["write_s"]),
-                    "mib_per_cpu_s": size_mb / full["cpu_s"],
-                },
-                "python_baseline_rss_mib": base_rss,
-                "goal": {"mib_per_s": 50, "max_rss_mib": 200},
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    doc_out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "load_avg_1m": {"start": load_start[0], "end": load_end[0]},
+        "file_mib": round(size_mb, 1),
+        "sha256sum": {
+            "seconds": sha_s,
+            "cpu_s": sha_cpu,
+            "mib_per_s": size_mb / sha_s,
+            "mib_per_cpu_s": size_mb / sha_cpu,
+            "max_rss_mib": sha_rss,
+        },
+        "python_baseline_rss_mib": base_rss,
+        "goal": {"mib_per_s": 50, "max_rss_mib": 200},
+    }
+    for name, doc in runs.items():
+        wall = doc["ingest_s"] + doc["write_s"]
+        doc_out[name] = {**doc, "mib_per_s": size_mb / wall, "mib_per_cpu_s": size_mb / doc["cpu_s"]}
+    RESULTS.write_text(json.dumps(doc_out, indent=1) + "\n")
     print(f"wrote {RESULTS}")
 
 

@@ -379,3 +379,70 @@ def test_clusters_are_the_connected_components_of_shared_band_keys() -> None:
                     first[k] = i
         want = [min(j for j in range(n) if find(j) == find(i)) for i in range(n)]
         assert minhash.clusters(bands).tolist() == want
+
+
+def near_duplicate_rows(families: int, seed: int) -> list[dict[str, Any]]:
+    """Chat rows in families of three paraphrases (one word changed each), some exact duplicates."""
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    for i in range(families):
+        words = sentence(rng, 30).split()
+        for v in range(3):
+            w = words[:]
+            w[(5 * v + i) % len(w)] = f"changed{v}"
+            rows.append(
+                {
+                    "messages": [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": " ".join(w)},
+                        {"role": "assistant", "content": f"answer {i} {v}"},
+                    ]
+                }
+            )
+    rows += rng.sample(rows, len(rows) // 20)  # exact duplicates, anywhere
+    rng.shuffle(rows)
+    return rows
+
+
+def test_spilled_multi_pass_ingestion_gives_the_same_version_as_in_memory(tmp_path: Path) -> None:
+    """With a memory budget far below the dataset's per-row state, the columns are spilled to files and
+    pass 2 goes in several passes (hash-prefix ranges, band-key ranges, links joined as they come): the
+    content address, split, files and counts are exactly the in-memory path's."""
+    rows = near_duplicate_rows(1200, seed=9)
+    outcomes = {}
+    for budget in (64 << 20, 256 << 10, 64 << 10):
+        ing = run(rows, tmp_path, eval_fraction=0.3, memory_budget=budget)
+        work = dict(ing.work)
+        name = f"b{budget}"
+        ing.write(f"file://{tmp_path}/{name}")
+        files = {s: (tmp_path / name / f"{s}.jsonl").read_bytes() for s in ("train", "eval")}
+        manifest = (tmp_path / name / "manifest.json").read_bytes()
+        outcomes[budget] = (ing.sha256, ing.split_key, manifest, files, work)
+        ing.close()
+    in_memory = outcomes[64 << 20]
+    assert in_memory[4] == {"spilled": False, "dedupe_passes": 1, "band_passes": 1}
+    smallest = outcomes[64 << 10][4]
+    assert smallest["spilled"] and smallest["dedupe_passes"] > 4 and smallest["band_passes"] > 1
+    assert outcomes[256 << 10][4]["spilled"]
+    for budget, got in outcomes.items():
+        assert got[:4] == in_memory[:4], budget
+    doc = json.loads(in_memory[2])
+    assert doc["duplicates_removed"] == len(rows) - 3600 > 0 and doc["rows"] == 3600
+    assert doc["near_duplicates_kept_in_train"] > 0 and in_memory[3]["eval"]
+    # no family straddles the split, whichever path made it
+    fam = {
+        s: {json.loads(x)["messages"][2]["content"].split()[1] for x in b.splitlines()}
+        for s, b in in_memory[3].items()
+    }
+    assert not fam["train"] & fam["eval"]
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == []  # spool and work files removed
+
+
+def test_spilled_path_removes_its_files_when_the_upload_is_rejected(tmp_path: Path) -> None:
+    """A bad line after the first batches were spilled: the error is reported, and the spool and the
+    spilled columns are removed."""
+    rows: list[Any] = [*near_duplicate_rows(1000, seed=2), {"messages": []}]
+    with pytest.raises(InvalidDatasetError) as info:
+        run(rows, tmp_path, memory_budget=64 << 10)
+    assert [(e["line"], e["kind"]) for e in info.value.details["errors"]] == [(len(rows), "empty_content")]
+    assert list((tmp_path / "spool").iterdir()) == []

@@ -7,7 +7,7 @@ empty bins are filled from the next non-empty bin to the right (rotation densifi
 2017), so two rows agree on a bin with probability equal to their Jaccard similarity J. LSH: 16 bands
 of 6 bins; rows sharing any band key are candidates — the chance of that is 1-(1-J^6)^16: 0.9995 at
 J = 0.85, 0.992 at 0.8, 0.87 at 0.7, 0.22 at 0.5 and 0.01 at 0.3. Candidates are joined into clusters
-transitively (label propagation). A false candidate only moves an eval row to train.
+transitively (a vectorised union-find, :func:`join`). A false candidate only moves an eval row to train.
 
 Why not ``datasketch``: its MinHash is one Python object and several numpy calls per row (tens of
 microseconds each), and its LSH index is a dict of Python objects per band; at a million rows that is
@@ -142,8 +142,8 @@ def clusters(bands: np.ndarray) -> np.ndarray:
     """Cluster label per row: rows sharing a band key, transitively, get the same (smallest) label.
 
     Each band links every row of a group of equal keys to the group's smallest row; the links of all
-    bands (de-duplicated, so rows equal in every band cost one link) are then joined by propagating the
-    smaller label over every link, with pointer jumping, until nothing changes."""
+    bands (de-duplicated, so rows equal in every band cost one link) are then joined by :func:`join`.
+    Ingestion does the same a band and a range of keys at a time (``ingest._cluster``)."""
     n = bands.shape[0]
     labels = np.arange(n, dtype=np.int64)
     if n < 2:
@@ -162,27 +162,35 @@ def clusters(bands: np.ndarray) -> np.ndarray:
         pending.append((order[member].astype(np.int64) << 32) | rep[member])
         held += len(pending[-1])
         if held > n:  # bound the memory when many rows share keys
-            pending = [_distinct(pending)]
+            pending = [distinct(pending)]
             held = len(pending[0])
     if not held:
         return labels
-    links = _distinct(pending)
-    member, rep = links >> 32, links & 0xFFFFFFFF
-    while True:
-        low = np.minimum(labels[member], labels[rep])
-        new = labels.copy()
-        np.minimum.at(new, rep, low)
-        np.minimum.at(new, member, new[rep])
-        while True:  # pointer jumping: follow labels to their roots
-            nxt = new[new]
-            if np.array_equal(nxt, new):
+    links = distinct(pending)
+    join(labels, links >> 32, links & 0xFFFFFFFF)
+    return labels
+
+
+def join(labels: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Union-find, vectorised: join the sets of rows ``a[i]`` and ``b[i]``, in place. ``labels`` maps
+    every row to its set's smallest row (which maps to itself) before and after: each round hooks the
+    larger of every unjoined pair's two roots under the smaller (the smallest, when a root is in
+    several pairs), then follows labels to their roots (pointer jumping), until every pair is joined."""
+    while len(a):
+        ra, rb = labels[a], labels[b]
+        apart = ra != rb
+        if not apart.any():
+            return
+        a, b, ra, rb = a[apart], b[apart], ra[apart], rb[apart]
+        np.minimum.at(labels, np.maximum(ra, rb), np.minimum(ra, rb))
+        while True:
+            nxt = labels[labels]
+            if np.array_equal(nxt, labels):
                 break
-            new = nxt
-        if np.array_equal(new, labels):
-            return labels
-        labels = new
+            labels[:] = nxt
 
 
-def _distinct(parts: list[np.ndarray]) -> np.ndarray:
+def distinct(parts: list[np.ndarray]) -> np.ndarray:
+    """The sorted distinct values of the concatenated ``parts``."""
     x = np.sort(np.concatenate(parts))
     return x[np.r_[True, x[1:] != x[:-1]]]

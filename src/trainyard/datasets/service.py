@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from trainyard.datasets.formats import SCHEMA_VERSION
 from trainyard.datasets.ingest import DEFAULT_MAX_BYTES, IngestOptions, ingest
-from trainyard.datasets.tokens import BYTES, TokenizerSpec, token_counter
+from trainyard.datasets.tokens import BYTES, TokenizerSpec, token_counters
 from trainyard.errors import InvalidInputError, NotFoundError, SpecError, UnknownDatasetError
 from trainyard.services.domain import Principal, iso
 from trainyard.store.datasets_models import DatasetVersionRow
@@ -228,13 +228,15 @@ class DatasetService:
                     details={"errors": [{"field": "base", "message": "unknown base model"}]},
                 ) from None
         context = max_tokens if max_tokens is not None else tok.context_tokens
+        count, count_batch = token_counters(tok)
         options = IngestOptions(
             format=format,
             eval_fraction=eval_fraction,
             seed=seed,
             max_bytes=self.max_bytes,
             max_tokens=context,
-            count_tokens=token_counter(tok),
+            count_tokens=count,
+            count_tokens_batch=count_batch,
             tokenizer=tok.name,
         )
         options.check()

@@ -40,8 +40,18 @@ def model_tokenizer(version: Any) -> TokenizerSpec:
 
 
 def token_counter(spec: TokenizerSpec) -> Callable[[str], int]:
+    return token_counters(spec)[0]
+
+
+def token_counters(
+    spec: TokenizerSpec,
+) -> tuple[Callable[[str], int], Callable[[list[str]], list[int]] | None]:
+    """(count one string, count a list of strings in one call — None for the byte tokenizer, whose
+    count is a length). The batch counter is the fast tokenizer's ``encode_batch_fast`` (the ids of
+    ``encode_batch`` without the character offsets), so each string is counted as ``encode`` counts
+    it; ingestion calls it once per batch of rows instead of calling ``encode`` per string."""
     if spec.path is None:
-        return byte_count
+        return byte_count, None
     path = Path(spec.path)
     file = path / "tokenizer.json" if path.is_dir() else path
     try:
@@ -53,8 +63,12 @@ def token_counter(spec: TokenizerSpec) -> Callable[[str], int]:
             f"the tokenizer of {spec.name} cannot be loaded ({type(exc).__name__})",
             hint="The base model's directory needs a tokenizer.json (a Hugging Face fast tokenizer).",
         ) from None
+    encode_batch = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
 
     def count(text: str) -> int:
         return len(tok.encode(text, add_special_tokens=False).ids)
 
-    return count
+    def count_batch(texts: list[str]) -> list[int]:
+        return [len(e) for e in encode_batch(texts, add_special_tokens=False)]
+
+    return count, count_batch
