@@ -190,6 +190,7 @@ def main() -> None:
         help="also ingest with a BPE tokenizer trained on the file: encode per string vs batched",
     )
     ap.add_argument("--spool", type=Path, default=None, help="directory for the spool (default: /tmp)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help=f"JSON output (default: {RESULTS})")
     args = ap.parse_args()
     tmpdir = Path(tempfile.mkdtemp(prefix="bench-datasets-"))
     path = args.keep or tmpdir / "chat.jsonl"
@@ -253,7 +254,7 @@ def main() -> None:
     for name, wall, cpu, rss, _ in table:
         print(f"{name:<46} {wall:8.2f} {size_mb / wall:7.1f} {cpu:7.2f} {size_mb / cpu:10.1f} {rss:13.1f}")
     print(f"(a Python process with the ingest module imported and nothing read: {base_rss:.0f} MiB)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
     doc_out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -277,8 +278,8 @@ def main() -> None:
     for name, doc in runs.items():
         wall = doc["ingest_s"] + doc["write_s"]
         doc_out[name] = {**doc, "mib_per_s": size_mb / wall, "mib_per_cpu_s": size_mb / doc["cpu_s"]}
-    RESULTS.write_text(json.dumps(doc_out, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    args.results.write_text(json.dumps(doc_out, indent=1) + "\n")
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":

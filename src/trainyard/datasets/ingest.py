@@ -7,8 +7,8 @@ Three passes, none of which holds the data in memory, and whose working memory i
    row (:mod:`trainyard.datasets.formats`), and append its canonical line to a local spool file; per row
    only fixed-size facts are kept, in columns: its sha256 (32 bytes), spool offset and length, token
    count, and 16 MinHash band keys (about 120 bytes a row), plus one byte of flags (its hash side).
-   The columns stay in memory while they fit in half the budget and are spilled to files in a work
-   directory beside the spool once they do not. Every bad line is reported (up to ``max_errors``
+   The columns stay in memory while they fit in a quarter of the budget and are spilled to files in
+   a work directory beside the spool once they do not. Every bad line is reported (up to ``max_errors``
    listed, all counted by kind); once one is found nothing more is spooled. A row already in canonical
    shape (NFC strings, no extra keys) skips building a normalised copy (``formats.FAST``); any other
    row takes the validating path, so results and errors are the same either way. Valid rows are
@@ -80,7 +80,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 HEAP_TRIM_BYTES = 32 << 20
 HEAP_MMAP_BYTES = 8 << 20
 ROW_BLOCK = 8192  # rows whose offsets are turned into Python ints at a time
-SPILL_BUFFER = 1 << 20  # write buffer of a spilled column
+SPILL_BUFFER = 128 << 10  # write buffer of a spilled column
 
 # one row's facts from pass 1; ``prefix`` is the first 8 bytes of ``digest`` read as a big-endian
 # integer (the two fields overlap), which orders rows as their digests do
@@ -95,8 +95,8 @@ ROW = np.dtype(
 ORDER = np.dtype([("row", "<i8"), ("start", "<i8"), ("length", "<i8"), ("tokens", "<i8")])
 EVAL_HASH, DUPLICATE, EVAL = 1, 2, 4  # per-row flag bits
 # bytes of working memory per row held at once in pass 2 (the selected records and their sorts)
-DEDUPE_BYTES_PER_ROW = 2 * ROW.itemsize + 2 * ORDER.itemsize + 64
-BAND_BYTES_PER_ROW = 64
+DEDUPE_BYTES_PER_ROW = ROW.itemsize + 2 * ORDER.itemsize + 96
+BAND_BYTES_PER_ROW = 96
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class _Column:
     def extend(self, records: np.ndarray) -> None:
         data = np.ascontiguousarray(records).view(np.uint8)
         if self.file is None:
-            self.buf += memoryview(data)
+            self.buf += data.data
         else:
             self.file.write(data)
         self.nbytes += data.nbytes
@@ -374,7 +374,7 @@ class _Pass1:
         self.rows = _Column(workdir / "rows.bin", ROW)
         self.bands = [_Column(workdir / f"band-{b}.u32", np.dtype("<u4")) for b in range(minhash.N_BANDS)]
         self.flags = bytearray()
-        self.limit = budget // 2
+        self.limit = budget // 4
         self.spilled = False
         self.offset = 0  # spool bytes so far
 
@@ -571,30 +571,36 @@ def _dedupe(
     address, passes)."""
     n = len(rows)
     parts = max(1, -(-n * DEDUPE_BYTES_PER_ROW // budget))
+    ranges = _ranges(parts, 64)
+    edges = np.array([lo for lo, _ in ranges], dtype=np.uint64)
+    sizes = np.zeros(parts, dtype=np.int64)  # rows per range: each range's arrays are allocated once
+    whole = parts == 1
+    if whole:
+        sizes[0] = n
+    else:
+        for _, recs in rows.chunks(chunk_rows):
+            sizes += np.bincount(np.searchsorted(edges, recs["prefix"], side="right") - 1, minlength=parts)
     h = hashlib.sha256(f"trainyard-dataset/v{SCHEMA_VERSION}\n".encode())
-    for lo, hi in _ranges(parts, 64):
-        got: list[np.ndarray] = []
-        at: list[np.ndarray] = []
-        for first, recs in rows.chunks(chunk_rows):
-            if parts == 1:
-                idx = np.arange(first, first + len(recs))
-                got.append(recs.copy())
-            else:
-                sel = np.flatnonzero(_in_range(recs["prefix"], lo, hi))
-                idx = sel + first
-                got.append(recs[sel])
-            at.append(idx)
-        recs = np.concatenate(got) if len(got) != 1 else got[0]
-        row_idx = np.concatenate(at) if len(at) != 1 else at[0]
-        del got, at
-        if not len(recs):
+    for (lo, hi), size in zip(ranges, sizes.tolist(), strict=True):
+        if not size:
             continue
+        recs = np.empty(size, dtype=ROW)
+        row_idx = np.empty(size, dtype=np.int64)
+        at = 0
+        for first, chunk in rows.chunks(chunk_rows):
+            sel = np.arange(len(chunk)) if whole else np.flatnonzero(_in_range(chunk["prefix"], lo, hi))
+            recs[at : at + len(sel)] = chunk[sel]
+            row_idx[at : at + len(sel)] = sel + first
+            at += len(sel)
+        assert at == size
         # rows come in row order, so a stable sort keeps each hash's first occurrence first
-        srt = np.argsort(recs["digest"], kind="stable")
-        sd = recs["digest"][srt]
-        dup = np.zeros(len(sd), dtype=bool)
+        digests = np.ascontiguousarray(recs["digest"])
+        srt = np.argsort(digests, kind="stable")
+        sd = digests[srt]
+        del digests
+        dup = np.zeros(size, dtype=bool)
         dup[1:] = sd[1:] == sd[:-1]
-        h.update(sd[~dup].tobytes())
+        h.update(np.ascontiguousarray(sd[~dup]).view(np.uint8).data)
         del sd
         flags[row_idx[srt[dup]]] |= DUPLICATE
         keep = srt[~dup]
@@ -603,6 +609,7 @@ def _dedupe(
         out["row"] = row_idx[keep]
         for name in ("start", "length", "tokens"):
             out[name] = recs[name][keep]
+        del recs, row_idx, keep
         order.extend(out)
     return h.hexdigest(), parts
 
@@ -647,28 +654,22 @@ def _cluster(
     labels = np.arange(n, dtype=np.int64 if n >= 2**31 else np.int32)
     unique = int(((flags & DUPLICATE) == 0).sum())
     parts = max(1, -(-unique * BAND_BYTES_PER_ROW // budget))
-    pending: list[np.ndarray] = []
-    held = 0
     for band in bands:
         for lo, hi in _ranges(parts, 32):
             links = _band_links(band, flags, lo, hi, parts == 1, chunk_rows)
-            if len(links):
-                pending.append(links)
-                held += len(links)
-            if held * 16 > budget // 2:  # join what is held: the links stay within the budget
-                _join(labels, minhash.distinct(pending))
-                pending, held = [], 0
-    if pending:
-        _join(labels, minhash.distinct(pending))
+            if len(links):  # at most one a row of the range: joined at once, within the budget
+                _join(labels, links)
+            del links
+        band.close()
+    minhash.flatten(labels)
     return labels, parts
 
 
 def _join(labels: np.ndarray, links: np.ndarray) -> None:
-    """Union-find over ``labels`` (every entry its set's smallest member, which is its own label):
-    join the sets of each link's two rows, keeping the invariant."""
-    a = (links >> np.uint64(32)).astype(np.int64)
-    b = (links & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    minhash.join(labels, a, b)
+    """Join the sets of each link's two rows (``member << 32 | representative``)."""
+    member = (links >> np.uint64(32)).astype(labels.dtype)
+    rep = (links & np.uint64(0xFFFFFFFF)).astype(labels.dtype)
+    minhash.join(labels, member, rep, flat=False)
 
 
 def _split(
@@ -691,8 +692,6 @@ def _split(
         sha, dedupe_passes = _dedupe(cols.rows, flags, order, budget, chunk_rows)
         cols.rows.close()
         labels, band_passes = _cluster(cols.bands, flags, n, budget, chunk_rows * 8)
-        for c in cols.bands:
-            c.close()
         # a cluster holding a row that hashes to train keeps all its rows in train
         has_train = np.zeros(n, dtype=bool)
         for lo in range(0, n, chunk_rows):

@@ -171,23 +171,45 @@ def clusters(bands: np.ndarray) -> np.ndarray:
     return labels
 
 
-def join(labels: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """Union-find, vectorised: join the sets of rows ``a[i]`` and ``b[i]``, in place. ``labels`` maps
-    every row to its set's smallest row (which maps to itself) before and after: each round hooks the
-    larger of every unjoined pair's two roots under the smaller (the smallest, when a root is in
-    several pairs), then follows labels to their roots (pointer jumping), until every pair is joined."""
+def join(labels: np.ndarray, a: np.ndarray, b: np.ndarray, *, flat: bool = True) -> None:
+    """Union-find, vectorised: join the sets of rows ``a[i]`` and ``b[i]``, in place. A row's root is
+    found by following ``labels`` up (``labels[x] <= x``; a root is its own label, and the smallest row
+    of its set). Each round finds the roots of the pairs not yet joined (and points those rows at them),
+    hooks the larger root of each pair under the smaller (the smallest, when a root is in several
+    pairs) and goes on with the pairs of roots. With ``flat`` every label is then pointed at its root
+    (:func:`flatten`), so ``labels`` maps each row to its set's smallest row; without it, call
+    :func:`flatten` after the last join."""
+    a = a.astype(labels.dtype, copy=False)
+    b = b.astype(labels.dtype, copy=False)
     while len(a):
-        ra, rb = labels[a], labels[b]
+        ra, rb = _roots(labels, a), _roots(labels, b)
+        labels[a] = ra
+        labels[b] = rb
         apart = ra != rb
         if not apart.any():
+            break
+        a, b = ra[apart], rb[apart]  # joining the roots joins the rows' sets
+        np.minimum.at(labels, np.maximum(a, b), np.minimum(a, b))
+    if flat:
+        flatten(labels)
+
+
+def flatten(labels: np.ndarray) -> None:
+    """Point every label at its root (pointer jumping)."""
+    while True:
+        nxt = labels[labels]
+        if np.array_equal(nxt, labels):
             return
-        a, b, ra, rb = a[apart], b[apart], ra[apart], rb[apart]
-        np.minimum.at(labels, np.maximum(ra, rb), np.minimum(ra, rb))
-        while True:
-            nxt = labels[labels]
-            if np.array_equal(nxt, labels):
-                break
-            labels[:] = nxt
+        labels[:] = nxt
+
+
+def _roots(labels: np.ndarray, x: np.ndarray) -> np.ndarray:
+    r = labels[x]
+    while True:
+        up = labels[r]
+        if np.array_equal(up, r):
+            return r
+        r = up
 
 
 def distinct(parts: list[np.ndarray]) -> np.ndarray:

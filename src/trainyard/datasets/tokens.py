@@ -27,6 +27,7 @@ class TokenizerSpec:
 
 
 BYTES = TokenizerSpec("bytes")
+BATCH_CHARS = 64 << 10  # characters encoded in one call (each token's encoding is ~100 bytes)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
@@ -69,6 +70,15 @@ def token_counters(
         return len(tok.encode(text, add_special_tokens=False).ids)
 
     def count_batch(texts: list[str]) -> list[int]:
-        return [len(e) for e in encode_batch(texts, add_special_tokens=False)]
+        counts: list[int] = []
+        lo = 0
+        while lo < len(texts):  # slices of about BATCH_CHARS: a slice's encodings are held at once
+            hi, size = lo, 0
+            while hi < len(texts) and (hi == lo or size < BATCH_CHARS):
+                size += len(texts[hi])
+                hi += 1
+            counts.extend(len(e) for e in encode_batch(texts[lo:hi], add_special_tokens=False))
+            lo = hi
+        return counts
 
     return count, count_batch
