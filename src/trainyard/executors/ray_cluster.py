@@ -42,6 +42,8 @@ LOOPBACK_ENV: dict[str, str] = {
 }
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 START_TIMEOUT_S = 120.0
+START_ATTEMPTS = 3
+STARTUP_TIMED_OUT = "timed out during startup"  # ray start's words when the node missed its 30 s
 
 
 def _free_ports(n: int) -> list[int]:
@@ -156,7 +158,23 @@ class LoopbackRayCluster:
         self.stop()
 
     def add_node(self, name: str, *, resources: dict[str, float], num_cpus: int = 2) -> LoopbackNode:
-        """Start a node (the first one is the head) and wait until the cluster lists it as alive."""
+        """Start a node (the first one is the head) and wait until the cluster lists it as alive.
+
+        ``ray start`` gives a node 30 s (not configurable) to register with the GCS; on a machine
+        busy enough to miss that, the node is stopped and started again, up to ``START_ATTEMPTS``."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_node(name, resources=resources, num_cpus=num_cpus)
+            except ServiceUnavailableError as exc:
+                failed = self.nodes.pop()
+                self._stop_nodes([failed], 5.0)
+                if not self.nodes:  # it was the head: the next try picks new ports
+                    self.port = None
+                if attempt == START_ATTEMPTS or STARTUP_TIMED_OUT not in exc.message:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_node(self, name: str, *, resources: dict[str, float], num_cpus: int) -> LoopbackNode:
         head = self.port is None
         taken = {self.port} | {p for n in self.nodes for p in n.ports}
         ports = [p for p in _free_ports(12) if p not in taken][:6]
