@@ -21,7 +21,14 @@ from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.scheduling import GreedyCheapestRound
 from trainyard.settings import Settings
 from trainyard.spec.models import JobSpec
-from trainyard.tenancy.ratelimit import DatabaseBuckets, LeasedBuckets, MemoryBuckets
+from trainyard.tenancy.ratelimit import (
+    TPM_LEASE_S,
+    DatabaseBuckets,
+    LeasedBuckets,
+    MemoryBuckets,
+    TokenBuckets,
+    token_store,
+)
 
 PRICE = 3600.0  # $/device-hour on the local pool: one dollar per device-second, so sums are easy by hand
 ROUNDS = 5
@@ -609,3 +616,162 @@ def test_device_quota_is_checked_at_submission(api: Api) -> None:
     assert "trainyard tenants update small --max-active-devices 4" in r.json()["error"]["hint"]
     spec["resources"] = {"min_devices": 2}
     assert c.post("/v1/jobs", json={"spec": spec}, headers=_h(key)).status_code == 201
+
+
+# ---- tokens per minute: one bucket for every server process -----------------------------------------------
+def _token_stores(db_url: str, n: int = 2) -> tuple[list[Any], list[TokenBuckets]]:
+    """``n`` processes' tokens-per-minute buckets over one database, as a platform builds them."""
+    from trainyard.store.db import Database
+
+    dbs = [Database(db_url) for _ in range(n)]
+    dbs[0].upgrade()
+    return dbs, [TokenBuckets(token_store(LeasedBuckets(DatabaseBuckets(db)))) for db in dbs]
+
+
+def test_token_buckets_of_two_processes_stay_within_the_documented_bound(db_url: str, tmp_path: Path) -> None:
+    """Two processes alternating requests of 200 tokens every 50 ms each (simulated time; 8x what a
+    limit of 60,000 tokens/minute lets through) for 70 s, settling each with half of it: the tokens
+    reserved less those given back, in all and in every 60 s window, stay within burst + rate x (T +
+    TPM_LEASE_S), near that bound (neither process starves), at about one statement per lease; the
+    tokens given back are admitted again (the total is near the bound, not near half of it)."""
+    from sqlalchemy import event
+
+    dbs, buckets = _token_stores(db_url)
+    statements = [0]
+    for db in dbs:
+
+        @event.listens_for(db.engine, "before_cursor_execute")
+        def _count(*_: Any) -> None:
+            statements[0] += 1
+
+    tpm, n, step, duration, t0 = 60_000, 200, 0.025, 70.0, 1_800_000_000.0
+    rate, burst = tpm / 60.0, float(tpm)
+    try:
+        net: list[tuple[float, float]] = []  # (time, tokens reserved less given back)
+        per_process = [0.0, 0.0]
+        steps = int(duration / step)
+        for i in range(steps):
+            now = t0 + i * step
+            b = buckets[i % 2]
+            d, reserved = b.reserve("tpm:t", tokens_per_minute=tpm, n=n, now=now)
+            if d.allowed:
+                assert reserved == n
+                b.settle("tpm:t", tokens_per_minute=tpm, reserved=reserved, used=n / 2, now=now)
+                net.append((now - t0, n / 2))
+                per_process[i % 2] += n / 2
+            else:
+                assert reserved == 0 and d.retry_after_s > 0
+        total = sum(x for _, x in net)
+        assert total <= burst + rate * (duration + TPM_LEASE_S), total
+        assert total >= 0.95 * (burst + rate * duration), total
+        assert min(per_process) >= 0.2 * total, per_process
+        for start in range(0, int(duration) - 59):
+            window = sum(x for t, x in net if start <= t < start + 60)
+            assert window <= burst + rate * (60 + TPM_LEASE_S), (start, window)
+        # refused requests ask the database; admitted ones mostly come out of leases
+        refused = steps - len(net)
+        assert statements[0] - refused <= 2 * (duration / TPM_LEASE_S + burst / (rate * TPM_LEASE_S)) + 10, (
+            statements[0],
+            refused,
+        )
+    finally:
+        for db in dbs:
+            db.dispose()
+
+
+def test_token_buckets_of_two_processes_admit_at_most_one_bucket_under_concurrency(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two processes, 50 threads each, the clock still: the requests admitted reserve one bucket in all
+    (not one per process), less at most what is left in each lease."""
+    dbs, buckets = _token_stores(db_url)
+    tpm, n, now = 6_000, 30, 1_800_000_000.0  # 100 tokens/s: leases of 100 tokens
+    try:
+        for rnd in range(ROUNDS):
+            barrier = threading.Barrier(100)
+            got: list[float] = []
+            lock = threading.Lock()
+
+            def take(
+                b: TokenBuckets,
+                rnd: int = rnd,
+                barrier: threading.Barrier = barrier,
+                lock: threading.Lock = lock,
+                got: list[float] = got,
+            ) -> None:
+                barrier.wait()
+                for _ in range(3):
+                    _, reserved = b.reserve(f"tpm:c{rnd}", tokens_per_minute=tpm, n=n, now=now)
+                    with lock:
+                        got.append(reserved)
+
+            threads = [threading.Thread(target=take, args=(b,)) for b in buckets for _ in range(50)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert len(got) == 300
+            assert tpm - 3 * n <= sum(got) <= tpm, sum(got)  # never past the one shared bucket
+    finally:
+        for db in dbs:
+            db.dispose()
+
+
+def test_platforms_on_one_database_share_the_tokens_per_minute_bucket(tmp_path: Path) -> None:
+    """The gateway's buckets are the rate limiter's store: with shared buckets (here the database
+    backend on SQLite) two server processes draw from one bucket; in process, each from its own."""
+    url = f"sqlite:///{tmp_path / 'tpm.db'}"
+    shared = [
+        Platform.open(
+            Settings(home=tmp_path / h, database_url=url, rate_limit_backend="database"),
+            PlatformOptions(with_catalog=False),
+        )
+        for h in ("a", "b")
+    ]
+    local = Platform.open(
+        Settings(home=tmp_path / "c", database_url=url), PlatformOptions(with_catalog=False)
+    )
+    try:
+        a, b = (p.serving_gateway.token_buckets for p in shared)
+        assert a.store.shared and isinstance(a.store, LeasedBuckets) and a.store.lease_s == TPM_LEASE_S
+        d, _ = a.reserve("tpm:x", tokens_per_minute=600, n=600)
+        assert d.allowed
+        d, _ = b.reserve("tpm:x", tokens_per_minute=600, n=10)
+        assert not d.allowed and d.retry_after_s >= 0.5  # the other process took the minute's tokens
+        d, _ = local.serving_gateway.token_buckets.reserve("tpm:x", tokens_per_minute=600, n=600)
+        assert d.allowed  # the embedded default counts in process
+    finally:
+        for p in (*shared, local):
+            p.close()
+
+
+# ---- a budget set through one server process binds the others at once ----------------------------------
+@pytest.mark.parametrize("queue_quota", [None, 1000])
+def test_a_first_budget_set_through_another_server_binds_the_next_submission(
+    db_url: str, tmp_path: Path, queue_quota: int | None
+) -> None:
+    """A has the tenant's principal cached from before it had any budget (``governed`` false); B sets
+    a hard budget for two jobs. A's next submissions with that principal are admitted against it: two
+    fit, the third is refused, and A's caches of the tenant are forgotten."""
+    a = _platform(tmp_path / "a", db_url)
+    b = _platform(tmp_path / "b", db_url)
+    try:
+        spec = JobSpec.model_validate(tiny_spec("first", steps=200))
+        doc = spec.to_document()
+        amount, _ = reservation_amount(a.jobs.quote_for(doc, spec_digest(doc)))
+        _, key = a.tenants.create("fresh", max_queued_jobs=queue_quota)
+        who = a.tenants.authenticate(key)
+        assert not who.governed and a.tenants.cached_principal(key) is who
+        a.jobs.submit(who, spec)  # no budget yet: admitted, nothing reserved
+        b.governance.set_budget("fresh", usd=amount * 2.5, hard=True)
+        a.jobs.submit(who, spec)
+        assert a.tenants.cached_principal(key) is None  # read afresh from the next request on
+        a.jobs.submit(who, spec)
+        with pytest.raises(BudgetExceededError):
+            a.jobs.submit(who, spec)
+        budget = b.governance.get_budget(who, "fresh")
+        assert budget["reserved_usd"] == pytest.approx(2 * amount, abs=1e-5)
+        assert a.tenants.authenticate(key).governed
+    finally:
+        a.close()
+        b.close()

@@ -37,6 +37,7 @@ from trainyard.services.lifecycle import TERMINAL_STATES, JobState, check_transi
 from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
+from trainyard.store.governance_repo import GovernanceRepo
 from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
 from trainyard.tenancy import ledger
 from trainyard.tenancy.admission import ALONE, REFUSED, BatchedAdmissions
@@ -121,6 +122,10 @@ def job_document(
     return doc
 
 
+class _NowGoverned(Exception):
+    """Raised inside a submission's transaction (rolled back) whose tenant turned out to have a budget."""
+
+
 class JobService:
     def __init__(
         self,
@@ -147,7 +152,9 @@ class JobService:
         self._quote_lock = threading.Lock()
         # budget definitions per tenant for the admission fast path (see ledger.BudgetCache)
         self.budget_cache = ledger.BudgetCache()
-        # PostgreSQL: concurrent fast-path admissions of one budget period share one transaction
+        # called with a tenant id when a submission finds a budget its principal did not know of
+        self.on_governed: Callable[[str], None] | None = None
+        # concurrent fast-path admissions of one budget period share one transaction
         self.admissions = BatchedAdmissions(db)
         # submission-time resolution of registry references (model.base), set by the platform
         self.spec_resolver: Callable[[Principal, JobSpec], JobSpec] | None = None
@@ -218,51 +225,59 @@ class JobService:
         try:
             if principal.max_queued_jobs is None and not principal.governed:
                 # no quota or budget to check: the job and its first event are the only write (on
-                # PostgreSQL one statement, committed on its own — see insert_job and write_connection)
+                # PostgreSQL one statement, committed on its own — see insert_job and write_connection),
+                # made only while the tenant still has no budget (one set through another server
+                # process since this principal was read is enforced from this submission on)
                 with self.db.write_connection(single_statement=True) as conn:
-                    stored = insert_job(conn, job, first_event)
-            else:
-                # a budget applies: quote now (cached by spec digest), to reserve the quoted cost in the
-                # same transaction as the job
-                reserve = reservation_amount(self.quote_for(doc, digest)) if principal.governed else None
-                tags = dict(doc.get("tags") or {})
-                if reserve is not None and principal.max_queued_jobs is None:
-                    fast = self._submit_reserving(principal, job, first_event, tags, reserve[0], now)
-                    if fast is not None:
-                        return fast, True
-                with self.db.session() as s:
-                    # One serialising point per tenant: the tenant's row, locked for the transaction
-                    # (SELECT … FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
-                    # writers). Concurrent submissions of one tenant count, reserve and insert one at a
-                    # time, so the quota and the budget hold exactly; other tenants are not blocked.
-                    TenantRepo(s).lock(principal.tenant_id)
-                    repo = JobRepo(s)
-                    if idempotency_key is not None:
-                        # a resend of an accepted submission is answered with the original job, even
-                        # when the tenant is now at its quota or budget (and reserves nothing again)
-                        existing = repo.by_idempotency_key(principal.tenant_id, idempotency_key)
-                        if existing is not None:
-                            return self._replay(existing, digest), False
-                    if principal.max_queued_jobs is not None:
-                        open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
-                        check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
-                    if reserve is not None:
-                        conn = s.connection()
-                        budgets = ledger.tenant_budgets(conn, principal.tenant_id)
-                        self.budget_cache.put(principal.tenant_id, budgets)
-                        ledger.reserve(
-                            conn,
-                            tenant_id=principal.tenant_id,
-                            tenant_name=principal.tenant_name,
-                            job_id=job.id,
-                            tags=tags,
-                            amount_usd=reserve[0],
-                            basis=reserve[1],
-                            now_s=now,
-                            budgets=budgets,
-                        )
-                    stored = repo.add(job, first_event=first_event)
+                    seq = ledger.insert_job_unless_governed(conn, job, first_event)
+                if seq is not None:
+                    return replace(job, seq=seq), True
+                principal = self._now_governed(principal)
+            # a budget applies: quote now (cached by spec digest), to reserve the quoted cost in the
+            # same transaction as the job
+            reserve = reservation_amount(self.quote_for(doc, digest)) if principal.governed else None
+            tags = dict(doc.get("tags") or {})
+            if reserve is not None and principal.max_queued_jobs is None:
+                fast = self._submit_reserving(principal, job, first_event, tags, reserve[0], now)
+                if fast is not None:
+                    return fast, True
+            with self.db.session() as s:
+                # One serialising point per tenant: the tenant's row, locked for the transaction
+                # (SELECT … FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
+                # writers). Concurrent submissions of one tenant count, reserve and insert one at a
+                # time, so the quota and the budget hold exactly; other tenants are not blocked.
+                TenantRepo(s).lock(principal.tenant_id)
+                repo = JobRepo(s)
+                if idempotency_key is not None:
+                    # a resend of an accepted submission is answered with the original job, even
+                    # when the tenant is now at its quota or budget (and reserves nothing again)
+                    existing = repo.by_idempotency_key(principal.tenant_id, idempotency_key)
+                    if existing is not None:
+                        return self._replay(existing, digest), False
+                if principal.max_queued_jobs is not None:
+                    open_jobs = repo.count(tenant_id=principal.tenant_id, states=OPEN_STATES)
+                    check_queue_quota(principal.tenant_name, open_jobs, principal.max_queued_jobs)
+                if not principal.governed and GovernanceRepo(s).has_budget(principal.tenant_id):
+                    raise _NowGoverned  # a budget set since the principal was read: quote, reserve
+                if reserve is not None:
+                    conn = s.connection()
+                    budgets = ledger.tenant_budgets(conn, principal.tenant_id)
+                    self.budget_cache.put(principal.tenant_id, budgets)
+                    ledger.reserve(
+                        conn,
+                        tenant_id=principal.tenant_id,
+                        tenant_name=principal.tenant_name,
+                        job_id=job.id,
+                        tags=tags,
+                        amount_usd=reserve[0],
+                        basis=reserve[1],
+                        now_s=now,
+                        budgets=budgets,
+                    )
+                stored = repo.add(job, first_event=first_event)
             return stored, True
+        except _NowGoverned:
+            return self._submit(self._now_governed(principal), spec, idempotency_key)
         except IntegrityError:
             if idempotency_key is None:
                 raise
@@ -270,6 +285,15 @@ class JobService:
             if found is None:
                 raise
             return found, False
+
+    def _now_governed(self, principal: Principal) -> Principal:
+        """The principal of a tenant found to have a budget that the cached one did not know of (set
+        through another server process): the caches of the tenant are forgotten, so that its next
+        requests are read afresh."""
+        self.budget_cache.invalidate(principal.tenant_id)
+        if self.on_governed is not None:
+            self.on_governed(principal.tenant_id)
+        return replace(principal, governed=True)
 
     def _submit_reserving(
         self,
@@ -289,19 +313,20 @@ class JobService:
         if pick is None:
             return None
         budget, n_hard = pick
+        # concurrent admissions of one budget period share one transaction (one commit for them all)
+        seq = self.admissions.admit(
+            budget=budget,
+            n_hard=n_hard,
+            job=job,
+            first_event=first_event,
+            amount_usd=amount_usd,
+            now_s=now,
+        )
+        if seq is REFUSED:
+            return None
+        if seq is not ALONE:
+            return replace(job, seq=int(seq))
         if self.db.dialect == "postgresql":
-            seq = self.admissions.admit(
-                budget=budget,
-                n_hard=n_hard,
-                job=job,
-                first_event=first_event,
-                amount_usd=amount_usd,
-                now_s=now,
-            )
-            if seq is REFUSED:
-                return None
-            if seq is not ALONE:
-                return replace(job, seq=int(seq))
             with self.db.write_connection(single_statement=True) as conn:
                 seq = ledger.reserve_one_and_insert_job(
                     conn,

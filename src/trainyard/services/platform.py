@@ -35,7 +35,7 @@ from trainyard.services.tenants import TenantService
 from trainyard.serving.models import ModelSource
 from trainyard.settings import Settings
 from trainyard.store.db import Database
-from trainyard.tenancy.ratelimit import RateLimiter, make_store
+from trainyard.tenancy.ratelimit import RateLimiter, TokenBuckets, make_store, token_store
 from trainyard.tenancy.storage import StoragePolicy
 
 log = structlog.get_logger("trainyard.platform")
@@ -141,6 +141,7 @@ class Platform:
         self.governance = GovernanceService(self.db, clock)
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self._budgets_changed
+        self.jobs.on_governed = self.tenants.invalidate_tenant  # a budget set by another server process
         self.rate_limiter = RateLimiter(make_store(self.db, settings.rate_limit_backend))
         from trainyard.tenancy.storage_meter import StorageMeter
 
@@ -202,6 +203,9 @@ class Platform:
             placement=self._serving_placement,
         )
         self.serving_gateway = Gateway(self.serving)
+        # tokens per minute drawn from the request-rate limiter's store (shared by every server process
+        # on the database when that one is)
+        self.serving_gateway.token_buckets = TokenBuckets(token_store(self.rate_limiter.store), clock)
         from trainyard.datasets.records import RunRecords
 
         self.records = RunRecords(self.db, clock)

@@ -149,8 +149,7 @@ class Gateway:
         # set by observability.install_observability: GenAI and forwarding spans, serving metrics
         self.tracer: Any = None
         self.observe: Callable[[dict[str, Any]], None] | None = None
-        self.token_buckets = TokenBuckets()
-        self.clock: Callable[[], float] = time.monotonic
+        self.token_buckets = TokenBuckets()  # the platform gives it the rate limiter's store
 
     def _ensure(self) -> tuple[aiohttp.ClientSession, asyncio.Queue[_Shadow]]:
         loop = asyncio.get_running_loop()
@@ -260,7 +259,7 @@ class Gateway:
                 resp.headers.update(exc.headers)
             return resp
 
-    def _admit_tokens(
+    async def _admit_tokens(
         self, tenant_id: str, tokens_per_minute: int, req: Any, body: dict[str, Any]
     ) -> Callable[[dict[str, Any] | None, int], None]:
         """Reserve the request's estimated prompt tokens plus ``max_tokens`` from the tenant's
@@ -268,8 +267,8 @@ class Gateway:
         reservation with the usage the replica reported (none on a failed request: all returned)."""
         key = f"tpm:{tenant_id}"
         want = estimate_prompt_tokens(req) + int(body.get("max_tokens") or 16)
-        decision, reserved = self.token_buckets.reserve(
-            key, tokens_per_minute=tokens_per_minute, n=want, now=self.clock()
+        decision, reserved = await self.token_buckets.areserve(  # from memory unless a lease is due
+            key, tokens_per_minute=tokens_per_minute, n=want
         )
         if not decision.allowed:
             hdrs = decision.headers()
@@ -344,7 +343,9 @@ class Gateway:
         if stream:
             body["stream_options"] = {"include_usage": True}
         tags = {**dep.tags, **(req.metadata or {})}
-        settle = self._admit_tokens(tenant_id, tokens_per_minute, req, body) if tokens_per_minute else None
+        settle = (
+            await self._admit_tokens(tenant_id, tokens_per_minute, req, body) if tokens_per_minute else None
+        )
         request_id = uuid.uuid4().hex
         client, shadow_q = self._ensure()
         span = (

@@ -1,7 +1,8 @@
 """Concurrent admissions against one budget period, reserved together.
 
 Every admission of a budget updates that budget's period row, so on PostgreSQL concurrent admissions
-of one tenant queue on the row's lock, each behind the previous one's commit. :class:`BatchedAdmissions`
+of one tenant queue on the row's lock, each behind the previous one's commit (on SQLite, on the one
+writers' lock, each with a commit of its own). :class:`BatchedAdmissions`
 lets them share the trip: the first admission of a period to arrive leads, and takes with it every
 admission of that period that arrived while the previous batch was in the database; the batch is one
 transaction — one conditional UPDATE for the batch's total (``spent + reserved + total <= limit``, the
@@ -10,8 +11,8 @@ then the reservation rows, the jobs and their first events. A batch whose total 
 fails (an Idempotency-Key already used, say), writes nothing, and each of its admissions is then
 decided on its own, the way a single admission is: so a batch never admits anything that the
 admissions one at a time would not, and the bound stays 0 overshoot. A batch of one is the single
-statement of :func:`ledger.reserve_one_and_insert_job`, so an admission that meets no other pays
-nothing for this.
+statement of :func:`ledger.reserve_one_and_insert_job` (on SQLite the one short transaction of
+:func:`ledger.reserve_one` and the job), so an admission that meets no other pays nothing for this.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from trainyard.store.db import Database
-from trainyard.store.repositories import insert_jobs
+from trainyard.store.repositories import insert_job, insert_jobs
 from trainyard.tenancy import ledger
 
 ALONE = object()  # the admission has to be decided on its own (its batch wrote nothing)
@@ -106,25 +107,36 @@ class BatchedAdmissions:
         try:
             if len(batch) == 1:
                 a = batch[0]
-                with self.db.write_connection(single_statement=True) as conn:
-                    seq = ledger.reserve_one_and_insert_job(
-                        conn,
-                        budget=budget,
-                        n_hard=n_hard,
-                        job=a.job,
-                        first_event=a.first_event,
-                        amount_usd=a.amount_usd,
-                        now_s=a.now_s,
-                    )
-                a.result = REFUSED if seq is None else seq
+                a.result = self._one(budget, n_hard, a)
                 return
             else:
-                with self.db.engine.begin() as conn:
+                with self.db.write_connection() as conn:
                     seqs = self._write(conn, budget, n_hard, pk, batch)
         except Exception:
             seqs = None  # rolled back: each admission is decided on its own
         for a, seq in zip(batch, seqs or [ALONE] * len(batch), strict=True):
             a.result = seq
+
+    def _one(self, budget: ledger.Budget, n_hard: int, a: _Admission) -> Any:
+        """A batch of one: the job's sequence, or REFUSED (nothing written)."""
+        if self.db.dialect == "postgresql":
+            with self.db.write_connection(single_statement=True) as conn:
+                seq = ledger.reserve_one_and_insert_job(
+                    conn,
+                    budget=budget,
+                    n_hard=n_hard,
+                    job=a.job,
+                    first_event=a.first_event,
+                    amount_usd=a.amount_usd,
+                    now_s=a.now_s,
+                )
+            return REFUSED if seq is None else seq
+        with self.db.write_connection() as conn:  # SQLite: a transaction queued on the writers' lock
+            if not ledger.reserve_one(
+                conn, budget=budget, n_hard=n_hard, job_id=a.job.id, amount_usd=a.amount_usd, now_s=a.now_s
+            ):
+                return REFUSED
+            return insert_job(conn, a.job, a.first_event).seq
 
     @staticmethod
     def _write(

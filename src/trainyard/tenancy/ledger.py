@@ -157,6 +157,64 @@ def _reserve_and_insert_job() -> Any:
 _RESERVE_AND_INSERT_JOB = _reserve_and_insert_job()
 
 
+def _insert_ungoverned_job() -> tuple[Any, Any]:
+    """(SQLite, PostgreSQL) statements inserting a job only while its tenant has no budget::
+
+        INSERT INTO jobs SELECT :… WHERE NOT EXISTS (SELECT FROM budgets WHERE tenant_id = :tenant_id)
+
+    on PostgreSQL with its first event in the same statement (a data-modifying CTE, as for the plain
+    submission). A server process may still hold a tenant's principal read before its first budget
+    (created through another process, say): the statement itself sees the budget and inserts nothing,
+    so that submission is admitted against the budget at once, with no cache lifetime and no extra
+    round trip for tenants without budgets (budgets are never deleted, so "no budget" is the only
+    state a cache can have wrong)."""
+    jobs = cast(Table, JobRow.__table__)
+    events = cast(Table, JobEventRow.__table__)
+    cols = [c for c in jobs.c if c.name != "seq"]
+    no_budget = ~exists(select(_BUDGETS.c.id).where(_BUDGETS.c.tenant_id == bindparam("tenant_id")))
+    job_insert = insert(jobs).from_select(
+        [c.name for c in cols], select(*[bindparam(c.name, type_=c.type) for c in cols]).where(no_budget)
+    )
+    sqlite = job_insert.returning(jobs.c.seq)
+    new_job = job_insert.returning(jobs.c.seq, jobs.c.id).cte("new_job")
+    pg = (
+        insert(events)
+        .from_select(
+            ["job_id", "kind", "data", "time_s"],
+            select(
+                new_job.c.id,
+                bindparam("event_kind", type_=events.c.kind.type),
+                bindparam("event_data", type_=events.c.data.type),
+                bindparam("event_time_s", type_=events.c.time_s.type),
+            ),
+        )
+        .returning(select(new_job.c.seq).scalar_subquery())
+    )
+    return sqlite, pg
+
+
+_INSERT_UNGOVERNED_JOB, _INSERT_UNGOVERNED_JOB_WITH_EVENT = _insert_ungoverned_job()
+_INSERT_EVENT = insert(cast(Table, JobEventRow.__table__))
+
+
+def insert_job_unless_governed(
+    conn: Connection, job: Any, first_event: tuple[str, dict[str, Any], float]
+) -> int | None:
+    """Insert a job of a tenant believed to have no budget, with its first event; its sequence, or None
+    (nothing written) when the tenant has a budget by now (the caller then reserves against it)."""
+    params = job_insert_params(job)
+    kind, data, time_s = first_event
+    if conn.dialect.name == "postgresql":
+        params.update(event_kind=kind, event_data=data, event_time_s=time_s)
+        seq = conn.execute(_INSERT_UNGOVERNED_JOB_WITH_EVENT, params).scalar()
+        return None if seq is None else int(seq)
+    seq = conn.execute(_INSERT_UNGOVERNED_JOB, params).scalar()
+    if seq is None:
+        return None
+    conn.execute(_INSERT_EVENT, {"job_id": job.id, "kind": kind, "data": data, "time_s": time_s})
+    return int(seq)
+
+
 @dataclass(frozen=True)
 class Budget:
     id: str

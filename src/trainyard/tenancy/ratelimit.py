@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import Table, bindparam, func, select, update
 
 from trainyard.store.db import Database
 from trainyard.store.governance_models import RateBucketRow
@@ -70,6 +72,11 @@ class BucketStore(Protocol):
 
     def take(self, key: str, *, rate: float, burst: float, now: float, n: float = 1.0) -> Decision: ...
 
+    def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
+        """Take ``n`` more tokens (``n`` < 0: give them back) unconditionally: a reservation settled
+        with what it really used."""
+        ...
+
 
 class MemoryBuckets:
     """Buckets of this process only."""
@@ -88,6 +95,14 @@ class MemoryBuckets:
                     self._tat = {k: t for k, t in self._tat.items() if t > now}
                 self._tat[key] = new_tat
         return d
+
+    def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
+        if n == 0:
+            return
+        with self._lock:
+            tat = self._tat.get(key)
+            if tat is not None:
+                self._tat[key] = tat + n / rate
 
 
 class DatabaseBuckets:
@@ -116,6 +131,11 @@ class DatabaseBuckets:
             where=new_tat - bindparam("now") <= bindparam("tau"),
         ).returning(_BUCKETS.c.tat_s)
         self._read = select(_BUCKETS.c.tat_s).where(_BUCKETS.c.key == bindparam("key"))
+        self._adjust = (
+            update(_BUCKETS)
+            .where(_BUCKETS.c.key == bindparam("b_key"))
+            .values(tat_s=_BUCKETS.c.tat_s + bindparam("delta"))
+        )
 
     def take(self, key: str, *, rate: float, burst: float, now: float, n: float = 1.0) -> Decision:
         interval = n / rate
@@ -133,6 +153,12 @@ class DatabaseBuckets:
             return Decision(False, rate, burst, 0, 0.0, 0.01)
         return d
 
+    def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
+        if n == 0:
+            return
+        with self.db.write_connection(single_statement=True) as conn:
+            conn.execute(self._adjust, {"b_key": key, "delta": n / rate})
+
 
 LEASE_S = 0.05  # a process serves tokens taken ahead from the shared bucket for at most this long
 
@@ -149,14 +175,21 @@ class _Lease:
 class LeasedBuckets:
     """Shared buckets (:class:`DatabaseBuckets`) served from this process between statements.
 
-    A bucket of ``rate`` tokens/s hands a process ``floor(min(burst, rate x LEASE_S))`` tokens in one
-    statement when it has them; the process then admits from that lease, in memory, for at most
-    LEASE_S, and forgets what is left after that. Every token admitted anywhere was first taken from
-    the one shared bucket, so whatever the number of server processes, the requests admitted in any
-    window of T seconds are at most ``burst + rate x (T + LEASE_S)``: over a minute at most 0.1 %
-    more than the bucket alone, and exactly the bucket where a lease would be one token (slow rates,
-    as in the admin-set limits of most tenants), which is taken directly. A lease left unused costs
-    other processes at most that many tokens (refusals a little early, never admissions)."""
+    A bucket of ``rate`` tokens/s hands a process ``floor(min(burst, rate x lease_s))`` tokens (or what
+    the request needs, when that is more) in one statement when it has them; the process then admits
+    from that lease, in memory, for at most ``lease_s`` (LEASE_S for requests, TPM_LEASE_S for
+    inference tokens), and forgets what is left after that (other processes are refused a little
+    early, never admitted more). Settling a reservation (:meth:`adjust`) is in memory too: tokens
+    given back go into the lease, or into one of their own that lasts ``lease_s``; tokens used beyond
+    a reservation come out of the lease, or are a debt taken with the next lease.
+
+    Every token admitted anywhere was taken from the one shared bucket, or given back, within
+    ``lease_s`` before, and nothing is ever returned to the shared bucket; so whatever the number of
+    server processes, the tokens admitted in any window of T seconds, less those given back from
+    ``lease_s`` before it to its end, are at most ``burst + rate x (T + lease_s)``. For requests (no
+    give-backs) over a minute that is at most 0.1 % more than the bucket alone, and exactly the
+    bucket where a lease would be one token (slow rates, as in the admin-set limits of most tenants),
+    which is taken directly."""
 
     shared = True
 
@@ -165,6 +198,8 @@ class LeasedBuckets:
         self.lease_s = lease_s
         self._leases: dict[str, _Lease] = {}
         self._fetching: dict[str, threading.Lock] = {}
+        # tokens used beyond reservations, owed to the shared bucket: taken with the next lease
+        self._debt: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def lease_size(self, rate: float, burst: float) -> int:
@@ -193,74 +228,186 @@ class LeasedBuckets:
         if local is not None:
             return local
         size = self.lease_size(rate, burst)
-        if size > n:
-            with self._lock:
-                fetching = self._fetching.setdefault(key, threading.Lock())
-            with fetching:  # one lease request per bucket at a time; the others then use its tokens
-                local = self.take_local(key, rate=rate, burst=burst, now=now, n=n)
-                if local is not None:
-                    return local
-                d = self.inner.take(key, rate=rate, burst=burst, now=now, n=float(size))
+        with self._lock:
+            held = key in self._debt or key in self._leases
+        if size <= n and not held:
+            return self.inner.take(key, rate=rate, burst=burst, now=now, n=n)
+        with self._lock:
+            fetching = self._fetching.setdefault(key, threading.Lock())
+        with fetching:  # one lease request per bucket at a time; the others then use its tokens
+            local = self.take_local(key, rate=rate, burst=burst, now=now, n=n)
+            if local is not None:
+                return local
+            with self._lock:  # what the live lease still has goes towards this request
+                debt = self._debt.get(key, 0.0)
+                lease = self._leases.get(key)
+                have = 0.0
+                if lease is not None and lease.expires_s > now and (lease.rate, lease.burst) == (rate, burst):
+                    have = max(0.0, min(lease.tokens, n))
+                    lease.tokens -= have
+            need = n - have
+            got = max(float(size), need)
+            # what answers used beyond their reservations is taken with the next lease (up to a full
+            # bucket; more than that is forgiven, as a full bucket forgets it too)
+            pay = min(debt, max(0.0, burst - got))
+            d: Decision | None = None
+            if got > need or pay > 0:
+                d = self.inner.take(key, rate=rate, burst=burst, now=now, n=got + pay)
                 if d.allowed:
-                    with self._lock:
-                        if len(self._leases) > 100_000:
-                            self._leases = {k: v for k, v in self._leases.items() if v.expires_s > now}
-                            self._fetching = {k: v for k, v in self._fetching.items() if k in self._leases}
-                        old = self._leases.get(key)
-                        lease = _Lease(rate, burst, size - n, now + self.lease_s, d.remaining)
-                        if (
-                            old is not None
-                            and old.tokens >= 1
-                            and old.expires_s > now
-                            and (old.rate, old.burst) == (rate, burst)
-                        ):
-                            # whole tokens still held are kept, all ending when the older ones do
-                            lease = _Lease(rate, burst, old.tokens + size - n, old.expires_s, d.remaining)
-                        self._leases[key] = lease
-                    return Decision(True, rate, burst, d.remaining + math.floor(size - n), d.reset_s, 0.0)
-        return self.inner.take(key, rate=rate, burst=burst, now=now, n=n)
+                    self._install(key, rate, burst, now, got - need, d.remaining, pay)
+                    return Decision(True, rate, burst, d.remaining + math.floor(got - need), d.reset_s, 0.0)
+            if d is None or got > need:
+                pay = min(debt, max(0.0, burst - need))
+                d = self.inner.take(key, rate=rate, burst=burst, now=now, n=need + pay)
+                if d.allowed:
+                    self._install(key, rate, burst, now, 0.0, d.remaining, pay)
+                    return d
+            if have > 0:  # refused: the lease keeps its tokens
+                with self._lock:
+                    if self._leases.get(key) is lease and lease is not None:
+                        lease.tokens += have
+            return d
+
+    def _install(
+        self, key: str, rate: float, burst: float, now: float, tokens: float, remaining: int, paid: float
+    ) -> None:
+        """Keep ``tokens`` just taken from the shared bucket as this process's lease; ``paid`` of the
+        debt was taken with them."""
+        with self._lock:
+            if paid > 0:
+                left = self._debt.get(key, 0.0) - paid
+                if left > 1e-9:
+                    self._debt[key] = left
+                else:
+                    self._debt.pop(key, None)
+            if len(self._leases) > 100_000:
+                self._leases = {k: v for k, v in self._leases.items() if v.expires_s > now}
+                self._fetching = {k: v for k, v in self._fetching.items() if k in self._leases}
+            old = self._leases.get(key)
+            if (
+                old is not None
+                and old.tokens > 1e-9
+                and old.expires_s > now
+                and (old.rate, old.burst) == (rate, burst)
+            ):
+                # tokens still held are kept, all ending when the older ones do
+                old.tokens += tokens
+                old.shared_remaining = remaining
+            elif tokens > 0:
+                self._leases[key] = _Lease(rate, burst, tokens, now + self.lease_s, remaining)
+
+    def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
+        """Settle a reservation in memory, with no statement (see the class notes)."""
+        if n == 0:
+            return
+        with self._lock:
+            lease = self._leases.get(key)
+            live = lease is not None and lease.expires_s > now and (lease.rate, lease.burst) == (rate, burst)
+            if n < 0:
+                if live and lease is not None and lease.tokens > 1e-9:
+                    lease.tokens -= n
+                else:  # held for LEASE_S from now, like a lease
+                    self._leases[key] = _Lease(rate, burst, -n, now + self.lease_s, 0)
+                return
+            if live and lease is not None:
+                used = min(n, max(0.0, lease.tokens))
+                lease.tokens -= used
+                n -= used
+                if n <= 0:
+                    return
+            if len(self._debt) > 100_000:
+                self._debt.clear()
+            self._debt[key] = min(burst, self._debt.get(key, 0.0) + n)
+
+
+TPM_LEASE_S = 1.0  # a process serves inference tokens taken ahead from the shared bucket for this long
 
 
 class TokenBuckets:
     """Inference tokens per minute per tenant (DESIGN §3.10): a request reserves its estimated prompt
     tokens plus ``max_tokens`` at admission and settles with the tokens it really used after the
-    response (the difference moves the bucket's arrival time), all in this process's memory, on the
-    event loop, with no database statement. A bucket of ``tokens_per_minute`` holds one minute of
+    response (the difference moves the bucket). A bucket of ``tokens_per_minute`` holds one minute of
     tokens; a request larger than that reserves the whole bucket (it waits for a full bucket instead
-    of never being admitted). Each server process keeps its own buckets: with P processes behind one
-    address a tenant is admitted at most P x its limit (the request-rate buckets are the shared ones)."""
+    of never being admitted).
 
-    def __init__(self) -> None:
-        self._tat: dict[str, float] = {}
-        self._lock = threading.Lock()
+    The store is the request-rate limiter's (:func:`make_store`; :func:`token_store`): in process
+    (the embedded default), or the shared database bucket leased in batches (:class:`LeasedBuckets`
+    with a lease of TPM_LEASE_S, ``tokens_per_minute / 60`` tokens), which every server process on the
+    database draws from. Admission is then served from this process's lease in memory, on the event
+    loop; only a request the lease cannot cover takes one statement (off the loop: :meth:`areserve`),
+    and each statement that admits takes at least a lease, so one tenant costs the database about one
+    admitting statement per TPM_LEASE_S in all, whatever the number of processes and requests.
+    Settling is in memory (:meth:`LeasedBuckets.adjust`). Bound: over any window of T seconds, the
+    tokens reserved by all processes together, less those given back from TPM_LEASE_S before it to
+    its end, are at most ``burst + rate x (T + TPM_LEASE_S)`` — over a minute at most 1/60 (1.7 %) of
+    the limit more than one bucket alone — plus, as with one bucket, what answers used beyond their
+    reservations."""
+
+    def __init__(self, store: BucketStore | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.store: BucketStore = store if store is not None else MemoryBuckets()
+        self.clock = clock  # wall time: shared buckets compare it across processes
 
     @staticmethod
     def shape(tokens_per_minute: float) -> tuple[float, float]:
         """(rate in tokens/s, burst in tokens)."""
         return tokens_per_minute / 60.0, float(tokens_per_minute)
 
-    def reserve(self, key: str, *, tokens_per_minute: float, n: float, now: float) -> tuple[Decision, float]:
-        """(decision, tokens reserved) for a request that may use ``n`` tokens."""
+    def reserve(
+        self, key: str, *, tokens_per_minute: float, n: float, now: float | None = None
+    ) -> tuple[Decision, float]:
+        """(decision, tokens reserved) for a request that may use ``n`` tokens (may run a statement)."""
         rate, burst = self.shape(tokens_per_minute)
         n = max(1.0, min(float(n), burst))
-        with self._lock:
-            allowed, new_tat, d = _decide(self._tat.get(key), now, rate, burst, n)
-            if allowed:
-                if len(self._tat) > 100_000:
-                    self._tat = {k: t for k, t in self._tat.items() if t > now}
-                self._tat[key] = new_tat
-        return d, (n if allowed else 0.0)
+        d = self.store.take(key, rate=rate, burst=burst, now=self.clock() if now is None else now, n=n)
+        return d, (n if d.allowed else 0.0)
 
-    def settle(self, key: str, *, tokens_per_minute: float, reserved: float, used: float) -> None:
+    def reserve_local(
+        self, key: str, *, tokens_per_minute: float, n: float, now: float | None = None
+    ) -> tuple[Decision, float] | None:
+        """:meth:`reserve` when it needs no database statement (an in-process store, or a lease that
+        covers the request); None when :meth:`reserve` has to ask the shared bucket."""
+        store = self.store
+        if isinstance(store, LeasedBuckets):
+            rate, burst = self.shape(tokens_per_minute)
+            n = max(1.0, min(float(n), burst))
+            d = store.take_local(key, rate=rate, burst=burst, now=self.clock() if now is None else now, n=n)
+            return None if d is None else (d, n)
+        if store.shared:
+            return None
+        return self.reserve(key, tokens_per_minute=tokens_per_minute, n=n, now=now)
+
+    async def areserve(self, key: str, *, tokens_per_minute: float, n: float) -> tuple[Decision, float]:
+        """:meth:`reserve` for the event loop: from memory when it can, else in the thread pool."""
+        local = self.reserve_local(key, tokens_per_minute=tokens_per_minute, n=n)
+        if local is not None:
+            return local
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(lambda: self.reserve(key, tokens_per_minute=tokens_per_minute, n=n))
+
+    def settle(
+        self,
+        key: str,
+        *,
+        tokens_per_minute: float,
+        reserved: float,
+        used: float,
+        now: float | None = None,
+    ) -> None:
         """Replace a reservation by the tokens used (fewer give tokens back; more take them)."""
-        rate, _ = self.shape(tokens_per_minute)
-        delta = (float(used) - float(reserved)) / rate
+        rate, burst = self.shape(tokens_per_minute)
+        delta = float(used) - float(reserved)
         if delta == 0:
             return
-        with self._lock:
-            tat = self._tat.get(key)
-            if tat is not None:
-                self._tat[key] = tat + delta
+        self.store.adjust(key, rate=rate, burst=burst, now=self.clock() if now is None else now, n=delta)
+
+
+def token_store(requests: BucketStore) -> BucketStore:
+    """The store of the tokens-per-minute buckets beside the request-rate limiter's ``requests``: the
+    same in-process buckets, or the same shared database buckets leased for TPM_LEASE_S."""
+    if isinstance(requests, LeasedBuckets):
+        return LeasedBuckets(requests.inner, lease_s=TPM_LEASE_S)
+    return requests
 
 
 class RateLimiter:
