@@ -170,6 +170,7 @@ class _Lease:
     tokens: float  # taken from the shared bucket, not yet used
     expires_s: float
     shared_remaining: int  # the shared bucket's whole tokens left when the lease was taken
+    granted: float = 0.0  # tokens put into it (taken or given back); granted - tokens were used
 
 
 class LeasedBuckets:
@@ -193,9 +194,13 @@ class LeasedBuckets:
 
     shared = True
 
-    def __init__(self, inner: DatabaseBuckets, lease_s: float = LEASE_S) -> None:
+    def __init__(self, inner: DatabaseBuckets, lease_s: float = LEASE_S, adaptive: bool = False) -> None:
         self.inner = inner
         self.lease_s = lease_s
+        # adaptive: a lease is at most twice what this process used of its previous one (and at least
+        # a sixteenth of the full lease), so that processes using a little of the rate each do not
+        # lease (and let lapse) a full share each
+        self.adaptive = adaptive
         self._leases: dict[str, _Lease] = {}
         self._fetching: dict[str, threading.Lock] = {}
         # tokens used beyond reservations, owed to the shared bucket: taken with the next lease
@@ -242,6 +247,9 @@ class LeasedBuckets:
                 debt = self._debt.get(key, 0.0)
                 lease = self._leases.get(key)
                 have = 0.0
+                if self.adaptive and lease is not None and (lease.rate, lease.burst) == (rate, burst):
+                    used = lease.granted - max(0.0, lease.tokens)
+                    size = max(1, math.floor(min(size, max(size / 16.0, 2.0 * used)) + 1e-9))
                 if lease is not None and lease.expires_s > now and (lease.rate, lease.burst) == (rate, burst):
                     have = max(0.0, min(lease.tokens, n))
                     lease.tokens -= have
@@ -292,9 +300,10 @@ class LeasedBuckets:
             ):
                 # tokens still held are kept, all ending when the older ones do
                 old.tokens += tokens
+                old.granted += tokens
                 old.shared_remaining = remaining
             elif tokens > 0:
-                self._leases[key] = _Lease(rate, burst, tokens, now + self.lease_s, remaining)
+                self._leases[key] = _Lease(rate, burst, tokens, now + self.lease_s, remaining, tokens)
 
     def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
         """Settle a reservation in memory, with no statement (see the class notes)."""
@@ -306,8 +315,9 @@ class LeasedBuckets:
             if n < 0:
                 if live and lease is not None and lease.tokens > 1e-9:
                     lease.tokens -= n
+                    lease.granted -= n
                 else:  # held for LEASE_S from now, like a lease
-                    self._leases[key] = _Lease(rate, burst, -n, now + self.lease_s, 0)
+                    self._leases[key] = _Lease(rate, burst, -n, now + self.lease_s, 0, -n)
                 return
             if live and lease is not None:
                 used = min(n, max(0.0, lease.tokens))
@@ -406,7 +416,7 @@ def token_store(requests: BucketStore) -> BucketStore:
     """The store of the tokens-per-minute buckets beside the request-rate limiter's ``requests``: the
     same in-process buckets, or the same shared database buckets leased for TPM_LEASE_S."""
     if isinstance(requests, LeasedBuckets):
-        return LeasedBuckets(requests.inner, lease_s=TPM_LEASE_S)
+        return LeasedBuckets(requests.inner, lease_s=TPM_LEASE_S, adaptive=True)
     return requests
 
 
