@@ -10,13 +10,17 @@ that the machine's background load hits each alike:
   1 s, 5-15 times a usual Prometheus interval, so that every round has several scrapes; the first one
   as the measurement starts), with the open jobs the load leaves queued (executor none) to collect;
 - ``both``: tracing and scraping;
-- ``both_10pct``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1.
+- ``both_10pct``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1;
+- with ``--baseline-src DIR`` (another checkout's ``src``, e.g. ``git archive main src | tar -x -C DIR``),
+  ``off_baseline`` and ``tracing_baseline``: ``off`` and ``tracing`` served by that code, so that a change
+  to the request path is measured against its predecessor in the same run.
 
 Every request is traced (the default sampler): the SERVER span, ``job.submit`` and the database
 statements. Reports submissions/s and the server's CPU time per request for each, and the ratios to
 ``off`` (the issue's target: at most 5 % fewer submissions per second).
 
 Usage:  python benchmarks/bench_observability.py [--requests N] [--clients 8] [--rounds 3]
+        [--configs tracing,both] [--baseline-src DIR]
 Writes: benchmarks/results/bench_observability.json
 """
 
@@ -50,6 +54,10 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     "tracing": ("otlp", False),
     "both": ("otlp", True),
     "both_10pct": ("otlp-10%", True),
+}
+BASELINE_CONFIGS: dict[str, tuple[str, bool]] = {
+    "off_baseline": ("none", False),
+    "tracing_baseline": ("otlp", False),
 }
 SCRAPE_EVERY_S = 1.0
 
@@ -105,7 +113,9 @@ class Scraper:
                 self.stop.wait(self.every_s)
 
 
-def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subprocess.Popen[bytes], int]:
+def start_server(
+    config: str, home: Path, receiver: Receiver, baseline_src: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = {
         **os.environ,
@@ -122,6 +132,9 @@ def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subproces
     ):
         env.pop(var, None)
     tracing, _ = CONFIGS[config]
+    if config in BASELINE_CONFIGS:
+        assert baseline_src is not None
+        env["PYTHONPATH"] = str(baseline_src)
     if tracing == "none":
         env["OTEL_SDK_DISABLED"] = "true"
     else:
@@ -150,9 +163,15 @@ def start_server(config: str, home: Path, receiver: Receiver) -> tuple[subproces
 
 
 def measure(
-    config: str, home: Path, receiver: Receiver, clients: int, requests: int, scrape_every_s: float
+    config: str,
+    home: Path,
+    receiver: Receiver,
+    clients: int,
+    requests: int,
+    scrape_every_s: float,
+    baseline_src: Path | None = None,
 ) -> dict[str, Any]:
-    proc, port = start_server(config, home, receiver)
+    proc, port = start_server(config, home, receiver, baseline_src)
     scraper = None
     try:
         key = (home / "api_key").read_text().strip()
@@ -190,8 +209,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON results go")
     ap.add_argument("--scrape-every-s", type=float, default=SCRAPE_EVERY_S)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset (off is always run)")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="a src directory of other code to serve off_baseline and tracing_baseline from",
+    )
     args = ap.parse_args()
+    if args.baseline_src is not None:
+        CONFIGS.update(BASELINE_CONFIGS)
     chosen = ["off", *[c for c in args.configs.split(",") if c in CONFIGS and c != "off"]]
+    if args.baseline_src is not None:
+        chosen += [c for c in BASELINE_CONFIGS if c not in chosen]
     receiver = Receiver()
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in chosen}
     with tempfile.TemporaryDirectory(prefix="bench-obs-") as tmp:
@@ -200,10 +229,18 @@ def main() -> None:
             for config in order:
                 home = Path(tmp) / f"{config}-{r}"
                 home.mkdir()
-                res = measure(config, home, receiver, args.clients, args.requests, args.scrape_every_s)
+                res = measure(
+                    config,
+                    home,
+                    receiver,
+                    args.clients,
+                    args.requests,
+                    args.scrape_every_s,
+                    args.baseline_src.resolve() if args.baseline_src is not None else None,
+                )
                 runs[config].append(res)
                 print(
-                    f"round {r + 1} {config:>6}: {res['submissions_per_s']:8.1f} submissions/s  "
+                    f"round {r + 1} {config:>16}: {res['submissions_per_s']:8.1f} submissions/s  "
                     f"p50 {res['p50_ms']:6.2f} ms  p99 {res['p99_ms']:7.2f} ms  "
                     f"cpu {res.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/request  "
                     f"scrapes {res['scrapes']} ({res.get('scrape_ms_median', 0)} ms)  "
@@ -223,15 +260,25 @@ def main() -> None:
                 [x["scrape_ms_median"] for x in rs if "scrape_ms_median" in x] or [0.0]
             ),
         }
-    base = summary["off"]
     for config in chosen:
-        s = summary[config]
+        # a configuration served by the baseline code is compared with the baseline's own ``off``
+        ref = "off_baseline" if config.endswith("_baseline") else "off"
+        base, s = summary[ref], summary[config]
+        s["ratios_to"] = ref
         s["throughput_ratio_to_off"] = round(
             s["submissions_per_s_median"] / base["submissions_per_s_median"], 3
         )
         s["cpu_ratio_to_off"] = round(
             s["server_cpu_ms_per_request_median"] / max(1e-9, base["server_cpu_ms_per_request_median"]), 3
         )
+        # paired within each round (the two ran next to each other, under the same background load)
+        s["cpu_ratio_to_off_per_round"] = [
+            round(
+                x.get("server_cpu_ms_per_request", 0.0) / max(1e-9, y.get("server_cpu_ms_per_request", 0.0)),
+                3,
+            )
+            for x, y in zip(runs[config], runs[ref], strict=True)
+        ]
     doc = {
         "benchmark": "observability overhead on submissions (SQLite, executor none)",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -240,6 +287,7 @@ def main() -> None:
         "requests_per_round": args.requests,
         "rounds": args.rounds,
         "scrape_every_s": args.scrape_every_s,
+        "baseline_src": str(args.baseline_src) if args.baseline_src is not None else None,
         "otlp_exports_received": receiver.requests,
         "otlp_bytes_received": receiver.bytes,
         "summary": summary,
@@ -250,9 +298,10 @@ def main() -> None:
     for config in chosen:
         s = summary[config]
         print(
-            f"{config:>10}: {s['submissions_per_s_median']:8.1f} submissions/s "
+            f"{config:>16}: {s['submissions_per_s_median']:8.1f} submissions/s "
             f"(x{s['throughput_ratio_to_off']}), "
-            f"{s['server_cpu_ms_per_request_median']:.3f} ms CPU/request (x{s['cpu_ratio_to_off']})"
+            f"{s['server_cpu_ms_per_request_median']:.3f} ms CPU/request (x{s['cpu_ratio_to_off']}; "
+            f"per round {s['cpu_ratio_to_off_per_round']}, against {s['ratios_to']})"
         )
     print(f"OTLP exports received: {receiver.requests} ({receiver.bytes} bytes)")
 

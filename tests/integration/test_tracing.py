@@ -276,3 +276,76 @@ def test_a_job_submitted_outside_a_request_gets_a_job_submit_root(env: Env) -> N
     (admit,) = [s for s in buf.spans("job.admit") if s.attributes["trainyard.job_id"] == job.id]
     assert admit.context.trace_id == root.context.trace_id
     assert admit.parent.span_id == root.context.span_id
+
+
+def test_request_spans_follow_the_http_conventions_and_continue_the_callers_trace(env: Env) -> None:
+    buf = env.app.state.trace_buffer
+    buf.clear()
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {
+        **env.h,
+        "traceparent": f"00-{caller_trace}-{caller_span}-01",
+        "user-agent": "trace-test/1.0",
+    }
+    r = env.c.get("/v1/jobs?limit=5", headers=headers)
+    assert r.status_code == 200, r.text
+    (span,) = buf.spans("GET /v1/jobs")
+    assert span.kind.name == "SERVER"
+    assert f"{span.context.trace_id:032x}" == caller_trace
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == caller_span and span.parent.is_remote
+    a = dict(span.attributes or {})
+    assert a["http.request.method"] == "GET" and a["http.route"] == "/v1/jobs"
+    assert a["url.path"] == "/v1/jobs" and a["url.query"] == "limit=5" and a["url.scheme"] == "http"
+    assert a["server.address"] == "127.0.0.1" and a["server.port"] == 80
+    assert a["http.response.status_code"] == 200 and a["user_agent.original"] == "trace-test/1.0"
+    assert a["network.protocol.version"] == "1.1" and "client.address" in a
+    assert a["trainyard.tenant"] == "default" and span.status.status_code.name == "UNSET"
+    assert env.key not in repr(a)  # no header values but the user agent
+
+    # without a caller's context the request is a root; a client error is not a span error
+    buf.clear()
+    assert env.c.get("/v1/jobs/nope", headers=env.h).status_code == 404
+    (missing,) = buf.spans("GET /v1/jobs/{job_id}")
+    assert missing.parent is None and missing.attributes["http.response.status_code"] == 404
+    assert missing.status.status_code.name == "UNSET"
+    # an unmatched URL keeps the method as its name; probes and scrapes are not traced
+    buf.clear()
+    assert env.c.get("/no/such/route").status_code == 404
+    assert env.c.get("/healthz").status_code == 200
+    assert [s.name for s in buf.spans()] == ["GET"]
+
+
+def test_server_errors_and_exceptions_mark_the_request_span() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from trainyard.observability.tracing import (
+        ObservabilitySettings,
+        TracingMiddleware,
+        make_tracer_provider,
+    )
+
+    provider, buf = make_tracer_provider(ObservabilitySettings(trace_exporter="memory"))
+    assert provider is not None and buf is not None
+
+    async def unavailable(_request: Any) -> PlainTextResponse:
+        return PlainTextResponse("later", status_code=503)
+
+    async def broken(_request: Any) -> PlainTextResponse:
+        raise RuntimeError("boom")
+
+    app = Starlette(routes=[Route("/busy", unavailable), Route("/broken/{part}", broken, methods=["PURGE"])])
+    app.add_middleware(TracingMiddleware, tracer_provider=provider)
+    c = TestClient(app, base_url="http://127.0.0.1:8123", raise_server_exceptions=False)
+    assert c.get("/busy").status_code == 503
+    (busy,) = buf.spans("GET /busy")
+    assert busy.attributes["error.type"] == "503" and busy.status.status_code.name == "ERROR"
+    assert busy.attributes["server.port"] == 8123
+    assert c.request("PURGE", "/broken/x").status_code == 500
+    (failed,) = buf.spans("HTTP /broken/{part}")
+    a = failed.attributes
+    assert a["http.request.method"] == "_OTHER" and a["http.request.method_original"] == "PURGE"
+    assert a["error.type"] == "RuntimeError" and failed.status.status_code.name == "ERROR"
+    assert [e.name for e in failed.events] == ["exception"]
+    provider.shutdown()
