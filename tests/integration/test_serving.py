@@ -417,6 +417,39 @@ def test_tokens_per_minute_answers_429_with_retry_after_then_admits(
     assert _chat(oai, "chat")  # no limit again
 
 
+def test_inference_is_refused_once_a_hard_budget_is_used_up_and_admitted_when_raised(
+    server: ServerProcess, tc: TrainyardClient, oai: openai.OpenAI, deployed: dict[str, Any]
+) -> None:
+    """A hard budget on a tag with nothing left refuses the requests it applies to (429 in OpenAI's
+    ``insufficient_quota`` shape, not retried by the official client), and only those; raised, it
+    admits them again on the next request."""
+    tc.set_budget("default", usd=0.0, hard=True, tag="probe=budget-gate")
+    try:
+        with pytest.raises(openai.RateLimitError) as exc:
+            oai.with_options(max_retries=3).chat.completions.create(
+                model="chat", messages=PROMPT, max_tokens=4, metadata={"probe": "budget-gate"}
+            )
+        err = exc.value.body
+        assert isinstance(err, dict) and err["type"] == "insufficient_quota", err
+        assert exc.value.code == "budget_exceeded" and "used up" in exc.value.message
+        assert exc.value.response.headers["x-should-retry"] == "false"
+        # other requests of the tenant are not under that budget
+        assert _chat(oai, "chat")
+        # another tenant's identical request is not either: it gets its own 404 for the deployment
+        key = tc.create_tenant("budget-gate-other")["api_key"]
+        other = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            other.chat.completions.create(
+                model="chat", messages=PROMPT, max_tokens=4, metadata={"probe": "budget-gate"}
+            )
+    finally:
+        tc.set_budget("default", usd=1000.0, hard=True, tag="probe=budget-gate")
+    r = oai.chat.completions.create(
+        model="chat", messages=PROMPT, max_tokens=4, metadata={"probe": "budget-gate"}
+    )
+    assert r.choices[0].message.content is not None
+
+
 def test_cli_deployments_get_and_list_json(server: ServerProcess, deployed: dict[str, Any]) -> None:
     env = server.cli_env()
     out = subprocess.run(

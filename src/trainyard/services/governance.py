@@ -317,6 +317,33 @@ class GovernanceService:
                     out += [(j.id, b.id) for j in mine]
         return out
 
+    def exhausted_hard_budgets(self, tenant_id: str) -> builtins.list[dict[str, Any]]:
+        """The tenant's hard budgets whose current period has nothing left (spent plus what admitted work
+        holds reserved reaches the limit): ``{id, tag_key, tag_value, period, usd, spent_usd,
+        reserved_usd}`` each. Inference is refused under any of them that applies to its tags."""
+        now = self.clock()
+        out: builtins.list[dict[str, Any]] = []
+        with self.db.session() as s:
+            conn = s.connection()
+            rows = conn.execute(
+                select(_BUDGETS).where(_BUDGETS.c.tenant_id == tenant_id, _BUDGETS.c.hard.is_(True))
+            )
+            for b in (ledger._budget(r) for r in rows):
+                spent, reserved, _ = ledger.period_state(conn, b.id, ledger.period_key(b.period, now))
+                if spent + max(0.0, reserved) >= b.limit_usd:
+                    out.append(
+                        {
+                            "id": b.id,
+                            "tag_key": b.tag_key,
+                            "tag_value": b.tag_value,
+                            "period": b.period,
+                            "usd": b.limit_usd,
+                            "spent_usd": round(spent, 6),
+                            "reserved_usd": round(max(0.0, reserved), 6),
+                        }
+                    )
+        return out
+
     def hold(self, job_id: str, budget_id: str) -> bool:
         """Mark a job as stopped at a budget (it stays ``preempted`` when its workers exit)."""
         with self.db.session() as s:
@@ -474,3 +501,39 @@ def _accrued_usd(job: Job, now_s: float) -> float:
     if job.attempt_started_at_s is None:
         return 0.0
     return max(0.0, now_s - job.attempt_started_at_s) * _rate_usd_per_s(job)
+
+
+class InferenceBudgetGate:
+    """Refuses inference once a hard budget that applies to it has nothing left.
+
+    The gateway asks :meth:`refusal` before every forward; each tenant's exhausted hard budgets are read
+    at most once per ``ttl_s`` (off the event loop), so the check costs a dict lookup on the hot path and
+    a request admitted in the ``ttl_s`` after a budget runs out is the bound on what passes it."""
+
+    def __init__(self, governance: GovernanceService, *, ttl_s: float = 1.0) -> None:
+        self.governance = governance
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, builtins.list[dict[str, Any]]]] = {}
+
+    async def refusal(self, tenant_id: str, tags: dict[str, Any]) -> dict[str, Any] | None:
+        """The exhausted hard budget that applies to a request with ``tags``, or None."""
+        import asyncio
+
+        now = time.monotonic()
+        hit = self._cache.get(tenant_id)
+        if hit is None or now - hit[0] > self.ttl_s:
+            exhausted = await asyncio.to_thread(self.governance.exhausted_hard_budgets, tenant_id)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[tenant_id] = hit = (now, exhausted)
+        for b in hit[1]:
+            if not b["tag_key"] or (b["tag_key"] in tags and str(tags[b["tag_key"]]) == b["tag_value"]):
+                return b
+        return None
+
+    def forget(self, tenant_id: str | None = None) -> None:
+        """Read the budgets afresh on the next request (a budget was set or raised in this process)."""
+        if tenant_id is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(tenant_id, None)

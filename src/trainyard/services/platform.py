@@ -206,6 +206,9 @@ class Platform:
         # tokens per minute drawn from the request-rate limiter's store (shared by every server process
         # on the database when that one is)
         self.serving_gateway.token_buckets = TokenBuckets(token_store(self.rate_limiter.store), clock)
+        from trainyard.services.governance import InferenceBudgetGate
+
+        self.serving_gateway.budget_gate = InferenceBudgetGate(self.governance)
         from trainyard.datasets.records import RunRecords
 
         self.records = RunRecords(self.db, clock)
@@ -415,6 +418,9 @@ class Platform:
     def _budgets_changed(self, tenant_id: str) -> None:
         self.tenants.invalidate_tenant(tenant_id)
         self.jobs.budget_cache.invalidate(tenant_id)
+        gate = getattr(getattr(self, "serving_gateway", None), "budget_gate", None)
+        if gate is not None:
+            gate.forget(tenant_id)
 
     def tick(self) -> None:
         if self.supervisor is not None:

@@ -77,6 +77,22 @@ class GatewayError(Exception):
         )
 
 
+def _budget_exhausted(b: dict[str, Any]) -> GatewayError:
+    """429 in OpenAI's shape for a hard budget with nothing left (``insufficient_quota``, as OpenAI
+    answers an exhausted quota; ``x-should-retry: false`` so the official clients do not retry it)."""
+    scope = f"tag {b['tag_key']}={b['tag_value']}" if b["tag_key"] else "tenant"
+    return GatewayError(
+        429,
+        f"The {scope} hard {b['period']} budget of ${b['usd']:.2f} is used up "
+        f"(${b['spent_usd']:.2f} spent, ${b['reserved_usd']:.2f} reserved): inference is refused.",
+        kind="insufficient_quota",
+        code="budget_exceeded",
+        hint="Raise the budget (`trainyard budgets set TENANT --usd N --hard`) or wait for the next period.",
+        details={k: b[k] for k in ("id", "period", "usd", "spent_usd", "reserved_usd")},
+        headers={"x-should-retry": "false"},
+    )
+
+
 def openai_error(
     status: int,
     message: str,
@@ -150,6 +166,8 @@ class Gateway:
         self.tracer: Any = None
         self.observe: Callable[[dict[str, Any]], None] | None = None
         self.token_buckets = TokenBuckets()  # the platform gives it the rate limiter's store
+        # the platform's InferenceBudgetGate: inference refused once a hard budget has nothing left
+        self.budget_gate: Any = None
 
     def _ensure(self) -> tuple[aiohttp.ClientSession, asyncio.Queue[_Shadow]]:
         loop = asyncio.get_running_loop()
@@ -343,6 +361,10 @@ class Gateway:
         if stream:
             body["stream_options"] = {"include_usage": True}
         tags = {**dep.tags, **(req.metadata or {})}
+        if self.budget_gate is not None:
+            exhausted = await self.budget_gate.refusal(tenant_id, tags)
+            if exhausted is not None:
+                raise _budget_exhausted(exhausted)
         settle = (
             await self._admit_tokens(tenant_id, tokens_per_minute, req, body) if tokens_per_minute else None
         )
