@@ -332,7 +332,7 @@ class Gateway:
     ) -> Response:
         started = time.perf_counter()
         try:
-            doc = json.loads(raw)
+            doc = orjson.loads(raw)  # parsed once, here; the router passes the body through unread
         except ValueError as exc:
             raise GatewayError(
                 400, f"the request body is not valid JSON: {exc}", code="invalid_json"
@@ -388,7 +388,11 @@ class Gateway:
         route_kind = "canary" if rv.route.canary else "primary"
         shadows = [r for r in dep.routes if r.route.shadow]
 
-        shadow_body = {k: v for k, v in req.forward().items() if k not in ("stream", "stream_options")}
+        shadow_body = (
+            {k: v for k, v in req.forward().items() if k not in ("stream", "stream_options")}
+            if shadows
+            else {}
+        )
 
         def finish(status: int, usage: dict[str, Any] | None, text: str, ttft_s: float | None) -> None:
             latency = time.perf_counter() - started
