@@ -112,9 +112,120 @@ def bench_engine(model_dir: Path, new_tokens: int, repeats: int) -> dict[str, An
     }
 
 
-def bench_gateway(home: Path, storage: Path, base: Path, n_requests: int, n_adapters: int) -> dict[str, Any]:
-    import httpx
+def _server_cpu_s(proc: Any) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def _gateway_side(srv: Any, tc: Any, name: str) -> dict[str, Any]:
+    """Deploy ``name`` (bench@1) on ``srv``; what the measurement needs of that server."""
     import psutil
+
+    tc.create_deployment(name, "bench@1")
+    doc = tc.wait_deployment(name, timeout_s=300)
+    return {
+        "url": srv.url,
+        "replica": doc["replica_set"][0]["url"],
+        "body": {"model": name, "prompt": "hello", "max_tokens": 1, "temperature": 0},
+        "direct_body": {"model": "__base__", "prompt": "hello", "max_tokens": 1, "temperature": 0},
+        "headers": {"Authorization": f"Bearer {srv.api_key}"},
+        "proc": psutil.Process(srv.proc.pid),
+    }
+
+
+def _measure_gateways(sides: dict[str, dict[str, Any]], n_requests: int) -> dict[str, dict[str, Any]]:
+    """For each server, alternately: a gateway request, then the same request straight to its replica
+    (latency pairs); and the API server's CPU per gateway request (CPU over blocks of gateway requests,
+    the servers taking turns, minus each one's background CPU over an idle period as long)."""
+    import httpx
+
+    out: dict[str, dict[str, Any]] = {}
+    with httpx.Client(timeout=60) as h:
+
+        def gateway(side: dict[str, Any]) -> None:
+            url = f"{side['url']}/openai/v1/completions"
+            h.post(url, json=side["body"], headers=side["headers"]).raise_for_status()
+
+        def direct(side: dict[str, Any]) -> None:
+            h.post(f"{side['replica']}/v1/completions", json=side["direct_body"]).raise_for_status()
+
+        for side in sides.values():
+            for _ in range(20):  # warm-up
+                gateway(side)
+                direct(side)
+        busy = {k: 0.0 for k in sides}
+        wall = {k: 0.0 for k in sides}
+        block = 50
+        done = 0
+        while done < n_requests:
+            m = min(block, n_requests - done)
+            for k, side in sides.items():
+                cpu0, t0 = _server_cpu_s(side["proc"]), time.perf_counter()
+                for _ in range(m):
+                    gateway(side)
+                busy[k] += _server_cpu_s(side["proc"]) - cpu0
+                wall[k] += time.perf_counter() - t0
+            done += m
+        idle0 = {k: _server_cpu_s(side["proc"]) for k, side in sides.items()}
+        time.sleep(max(wall.values()))
+        idle = {k: _server_cpu_s(side["proc"]) - idle0[k] for k, side in sides.items()}
+        lat: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in sides}
+        for _ in range(n_requests):
+            for k, side in sides.items():
+                t = time.perf_counter()
+                gateway(side)
+                lat[k][0].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                direct(side)
+                lat[k][1].append(time.perf_counter() - t)
+        for k in sides:
+            gw, dr = lat[k]
+            idle_share = idle[k] * wall[k] / max(wall.values())
+            out[k] = {
+                "requests": n_requests,
+                "direct_p50_ms": pct(dr, 50) * 1e3,
+                "direct_p99_ms": pct(dr, 99) * 1e3,
+                "gateway_p50_ms": pct(gw, 50) * 1e3,
+                "gateway_p99_ms": pct(gw, 99) * 1e3,
+                "overhead_p50_ms": (pct(gw, 50) - pct(dr, 50)) * 1e3,
+                "overhead_p99_ms": (pct(gw, 99) - pct(dr, 99)) * 1e3,
+                "server_cpu_ms_per_request": (busy[k] - idle_share) / n_requests * 1e3,
+            }
+        # time to first token of a streamed chat completion, through the first server
+        side = next(iter(sides.values()))
+        chat = {
+            "model": side["body"]["model"],
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "stream": True,
+        }
+        ttft = []
+        for _ in range(max(10, n_requests // 10)):
+            t = time.perf_counter()
+            with h.stream(
+                "POST", f"{side['url']}/openai/v1/chat/completions", json=chat, headers=side["headers"]
+            ) as r:
+                first = None
+                for line in r.iter_lines():
+                    if first is None and '"content":"' in line and '"content":""' not in line:
+                        first = time.perf_counter() - t
+                ttft.append(first if first is not None else float("nan"))
+        first_key = next(iter(sides))
+        out[first_key]["ttft_p50_ms"] = pct(ttft, 50) * 1e3
+        out[first_key]["ttft_p95_ms"] = pct(ttft, 95) * 1e3
+    return out
+
+
+def bench_gateway(
+    home: Path,
+    storage: Path,
+    base: Path,
+    n_requests: int,
+    n_adapters: int,
+    baseline_src: Path | None = None,
+) -> dict[str, Any]:
+    import httpx
     from tests.controlplane_support import ServerProcess
     from tests.tiny_models import build_lora_adapter, place_model_version
 
@@ -122,101 +233,57 @@ def bench_gateway(home: Path, storage: Path, base: Path, n_requests: int, n_adap
 
     place_model_version(storage, "default", "bench", 1, base)
     srv = ServerProcess(home).start(timeout_s=300)
+    servers = {"gateway": srv}
     out: dict[str, Any] = {}
     try:
-        with TrainyardClient(srv.url, srv.api_key, timeout_s=300) as tc:
-            tc.create_deployment("bench", "bench@1")
-            doc = tc.wait_deployment("bench", timeout_s=300)
-            replica_url = doc["replica_set"][0]["url"]
-            body = {"model": "bench", "prompt": "hello", "max_tokens": 1, "temperature": 0}
-            direct_body = {**body, "model": "__base__"}
-            headers = {"Authorization": f"Bearer {srv.api_key}"}
-            gw, direct = [], []
-            server = psutil.Process(srv.proc.pid)
-
-            def server_cpu_s() -> float:
-                t = server.cpu_times()
-                return t.user + t.system
-
-            with httpx.Client(timeout=60) as h:
-                for _ in range(20):  # warm-up
-                    h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
-                    h.post(f"{replica_url}/v1/completions", json=direct_body).raise_for_status()
-                # the API server's CPU per gateway request: CPU over a run of gateway requests minus its
-                # background CPU (control loop, serving controller) over an idle period as long
-                cpu0, wall0 = server_cpu_s(), time.perf_counter()
-                for _ in range(n_requests):
-                    h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
-                busy_cpu_s, busy_wall_s = server_cpu_s() - cpu0, time.perf_counter() - wall0
-                cpu1 = server_cpu_s()
-                time.sleep(busy_wall_s)
-                idle_cpu_s = server_cpu_s() - cpu1
-                server_cpu_ms = (busy_cpu_s - idle_cpu_s) / n_requests * 1e3
-                for _ in range(n_requests):
-                    t = time.perf_counter()
-                    h.post(f"{srv.url}/openai/v1/completions", json=body, headers=headers).raise_for_status()
-                    gw.append(time.perf_counter() - t)
-                    t = time.perf_counter()
-                    h.post(f"{replica_url}/v1/completions", json=direct_body).raise_for_status()
-                    direct.append(time.perf_counter() - t)
-                ttft = []
-                chat = {
-                    "model": "bench",
-                    "messages": [{"role": "user", "content": "hello"}],
-                    "max_tokens": 16,
-                    "temperature": 0,
-                    "stream": True,
-                }
-                for _ in range(max(10, n_requests // 10)):
-                    t = time.perf_counter()
-                    with h.stream(
-                        "POST", f"{srv.url}/openai/v1/chat/completions", json=chat, headers=headers
-                    ) as r:
-                        first = None
-                        for line in r.iter_lines():
-                            if first is None and '"content":"' in line and '"content":""' not in line:
-                                first = time.perf_counter() - t
-                        ttft.append(first if first is not None else float("nan"))
-            out["gateway"] = {
-                "requests": n_requests,
-                "direct_p50_ms": pct(direct, 50) * 1e3,
-                "direct_p99_ms": pct(direct, 99) * 1e3,
-                "gateway_p50_ms": pct(gw, 50) * 1e3,
-                "gateway_p99_ms": pct(gw, 99) * 1e3,
-                "overhead_p50_ms": (pct(gw, 50) - pct(direct, 50)) * 1e3,
-                "overhead_p99_ms": (pct(gw, 99) - pct(direct, 99)) * 1e3,
-                "server_cpu_ms_per_request": server_cpu_ms,
-                "ttft_p50_ms": pct(ttft, 50) * 1e3,
-                "ttft_p95_ms": pct(ttft, 95) * 1e3,
-            }
-            adapters_dir = home / "adapters"
-            for i in range(n_adapters):
-                a = build_lora_adapter(base, adapters_dir / f"a{i}", seed=100 + i)
-                place_model_version(storage, "default", f"ft{i}", 1, a, base="bench@1")
-                tc.create_deployment(f"ft{i}", f"ft{i}@1")
-            t = time.perf_counter()
-            for i in range(n_adapters):
-                tc.wait_deployment(f"ft{i}", timeout_s=300)
-            replicas = {
-                r["id"] for i in range(n_adapters) for r in tc.get_deployment(f"ft{i}")["replica_set"]
-            }
-            answers = set()
-            with httpx.Client(timeout=60) as h:
+        if baseline_src is not None:  # the same measurement against other code, side by side
+            bhome = home.parent / "home-baseline"
+            place_model_version(bhome / "storage", "default", "bench", 1, base)
+            bsrv = ServerProcess(bhome)
+            bsrv.env["PYTHONPATH"] = str(baseline_src.resolve())
+            servers["gateway_baseline"] = bsrv.start(timeout_s=300)
+        sides = {}
+        clients = {k: TrainyardClient(s.url, s.api_key, timeout_s=300) for k, s in servers.items()}
+        try:
+            for k, s in servers.items():
+                sides[k] = _gateway_side(s, clients[k], "bench")
+            out.update(_measure_gateways(sides, n_requests))
+            tc = clients["gateway"]
+            body = sides["gateway"]["body"]
+            headers = sides["gateway"]["headers"]
+            if n_adapters:
+                adapters_dir = home / "adapters"
                 for i in range(n_adapters):
-                    r = h.post(
-                        f"{srv.url}/openai/v1/completions",
-                        json={**body, "model": f"ft{i}", "max_tokens": 6},
-                        headers=headers,
-                    )
-                    answers.add(r.json()["choices"][0]["text"])
-            out["adapters"] = {
-                "adapters": n_adapters,
-                "replicas": len(replicas),
-                "distinct_answers": len(answers),
-                "all_ready_s": time.perf_counter() - t,
-            }
+                    a = build_lora_adapter(base, adapters_dir / f"a{i}", seed=100 + i)
+                    place_model_version(storage, "default", f"ft{i}", 1, a, base="bench@1")
+                    tc.create_deployment(f"ft{i}", f"ft{i}@1")
+                t = time.perf_counter()
+                for i in range(n_adapters):
+                    tc.wait_deployment(f"ft{i}", timeout_s=300)
+                replicas = {
+                    r["id"] for i in range(n_adapters) for r in tc.get_deployment(f"ft{i}")["replica_set"]
+                }
+                answers = set()
+                with httpx.Client(timeout=60) as h:
+                    for i in range(n_adapters):
+                        r = h.post(
+                            f"{srv.url}/openai/v1/completions",
+                            json={**body, "model": f"ft{i}", "max_tokens": 6},
+                            headers=headers,
+                        )
+                        answers.add(r.json()["choices"][0]["text"])
+                out["adapters"] = {
+                    "adapters": n_adapters,
+                    "replicas": len(replicas),
+                    "distinct_answers": len(answers),
+                    "all_ready_s": time.perf_counter() - t,
+                }
+        finally:
+            for c in clients.values():
+                c.close()
     finally:
-        srv.stop()
+        for s in servers.values():
+            s.stop()
     return out
 
 
@@ -228,16 +295,30 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--skip-engine", action="store_true", help="only the gateway (and adapter) numbers")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="another checkout's src: a second API server runs it, measured side by side (gateway_baseline)",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON results go")
     args = ap.parse_args()
     from tests.tiny_models import build_tiny_llama
 
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
-        engine_model = build_tiny_llama(tmpd / "engine", hidden_size=args.hidden, n_layers=args.layers)
-        engine = bench_engine(engine_model, args.new_tokens, args.repeats)
+        engine_model = (
+            None
+            if args.skip_engine
+            else build_tiny_llama(tmpd / "engine", hidden_size=args.hidden, n_layers=args.layers)
+        )
+        engine = None if args.skip_engine else bench_engine(engine_model, args.new_tokens, args.repeats)
         tiny = build_tiny_llama(tmpd / "tiny")
-        serving = bench_gateway(tmpd / "home", tmpd / "home" / "storage", tiny, args.requests, args.adapters)
+        serving = bench_gateway(
+            tmpd / "home", tmpd / "home" / "storage", tiny, args.requests, args.adapters, args.baseline_src
+        )
     doc = {
         "machine": {
             "platform": platform.platform(),
@@ -256,52 +337,68 @@ def main() -> None:
             "replicas_for_n_adapters": 1,
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    e, g, a = engine, serving["gateway"], serving["adapters"]
-    rows = [
-        (
-            "engine tokens/s vs bare generate",
-            f"{e['engine_tokens_per_s']:.1f} / {e['bare_generate_tokens_per_s']:.1f}",
-            f"{e['engine_vs_bare']:.1%}",
-            ">= 90 %",
-        ),
-        (
-            "8 concurrent vs sequential",
-            f"{e['batched_8_tokens_per_s']:.1f} / {e['sequential_8_tokens_per_s']:.1f} tok/s",
-            f"{e['batching_speedup_8']:.2f}x",
-            ">= 3x",
-        ),
-        (
-            "gateway overhead p50",
-            f"{g['gateway_p50_ms']:.2f} - {g['direct_p50_ms']:.2f} ms",
-            f"{g['overhead_p50_ms']:.2f} ms",
-            "<= 2 ms",
-        ),
-        (
-            "gateway overhead p99",
-            f"{g['gateway_p99_ms']:.2f} - {g['direct_p99_ms']:.2f} ms",
-            f"{g['overhead_p99_ms']:.2f} ms",
-            "<= 10 ms",
-        ),
-        (
-            "API server CPU per gateway request",
-            "(busy - idle) / requests",
-            f"{g['server_cpu_ms_per_request']:.2f} ms",
-            "",
-        ),
-        ("time to first token p50 / p95", "", f"{g['ttft_p50_ms']:.1f} / {g['ttft_p95_ms']:.1f} ms", ""),
-        (
-            f"replicas for {a['adapters']} adapters",
-            f"{a['distinct_answers']} distinct answers",
-            str(a["replicas"]),
-            "1",
-        ),
-    ]
+    doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    doc["command"] = " ".join(["benchmarks/bench_serving.py", *sys.argv[1:]])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    e, a = engine, serving.get("adapters")
+    rows = []
+    if e is not None:
+        rows += [
+            (
+                "engine tokens/s vs bare generate",
+                f"{e['engine_tokens_per_s']:.1f} / {e['bare_generate_tokens_per_s']:.1f}",
+                f"{e['engine_vs_bare']:.1%}",
+                ">= 90 %",
+            ),
+            (
+                "8 concurrent vs sequential",
+                f"{e['batched_8_tokens_per_s']:.1f} / {e['sequential_8_tokens_per_s']:.1f} tok/s",
+                f"{e['batching_speedup_8']:.2f}x",
+                ">= 3x",
+            ),
+        ]
+    for key in ("gateway", "gateway_baseline"):
+        g = serving.get(key)
+        if g is None:
+            continue
+        rows += [
+            (
+                f"{key} overhead p50",
+                f"{g['gateway_p50_ms']:.2f} - {g['direct_p50_ms']:.2f} ms",
+                f"{g['overhead_p50_ms']:.2f} ms",
+                "<= 2 ms",
+            ),
+            (
+                f"{key} overhead p99",
+                f"{g['gateway_p99_ms']:.2f} - {g['direct_p99_ms']:.2f} ms",
+                f"{g['overhead_p99_ms']:.2f} ms",
+                "<= 10 ms",
+            ),
+            (
+                f"{key}: API server CPU per request",
+                "(busy - idle) / requests",
+                f"{g['server_cpu_ms_per_request']:.2f} ms",
+                "",
+            ),
+        ]
+    g = serving["gateway"]
+    rows.append(
+        ("time to first token p50 / p95", "", f"{g['ttft_p50_ms']:.1f} / {g['ttft_p95_ms']:.1f} ms", "")
+    )
+    if a is not None:
+        rows.append(
+            (
+                f"replicas for {a['adapters']} adapters",
+                f"{a['distinct_answers']} distinct answers",
+                str(a["replicas"]),
+                "1",
+            )
+        )
     print(f"{'measure':40} {'raw':34} {'value':>14} {'target':>10}")
     for r in rows:
         print(f"{r[0]:40} {r[1]:34} {r[2]:>14} {r[3]:>10}")
-    print(f"load {load_start} -> {os.getloadavg()}; wrote {RESULTS}")
+    print(f"load {load_start} -> {os.getloadavg()}; wrote {args.out}")
 
 
 if __name__ == "__main__":
