@@ -52,14 +52,21 @@ def _decoder(
     }
 
 
+DEVICES: int | None = None  # --devices: pin every job's gang size (both ends of its range)
+
+
 def jobs() -> list[dict[str, Any]]:
     readme_first = yaml.safe_load((ROOT / "examples" / "cpu-base.yaml").read_text())
-    return [
+    out = [
         readme_first,
         _decoder("deeper-narrow", 6, 96, 4, 512, 96, 8),
         _decoder("wider-longer", 3, 192, 6, 2048, 256, 4),
         _decoder("big-batch", 2, 128, 4, 1024, 128, 16),
     ]
+    if DEVICES is not None:
+        for doc in out:
+            doc["resources"] = {"min_devices": DEVICES, "max_devices": DEVICES}
+    return out
 
 
 def _predicted_from_profiles(home: Path, doc: dict[str, Any], devices: int) -> float:
@@ -77,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the measured median")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "first_quote.json")
+    ap.add_argument("--devices", type=int, default=None, help="pin every job to this many CPU devices")
     args = ap.parse_args(argv)
+    global DEVICES
+    DEVICES = args.devices
 
     from trainyard.client import TrainyardClient
 
