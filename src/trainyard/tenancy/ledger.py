@@ -111,7 +111,6 @@ def _reserve_and_insert_job() -> Any:
 
     No row comes back (and nothing is written) when the reservation is refused."""
     jobs = cast(Table, JobRow.__table__)
-    events = cast(Table, JobEventRow.__table__)
     reserved = _RESERVE_ONE.returning(_PERIODS.c.budget_id).cte("reserved")
     reservation = (
         insert(_RESERVATIONS)
@@ -138,6 +137,13 @@ def _reserve_and_insert_job() -> Any:
         .returning(jobs.c.seq, jobs.c.id)
         .cte("new_job")
     )
+    return _insert_first_event(new_job).add_cte(reservation)
+
+
+def _insert_first_event(new_job: Any) -> Any:
+    """The job's first event inserted from the ``new_job`` CTE (``seq``, ``id`` of the job row a
+    data-modifying CTE inserted), returning the job's ``seq``: one statement for job and event."""
+    events = cast(Table, JobEventRow.__table__)
     return (
         insert(events)
         .from_select(
@@ -150,7 +156,6 @@ def _reserve_and_insert_job() -> Any:
             ),
         )
         .returning(select(new_job.c.seq).scalar_subquery())
-        .add_cte(reservation)
     )
 
 
@@ -169,7 +174,6 @@ def _insert_ungoverned_job() -> tuple[Any, Any]:
     round trip for tenants without budgets (budgets are never deleted, so "no budget" is the only
     state a cache can have wrong)."""
     jobs = cast(Table, JobRow.__table__)
-    events = cast(Table, JobEventRow.__table__)
     cols = [c for c in jobs.c if c.name != "seq"]
     no_budget = ~exists(select(_BUDGETS.c.id).where(_BUDGETS.c.tenant_id == bindparam("tenant_id")))
     job_insert = insert(jobs).from_select(
@@ -177,20 +181,7 @@ def _insert_ungoverned_job() -> tuple[Any, Any]:
     )
     sqlite = job_insert.returning(jobs.c.seq)
     new_job = job_insert.returning(jobs.c.seq, jobs.c.id).cte("new_job")
-    pg = (
-        insert(events)
-        .from_select(
-            ["job_id", "kind", "data", "time_s"],
-            select(
-                new_job.c.id,
-                bindparam("event_kind", type_=events.c.kind.type),
-                bindparam("event_data", type_=events.c.data.type),
-                bindparam("event_time_s", type_=events.c.time_s.type),
-            ),
-        )
-        .returning(select(new_job.c.seq).scalar_subquery())
-    )
-    return sqlite, pg
+    return sqlite, _insert_first_event(new_job)
 
 
 _INSERT_UNGOVERNED_JOB, _INSERT_UNGOVERNED_JOB_WITH_EVENT = _insert_ungoverned_job()
