@@ -35,37 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runtime import disk_write_bandwidth  # noqa: E402  (the same fsync'd write ceiling)
 
 
-def parallel_write_bandwidth(directory: Path, n_bytes: int, n_files: int) -> float:
-    """The disk's fsync'd write bandwidth with ``n_files`` files written at once (one thread each, 4 MiB
-    ``write`` calls then ``fsync``): a disk with several queues takes parallel streams faster than one,
-    so the save's parallel shard writers are measured against this as well as against one stream."""
-    import threading
-
-    block = os.urandom(4 * 2**20)
-    per_file = max(len(block), n_bytes // max(1, n_files))
-
-    def one(i: int) -> None:
-        with open(directory / f"bw-{i}.bin", "wb") as fh:
-            written = 0
-            while written < per_file:
-                fh.write(block)
-                written += len(block)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n_files)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    total = sum((directory / f"bw-{i}.bin").stat().st_size for i in range(n_files))
-    for i in range(n_files):
-        (directory / f"bw-{i}.bin").unlink()
-    return total / dt
-
-
 def plain_read_bandwidth(files: list[Path]) -> float:
     t0 = time.perf_counter()
     n = 0
@@ -168,7 +137,7 @@ def run(mb: int, repeats: int, compare: bool = True) -> dict[str, Any]:
                 writes.append(disk_write_bandwidth(Path(tmp), nbytes or 3 * mb * 2**20 // 3))
                 write_cpu.append(time.process_time() - c0)
                 shards = max(1, n_files - 1)  # the save's shard files (its .metadata is tiny)
-                par_writes.append(parallel_write_bandwidth(Path(tmp), nbytes or mb * 2**20, shards))
+                par_writes.append(disk_write_bandwidth(Path(tmp), nbytes or mb * 2**20, streams=shards))
 
             def other_save(name: str, step: int = step) -> None:
                 other, crc32 = others[name]
