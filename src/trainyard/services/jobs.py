@@ -38,7 +38,7 @@ from trainyard.services.quoting import QuoteFn, quote_pools, stored_quote
 from trainyard.spec.models import JobSpec
 from trainyard.store.db import Database
 from trainyard.store.governance_repo import GovernanceRepo
-from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo, insert_job
+from trainyard.store.repositories import EventRepo, JobRepo, TenantRepo
 from trainyard.tenancy import ledger
 from trainyard.tenancy.admission import ALONE, REFUSED, BatchedAdmissions
 from trainyard.tenancy.quotas import check_queue_quota
@@ -324,26 +324,18 @@ class JobService:
         )
         if seq is REFUSED:
             return None
-        if seq is not ALONE:
-            return replace(job, seq=int(seq))
-        if self.db.dialect == "postgresql":
-            with self.db.write_connection(single_statement=True) as conn:
-                seq = ledger.reserve_one_and_insert_job(
-                    conn,
-                    budget=budget,
-                    n_hard=n_hard,
-                    job=job,
-                    first_event=first_event,
-                    amount_usd=amount_usd,
-                    now_s=now,
-                )
-            return None if seq is None else replace(job, seq=seq)
-        with self.db.write_connection() as conn:
-            if not ledger.reserve_one(
-                conn, budget=budget, n_hard=n_hard, job_id=job.id, amount_usd=amount_usd, now_s=now
-            ):
+        if seq is ALONE:  # its batch wrote nothing: decided on its own
+            seq = self.admissions.admit_alone(
+                budget=budget,
+                n_hard=n_hard,
+                job=job,
+                first_event=first_event,
+                amount_usd=amount_usd,
+                now_s=now,
+            )
+            if seq is REFUSED:
                 return None
-            return insert_job(conn, job, first_event)
+        return replace(job, seq=int(seq))
 
     def check_walls(self, principal: Principal, spec: JobSpec) -> dict[str, Any]:
         """The spec document with every storage location it names in canonical form, after the tenant

@@ -117,6 +117,20 @@ class BatchedAdmissions:
         for a, seq in zip(batch, seqs or [ALONE] * len(batch), strict=True):
             a.result = seq
 
+    def admit_alone(
+        self,
+        *,
+        budget: ledger.Budget,
+        n_hard: int,
+        job: Any,
+        first_event: tuple[str, dict[str, Any], float],
+        amount_usd: float,
+        now_s: float,
+    ) -> Any:
+        """One admission decided on its own (after :meth:`admit` answered :data:`ALONE`): the job's
+        sequence, or :data:`REFUSED` (nothing written)."""
+        return self._one(budget, n_hard, _Admission(job, first_event, amount_usd, now_s))
+
     def _one(self, budget: ledger.Budget, n_hard: int, a: _Admission) -> Any:
         """A batch of one: the job's sequence, or REFUSED (nothing written)."""
         if self.db.dialect == "postgresql":
