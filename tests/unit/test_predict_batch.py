@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 from typing import Any
 
 import numpy as np
@@ -10,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainyard.catalog.accelerators import get_accelerator, load_accelerators
-from trainyard.predict import predict, predict_grouped
+from trainyard.predict import Prediction, predict, predict_grouped
 from trainyard.predict.engine import chosen_plans
+from trainyard.predict.model import _LazyPrediction
 from trainyard.spec.models import JobSpec
 
 ACCS = sorted(a for a in load_accelerators() if a != "cpu")
@@ -147,3 +149,71 @@ def test_chosen_plans_equal_argmin_per_segment(lengths: list[int], data: Any, ca
     idx, fits = chosen_plans(step, mem, cap, starts)
     want_idx, want_fits = _one_by_one(step, mem, cap, starts)
     assert idx.tolist() == want_idx and fits.tolist() == want_fits
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=st.lists(spec_st.flatmap(_measured), min_size=1, max_size=5),
+    acc=st.sampled_from(ACCS),
+    counts=st.lists(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 64, 256]), min_size=1, max_size=5, unique=True),
+    per_node=st.sampled_from([None, 4, 8]),
+    gbps=st.sampled_from([None, 25.0, 400.0]),
+)
+def test_lazy_grouped_predictions_equal_eager_ones(
+    specs: list[JobSpec], acc: str, counts: list[int], per_node: int | None, gbps: float | None
+) -> None:
+    """``predict_grouped(lazy=True)``: what pricing reads is there before anything else is built and is the
+    eager prediction's, bit for bit; the rest, built on first read, is the eager prediction's too."""
+    a = get_accelerator(acc)
+    topology: dict[str, Any] = {"devices_per_node": per_node, "inter_node_gbps": gbps}
+    try:
+        eager = predict_grouped([(s, counts) for s in specs], a, **topology)
+    except ValueError:
+        return
+    lazy = predict_grouped([(s, counts) for s in specs], a, lazy=True, **topology)
+    for es, ls in zip(eager, lazy, strict=True):
+        assert len(es) == len(ls)
+        for e, g in zip(es, ls, strict=True):
+            assert isinstance(g, Prediction)
+            if isinstance(g, _LazyPrediction):
+                assert e.fits and "_make" in g.__dict__
+                for f in _LazyPrediction._EAGER:  # read without building the rest
+                    assert g.__dict__[f] == getattr(e, f), f
+                assert "_make" in g.__dict__
+                copy = pickle.loads(pickle.dumps(g))
+                assert type(copy) is Prediction and copy == e
+            assert g.to_dict() == e.to_dict()
+            assert g == e and e == g
+            assert "_make" not in g.__dict__
+
+
+def test_lazy_predictions_in_a_round_are_built_only_when_read() -> None:
+    """A scheduling round's predictions come from the lazy batch path: most are never built in full."""
+    from trainyard.catalog.pools import Pool
+    from trainyard.schedule import CandidateCache, QueuedJob, SchedulerConfig, schedule_round
+
+    spec = _spec(12, 8, 8, 2048, 64, "bf16-mixed", "full", None)
+    pools = [
+        Pool.model_validate(
+            {
+                "name": f"p{i}",
+                "cloud": "aws",
+                "region": "us-east-1",
+                "accelerator": acc,
+                "market": "on_demand",
+                "devices_per_node": 8,
+                "nodes": 2,
+                "price_usd_per_device_hour": 1.0 + i,
+            }
+        )
+        for i, acc in enumerate(["a100-80gb", "h100-80gb"])
+    ]
+    cache = CandidateCache()
+    jobs = [QueuedJob(job_id="j", tenant="t", spec=spec, submit_s=0.0)]
+    res = schedule_round(jobs, pools, now_s=0.0, config=SchedulerConfig(), cache=cache)
+    assert res.placements
+    preds = list(cache.predictions.values())
+    assert preds and all(isinstance(p, _LazyPrediction) and "_make" in p.__dict__ for p in preds)
+    want = predict(spec, get_accelerator("a100-80gb"), 8, devices_per_node=8, inter_node_gbps=None)
+    got = next(p for p in preds if p.accelerator == "a100-80gb" and p.devices == 8)
+    _close(got.to_dict(), want.to_dict(), "a100-80gb/8")

@@ -186,6 +186,36 @@ def _candidates(ctx: _Context, devices: int) -> tuple[Topology, dict[str, np.nda
     )
 
 
+# ``_candidates`` of recent contexts by what it reads of one (``_parts_key``; interned to a small integer
+# so a lookup per device count hashes no plan pins) and the device count
+_PART_KEYS: dict[tuple[Any, ...], int] = {}
+_PARTS: dict[tuple[int, int], tuple[Topology, dict[str, np.ndarray]]] = {}
+
+
+def _parts_of(ctx: _Context, counts: Sequence[int]) -> list[tuple[int, Topology, dict[str, np.ndarray]]]:
+    """``[(n, *_candidates(ctx, n)) for n in counts]``, memoised on everything ``_candidates`` reads of the
+    context (the topology's fields, the batch, layers, heads and experts, the pins and the plan space), so
+    specs of one such shape on one topology share their plans."""
+    sh = ctx.w.shape
+    k0 = (
+        ctx.node, ctx.fast_domain, ctx.intra_gbs, ctx.inter_gbs, ctx.tp_cap, ctx.w.global_batch, sh.n_blocks,
+        sh.n_heads, sh.experts_total, ctx.pins, ctx.space,
+    )  # fmt: skip
+    if len(_PARTS) >= 65536:
+        _PART_KEYS.clear()
+        _PARTS.clear()
+    tok = _PART_KEYS.get(k0)
+    if tok is None:
+        tok = _PART_KEYS[k0] = len(_PART_KEYS)
+    out = []
+    for n in counts:
+        hit = _PARTS.get((tok, n))
+        if hit is None:
+            hit = _PARTS[(tok, n)] = _candidates(ctx, n)
+        out.append((n, *hit))
+    return out
+
+
 def _fits_at(ctx: _Context, devices: int) -> bool:
     hit = ctx.fits_memo.get(devices)
     if hit is not None:
@@ -617,22 +647,25 @@ def _predictions(
     opts: dict[str, Any],
     search: bool,
     choice: tuple[np.ndarray, np.ndarray, int] | None = None,
+    lazy: engine.Evaluation | None = None,
 ) -> list[Prediction]:
     """The predictions of ``parts`` (device count, topology, plans) from their evaluation: rows ``start``
     onwards of ``ev_all``, the parts' plans one after the other. ``choice``: ``engine.chosen_plans`` of
     ``ev_all`` (global row indices and fits, one per non-empty part of every caller in row order) and the
-    position of this call's first non-empty part in it; computed here when None."""
+    position of this call's first non-empty part in it; computed here when None. ``lazy``: the rows of
+    ``ev_all`` at ``choice``'s indices (in their order), given when a part whose chosen plan fits is to
+    get a :class:`_LazyPrediction` (see :func:`predict_grouped`)."""
     live_starts: list[int] = []
-    evs: list[engine.Evaluation | None] = []
+    bounds: list[tuple[int, int] | None] = []  # each part's rows in ``ev_all``
     for _n, _topo, cand in parts:
-        ev = None
         if cand:
             end = start + len(cand["tp"])
             assert ev_all is not None
             live_starts.append(start)
-            ev = engine.slice_evaluation(ev_all, start, end)
+            bounds.append((start, end))
             start = end
-        evs.append(ev)
+        else:
+            bounds.append(None)
     if choice is None:
         if live_starts:
             assert ev_all is not None
@@ -665,36 +698,173 @@ def _predictions(
     else:
         chosen = [None] * len(parts)
     ref_step_s: float | None = None
-    if acc.name in spec.measured.step_time_s:
+    measured = acc.name in spec.measured.step_time_s
+    if measured:
         ref = spec.resources.min_devices or 1
-        for (n, _topo, cand), ev, ch in zip(parts, evs, chosen, strict=True):
+        for (n, _topo, cand), bd, ch in zip(parts, bounds, chosen, strict=True):
             if n == ref:
                 # the step time ``predict`` gives the reference count without the measurement (no plan:
                 # inf, as there)
-                ref_step_s = ch[2] if cand and ev is not None and ch is not None else math.inf
+                ref_step_s = ch[2] if cand and bd is not None and ch is not None else math.inf
                 break
     flops = training_flops_per_step(spec)
-    return [
-        _finalize(
-            spec,
-            acc,
-            n,
-            ctx,
-            cal,
-            list(notes),
-            source,
-            st,
-            cand,
-            ev,
-            opts,
-            search,
-            ref_step_s,
-            ch,
-            flops,
-            dtype,
+    out: list[Prediction] = []
+    pos = k  # the part's row in ``choice`` and ``lazy``
+    for (n, _topo, cand), bd, ch in zip(parts, bounds, chosen, strict=True):
+        lean = ch is not None and ch[1] and bd is not None and (not measured or ref_step_s is not None)
+        if bd is not None:
+            pos += 1
+        if lazy is not None and lean:
+            assert ch is not None
+            out.append(
+                _LazyPrediction.of(
+                    spec,
+                    acc,
+                    n,
+                    ctx,
+                    cal,
+                    list(notes),
+                    source,
+                    st,
+                    cand,
+                    lazy,
+                    pos - 1,
+                    opts,
+                    search,
+                    ref_step_s,
+                    ch,
+                    flops,
+                    dtype,
+                )
+            )
+            continue
+        ev = engine.slice_evaluation(ev_all, *bd) if bd is not None and ev_all is not None else None
+        out.append(
+            _finalize(
+                spec,
+                acc,
+                n,
+                ctx,
+                cal,
+                list(notes),
+                source,
+                st,
+                cand,
+                ev,
+                opts,
+                search,
+                ref_step_s,
+                ch,
+                flops,
+                dtype,
+            )
         )
-        for (n, _topo, cand), ev, ch in zip(parts, evs, chosen, strict=True)
-    ]
+    return out
+
+
+class _LazyPrediction(Prediction):
+    """A :class:`Prediction` of a batch pass whose chosen plan fits, holding at first only what pricing
+    reads (accelerator, devices, step time and its p90, fits, reason, source, compile time): the rest
+    (plan, memory, breakdown, notes, ...) is built by ``_finalize`` from the kept evaluation the first
+    time any of it is read, and is then the same as the eager prediction's. It compares equal to the eager
+    :class:`Prediction` of the same inputs."""
+
+    # the fields :meth:`of` sets; any other field is built on first read
+    _EAGER = ("accelerator", "devices", "step_time_s", "step_time_p90_s", "fits", "reason", "source",
+              "compile_time_s")  # fmt: skip
+
+    @classmethod
+    def of(
+        cls,
+        spec: JobSpec,
+        accelerator: Accelerator,
+        devices: int,
+        ctx: _Context,
+        cal: Calibration,
+        notes: list[str],
+        source: str,
+        st: str,
+        cand: dict[str, np.ndarray],
+        chosen_rows: engine.Evaluation,
+        row: int,
+        opts: dict[str, Any],
+        search: bool,
+        ref_step_s: float | None,
+        chosen: tuple[int, bool, float],
+        model_flops: float,
+        dtype: str,
+    ) -> _LazyPrediction:
+        """``_finalize``'s fields for a fitting chosen plan, in its arithmetic (``chosen[1]`` is True;
+        with a measured step time on ``accelerator``, ``ref_step_s`` is given or ``devices`` is the
+        reference count)."""
+        i, _fits, step = chosen
+        make = (
+            spec, accelerator, devices, ctx, cal, notes, source, st, cand, chosen_rows, row, opts, search,
+            ref_step_s, chosen, model_flops, dtype,
+        )  # fmt: skip
+        params = ctx.params
+        hi_f = math.exp(params.log_resid_p90)
+        if ctx.w.shape.is_moe:
+            hi_f = max(hi_f, math.exp(params.moe_log_resid_p90))
+        measured = spec.measured.step_time_s.get(accelerator.name)
+        if measured is not None:
+            if (spec.resources.min_devices or 1) == devices:
+                scale = 1.0
+            else:
+                assert ref_step_s is not None
+                scale = step / ref_step_s if math.isfinite(ref_step_s) else 1.0
+            step = measured * scale
+            hi_f = 1.05
+            source = "measured"
+        plan = {"tensor": int(cand["tp"][i]), "pipeline": int(cand["pp"][i])}
+        self = object.__new__(cls)
+        d = self.__dict__
+        d["accelerator"] = accelerator.name
+        d["devices"] = devices
+        d["step_time_s"] = step
+        d["step_time_p90_s"] = step * hi_f
+        d["fits"] = True
+        d["reason"] = builtin_trainer_gap(spec, plan)
+        d["source"] = source
+        d["compile_time_s"] = accelerator.first_compile_s
+        d["_make"] = make
+        return self
+
+    def _materialise(self) -> None:
+        d = self.__dict__
+        make = d.pop("_make", None)
+        if make is None:
+            return
+        spec, acc, n, ctx, cal, notes, source, st, cand, rows, row, opts, search, ref, ch, flops, dtype = make
+        # the chosen plan alone: row ``ch[0]`` of the part's plans, row ``row`` of the chosen rows
+        i, fits, step = ch
+        full = _finalize(
+            spec, acc, n, ctx, cal, notes, source, st, engine.slice_candidates(cand, i, i + 1),
+            engine.slice_evaluation(rows, row, row + 1), opts, search, ref, (0, fits, step), flops, dtype,
+        )  # fmt: skip
+        d.update(full.__dict__)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for an attribute not set yet: a field built on first read
+        if name.startswith("__") or "_make" not in self.__dict__:
+            raise AttributeError(name)
+        self._materialise()
+        return self.__dict__[name] if name in self.__dict__ else object.__getattribute__(self, name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Prediction):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in Prediction.__dataclass_fields__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        self._materialise()
+        return (_plain_prediction, (dict(self.__dict__),))
+
+
+def _plain_prediction(fields: dict[str, Any]) -> Prediction:
+    return Prediction(**fields)
 
 
 def predict_grouped(
@@ -705,13 +875,19 @@ def predict_grouped(
     """``predict_many(spec, [accelerator], counts, **kwargs)`` of every ``(spec, counts)``, with the plans
     of many specs evaluated in one vectorised pass: dense models of one method and precision without
     context parallel or replay pins share a pass (``engine.WorkloadRows``); the rest are evaluated one spec
-    at a time. Results equal ``predict_many``'s (and so :func:`predict`'s one by one)."""
+    at a time. Results equal ``predict_many``'s (and so :func:`predict`'s one by one).
+
+    ``lazy=True``: a prediction whose chosen plan fits holds at first only what pricing reads (step time
+    and its p90, fits, reason, source, compile time; see :class:`_LazyPrediction`) and builds the rest
+    (plan, memory, breakdown, notes) when first read: a scheduling round reads it for few of them. It is
+    equal to the eager prediction."""
+    lazy = bool(kwargs.pop("lazy", False))
     search, cal, opts = _many_options(kwargs, [n for _, counts in items for n in counts])
     prepared = []
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (spec, counts) in enumerate(items):
         ctx, notes, source, st = _context(spec, accelerator, calibration=cal, **opts)
-        parts = [(n, *_candidates(ctx, n)) for n in counts]
+        parts = _parts_of(ctx, counts)
         prepared.append((spec, ctx, notes, source, st, compute_dtype(spec.workload.precision), parts))
         key = engine.batch_key(ctx.w)
         pins = ctx.pins
@@ -747,6 +923,12 @@ def predict_grouped(
             if ev_all is not None
             else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
         )
+        # the chosen plans' rows alone, for the lazy predictions to build from (not the whole evaluation)
+        chosen_rows = (
+            engine.Evaluation(*(getattr(ev_all, f)[idx] for f in engine.Evaluation.__dataclass_fields__))
+            if lazy and ev_all is not None
+            else None
+        )
         start, k = 0, 0
         for i, live in zip(members, lives, strict=True):
             spec, ctx, notes, source, st, dtype, parts = prepared[i]
@@ -765,6 +947,7 @@ def predict_grouped(
                 opts,
                 search,
                 (idx, fits, k),
+                chosen_rows,
             )
             start += sum(len(c["tp"]) for c in live)
             k += len(live)

@@ -328,7 +328,7 @@ def prefetch_predictions_many(
     for acc, topology, members in groups.values():
         items = [(spec, sorted(missing)) for spec, missing in members]
         try:
-            preds = predict_grouped(items, acc, **topology)
+            preds = predict_grouped(items, acc, lazy=True, **topology)
         except ValueError:
             for spec, missing in members:
                 _predict_one_spec(spec, acc, topology, missing, cache)
@@ -400,10 +400,18 @@ def _predict_fn(cache: CandidateCache, spec: JobSpec, pool: Pool) -> Callable[[J
     (workload shape, accelerator and its memory, device count, topology); the cache's calibration hook
     answers first when it has one."""
     shape = cache.shape(spec)
+    acc0, topology0, gk = cache.pool_topology(pool)
+    name0, mem0, rest0 = gk[0], gk[1], gk[2:]
 
     def cached(s: JobSpec, accelerator: Any, devices: int) -> Any:
-        topology = predict_kwargs(pool, accelerator)
-        pk = _prediction_key(shape, accelerator, devices, topology)
+        if accelerator.name == name0 and accelerator.memory_gib == mem0 and accelerator.family == acc0.family:
+            # the pool's own accelerator (``cost.quote.pool_accelerator``): its topology and key are the
+            # pool's, memoised (``CandidateCache.pool_topology``)
+            topology = topology0
+            pk = (shape, name0, mem0, devices, *rest0)  # ``_prediction_key``
+        else:
+            topology = predict_kwargs(pool, accelerator)
+            pk = _prediction_key(shape, accelerator, devices, topology)
         hit = cache.predictions.get(pk)
         if hit is None:
             if cache.calibrated is not None:
