@@ -197,9 +197,15 @@ def _parts_of(ctx: _Context, counts: Sequence[int]) -> list[tuple[int, Topology,
     context (the topology's fields, the batch, layers, heads and experts, the pins and the plan space), so
     specs of one such shape on one topology share their plans."""
     sh = ctx.w.shape
+    pins = ctx.pins
+    # what ``engine.enumerate_candidates`` reads of the depth and the width (it narrows them the same way)
+    layers = min(sh.n_blocks, 16) if pins.pipeline is None else sh.n_blocks
+    heads = sh.n_heads
+    if pins.tensor is None and heads > 0:
+        heads = min(heads & -heads, 64)
     k0 = (
-        ctx.node, ctx.fast_domain, ctx.intra_gbs, ctx.inter_gbs, ctx.tp_cap, ctx.w.global_batch, sh.n_blocks,
-        sh.n_heads, sh.experts_total, ctx.pins, ctx.space,
+        ctx.node, ctx.fast_domain, ctx.intra_gbs, ctx.inter_gbs, ctx.tp_cap, ctx.w.global_batch, layers,
+        heads, sh.experts_total, pins, ctx.space,
     )  # fmt: skip
     if len(_PARTS) >= 65536:
         _PART_KEYS.clear()

@@ -148,6 +148,8 @@ class CandidateCache:
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
     # price of pools of that class is priced from it (``cost.quote.priced_option``)
     times: dict[tuple[Any, ...], AllocationTimes] = field(default_factory=dict)
+    # the numbers of each entry of ``times`` that array pricing reads (``grid.time_row``), same keys
+    time_rows: dict[tuple[Any, ...], tuple[float, ...]] = field(default_factory=dict)
     _accelerators: dict[str, Any] = field(default_factory=dict)
     max_entries: int = 500_000
     calibrated: CalibrationHook | None = None
@@ -232,6 +234,7 @@ class CandidateCache:
             self._bases.clear()
             self._eligibility_keys.clear()
             self.times.clear()
+            self.time_rows.clear()
             if len(self._pool_tokens) > 1024:  # views keyed by the old tokens are gone with the views
                 self._pool_tokens.clear()
 

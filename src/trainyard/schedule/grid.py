@@ -328,7 +328,8 @@ def spec_grid(
     rows: list[tuple[int, float, AllocationTimes]] = []  # (devices, price per device-hour, times)
     scalar_rows: list[tuple[int, Pool, int]] = []  # (slot, pool, devices) priced the reference way
     interconnect = spec.resources.min_interconnect_gbps is not None
-    times, base = cache.times, cache.base(spec)
+    times, base, time_rows = cache.times, cache.base(spec), cache.time_rows
+    vecs: list[tuple[float, ...]] = []  # ``time_row`` of each vectorised row
     for pi, (pool, counts, why) in enumerate(screened):
         if why or not counts:
             slot_pool.append(pi)
@@ -345,7 +346,8 @@ def spec_grid(
             slot_pool.append(pi)
             t = None
             if price is not None and not interconnect:
-                t = times.get((base, pclass, devices))
+                tk = (base, pclass, devices)
+                t = times.get(tk)
                 if t is None:
                     t = _times(spec, pool, devices, acc, pclass, cache)
             if t is None:
@@ -358,6 +360,10 @@ def spec_grid(
             vec_slots.append(len(made))
             rows_pool.append(pi)
             rows.append((devices, price if price is not None else 0.0, t))
+            vec = time_rows.get(tk)
+            if vec is None:
+                vec = time_rows[tk] = time_row(t)
+            vecs.append(vec)
             made.append(None)
     progress = elapsed_fraction
     for slot, pool, devices in scalar_rows:
@@ -366,7 +372,7 @@ def spec_grid(
     g = CandidateGrid(pools, len(made), markets)
     g.pool[:] = slot_pool
     if rows:
-        cols = _price_rows(spec, [pools[i] for i in rows_pool], rows, progress, config, cache, time_value)
+        cols = _price_rows(spec, pools, rows_pool, rows, vecs, markets, progress, config, cache, time_value)
         words = cols.pop("words")
         at = np.asarray(vec_slots, dtype=np.int64)
         ok = ~words
@@ -448,10 +454,22 @@ def _with_time_value(c: Candidate, time_value: float) -> Candidate:
     return replace(c, objective_usd=c.objective_usd + time_value * c.expected_hours)
 
 
+def time_row(t: AllocationTimes) -> tuple[float, ...]:
+    """What :func:`_price_rows` reads of one allocation's times, in its column order (step, p90 step,
+    interval, stall, interruption rate, restart, compile, nodes, provisioning)."""
+    return (
+        t.step_s, t.step_p90_s, t.interval_s, t.stall_s, t.rate_h, t.restart_s, t.compile_s, float(t.nodes),
+        _PARAMS.provisioning_s.get(t.accelerator.family, cm.DEFAULT_PROVISIONING_S),
+    )  # fmt: skip
+
+
 def _price_rows(
     spec: JobSpec,
-    pools: list[Pool],
+    pools: Sequence[Pool],
+    rows_pool: list[int],
     rows: list[tuple[int, float, AllocationTimes]],
+    vecs: list[tuple[float, ...]],
+    markets: Sequence[str],
     progress: float,
     config: SchedulerConfig,
     cache: CandidateCache,
@@ -464,20 +482,11 @@ def _price_rows(
     n = len(rows)
     devices = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
     price_dev_h = np.fromiter((r[1] for r in rows), dtype=float, count=n)
-    ts = [r[2] for r in rows]
-    step_s = np.fromiter((t.step_s for t in ts), dtype=float, count=n)
-    step_p90_s = np.fromiter((t.step_p90_s for t in ts), dtype=float, count=n)
-    interval_s = np.fromiter((t.interval_s for t in ts), dtype=float, count=n)
-    stall_s = np.fromiter((t.stall_s for t in ts), dtype=float, count=n)
-    rate_h = np.fromiter((t.rate_h for t in ts), dtype=float, count=n)
-    restart_s = np.fromiter((t.restart_s for t in ts), dtype=float, count=n)
-    compile_s = np.fromiter((t.compile_s for t in ts), dtype=float, count=n)
-    nodes_t = np.fromiter((t.nodes for t in ts), dtype=np.int64, count=n)
-    provisioning_s = np.fromiter(
-        (params.provisioning_s.get(t.accelerator.family, cm.DEFAULT_PROVISIONING_S) for t in ts),
-        dtype=float,
-        count=n,
-    )
+    cols_t = np.array(vecs, dtype=float).T.copy()  # one row per ``time_row`` field
+    step_s, step_p90_s, interval_s, stall_s, rate_h, restart_s, compile_s = cols_t[:7]
+    nodes_t = cols_t[7].astype(np.int64)
+    provisioning_s = cols_t[8]
+    at_pool = np.asarray(rows_pool, dtype=np.int64)
     price_h = price_dev_h * devices
     # cost.quote.price_work, operation for operation
     remaining_steps = facts.total_steps * (1.0 - progress)
@@ -520,8 +529,7 @@ def _price_rows(
     p90_h = wall_p90_s / cm.SECONDS_PER_HOUR
     p90_h = np.where(p90_h != 0.0, p90_h, hours)  # to_candidate: ``expected_hours_p90 or expected_hours``
     objective = cost_usd.copy()
-    markets = [_market(cache, p) for p in pools]
-    reserved = np.fromiter((m == "reserved" for m in markets), dtype=bool, count=n)
+    reserved = np.fromiter((m == "reserved" for m in markets), dtype=bool, count=len(markets))[at_pool]
     if reserved.any():
         objective[reserved] = (
             cost_usd[reserved] * config.reserved_cost_factor + 1e-3 * hours[reserved] * devices[reserved]
@@ -530,7 +538,7 @@ def _price_rows(
         objective = objective + time_value * hours
     finish_s = 0.0 + p90_h * 3600.0
     nodes = np.maximum(nodes_t, 1)
-    dpn = np.fromiter((p.devices_per_node for p in pools), dtype=np.int64, count=n)
+    dpn = np.fromiter((p.devices_per_node for p in pools), dtype=np.int64, count=len(pools))[at_pool]
     return {
         "devices": devices,
         "nodes": nodes,
