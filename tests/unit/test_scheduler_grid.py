@@ -22,8 +22,14 @@ from scheduler_paths import both_paths, decisions
 
 from trainyard.catalog.pools import Pool
 from trainyard.cost.model import poisson_quantile
+from trainyard.predict import predict
 from trainyard.schedule import CandidateCache, QueuedJob, RunningJob, SchedulerConfig, schedule_round
-from trainyard.schedule.candidates import candidates_for
+from trainyard.schedule.candidates import (
+    candidates_for,
+    device_counts,
+    eligibility,
+    prefetch_predictions_many,
+)
 from trainyard.schedule.grid import poisson_quantiles, spec_candidates
 from trainyard.schedule.round import _objective_for_job
 from trainyard.schedule.types import Candidate
@@ -221,3 +227,68 @@ def test_rounds_on_distinct_shapes_decide_alike_on_both_paths() -> None:
     later = replace(cfg, vectorised_pricing=False)
     ref = schedule_round(jobs, pools, running, 5400.0, later, cache=CandidateCache())
     assert decisions(schedule_round(jobs, pools, running, 5400.0, cfg, cache=cache)) == decisions(ref)
+
+
+def _assert_close(got: list[Candidate], want: list[Candidate], rel: float) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        for f in fields(Candidate):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if isinstance(y, float):
+                assert math.isclose(x, y, rel_tol=rel, abs_tol=1e-12), (f.name, a, b)
+            else:
+                assert x == y, (f.name, a, b)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec_list=st.lists(specs(), min_size=1, max_size=4),
+    pools=pool_lists(),
+    progress=st.sampled_from([0.0, 0.4]),
+)
+def test_a_rounds_batch_predictions_price_and_decide_as_the_scalar_reference(
+    spec_list: list[Any], pools: list[Pool], progress: float
+) -> None:
+    """The round's fast path (every spec's predictions from one batch pass per accelerator and topology,
+    ``predict_grouped(lazy=True)``, then array pricing) gives the scalar reference's candidates (one
+    ``predict`` per device count, one quote per option), its chosen plans, and the same decisions. Batch
+    evaluation across specs may differ from one spec alone in the last bits (``test_predict_batch``), so
+    numbers are compared within 1e-9."""
+    cfg = SchedulerConfig()
+    cache = CandidateCache()
+    work = []
+    for s in spec_list:
+        counts = [(p, device_counts(s, p, cache)) for p in pools if not eligibility(s, p, cache)]
+        work.append((s, [(p, c) for p, c in counts if c]))
+    prefetch_predictions_many(work, cache)
+    for s in spec_list:
+        got = spec_candidates(s, pools, cfg, cache, progress, prefetched=True)
+        _assert_close(got, _reference(s, pools, cfg, progress), 1e-9)
+    # the chosen plans: each batch prediction, built in full when read, is the scalar predictor's
+    for s, pools_counts in work:
+        for p, counts in pools_counts:
+            acc, topology, gk = cache.pool_topology(p)
+            for d in counts:
+                got_p = cache.predictions.get((cache.shape(s), gk[0], gk[1], d, *gk[2:]))
+                if got_p is None:  # the batch refused the group: priced one by one above
+                    continue
+                want_p = predict(s, acc, d, **topology)
+                assert got_p.plan == want_p.plan and got_p.fits == want_p.fits
+                assert got_p.reason == want_p.reason and got_p.notes == want_p.notes
+                assert math.isclose(got_p.memory_per_device_gib, want_p.memory_per_device_gib, rel_tol=1e-9)
+    # a round decides alike on the batch path and on predictions made one by one (the calibration hook)
+    jobs = [
+        QueuedJob(job_id=f"j{i}", tenant=f"t{i % 2}", spec=s, submit_s=-600.0 * i)
+        for i, s in enumerate(spec_list)
+    ]
+
+    def one_by_one(s: Any, acc: Any, d: int, topology: Any) -> Any:
+        return predict(s, acc, d, **topology)
+
+    fast = schedule_round(jobs, pools, now_s=0.0, config=cfg, cache=CandidateCache())
+    ref = schedule_round(jobs, pools, now_s=0.0, config=cfg, cache=CandidateCache(calibrated=one_by_one))
+    assert [(p.job_id, p.pool, p.devices) for p in fast.placements] == [
+        (p.job_id, p.pool, p.devices) for p in ref.placements
+    ]
+    assert [u.job_id for u in fast.unplaced] == [u.job_id for u in ref.unplaced]
+    assert math.isclose(fast.objective_usd, ref.objective_usd, rel_tol=1e-9, abs_tol=1e-9)
