@@ -2,7 +2,8 @@
 step times its jobs then measure.
 
 A new home, `trainyard up --detach --executor local` (which times a few real steps of two small decoders
-at first start, `services.profiles.STARTUP_SPECS`); once those profiles are stored, each job below is
+at first start, `services.profiles.STARTUP_SPECS`, on one rank and on a gang of two); once those profiles
+are stored, each job below is
 quoted through the API (the `cpu` option's `step_time_s`) before any job has run, so no finished job's
 feedback is in the quotes; then each is submitted, run to the end on the local CPU pool, and its median
 measured step time (`/v1/jobs/ID/metrics`, the first `--skip` steps left out as warm-up) is compared with
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         server = json.loads(up.stdout)
         try:
             t0 = time.time()
-            while len(list((home / "profiles").glob("*.json"))) < 2:
+            from trainyard.services.profiles import startup_profile_count
+
+            while len(list((home / "profiles").glob("*.json"))) < startup_profile_count():
                 if time.time() - t0 > 600:
                     raise SystemExit("the first-start profiles were not stored within 600 s")
                 time.sleep(0.5)

@@ -22,7 +22,15 @@ from trainyard.runtime.profiler import profile_spec
 from trainyard.services.domain import Principal
 from trainyard.services.platform import Platform, PlatformOptions
 from trainyard.services.pools import local_cpu_pool
-from trainyard.services.profiles import load_profiles, measure_local_cpu, store_profile
+from trainyard.services.profiles import (
+    STARTUP_SPECS,
+    load_profiles,
+    measure_local_cpu,
+    profile_calibration,
+    startup_gang_ranks,
+    startup_profile_count,
+    store_profile,
+)
 from trainyard.services.quoting import quote_pools
 from trainyard.services.scheduler_adapter import OptimizerRound, calibrated_predictions
 from trainyard.settings import Settings
@@ -97,7 +105,16 @@ def test_predict_quote_server_and_scheduler_agree_after_a_profile(
 
 def test_first_start_measurement_stores_cpu_profiles(tmp_path: Path) -> None:
     paths = measure_local_cpu(tmp_path, steps=1, warmup=0)
-    assert len(paths) == 2 and all(p.exists() for p in paths)
+    assert len(paths) == startup_profile_count() and all(p.exists() for p in paths)
     docs = load_profiles(tmp_path)
-    assert [d["accelerator"] for d in docs] == ["cpu", "cpu"] and all(d["threads"] == 1 for d in docs)
+    assert all(d["accelerator"] == "cpu" for d in docs) and all(d["threads"] == 1 for d in docs)
     assert all(d["step_time_s"] > 0 for d in docs)
+    gangs = [d for d in docs if d.get("devices", 1) > 1]
+    if startup_gang_ranks():
+        # the same specs again on a gang of ranks of this host: the full global batch, dealt over them
+        batches = {d["name"]: d["workload"]["global_batch"] for d in STARTUP_SPECS}
+        assert {d["name"]: d["spec"]["workload"]["global_batch"] for d in gangs} == batches
+        assert all(d["devices"] == startup_gang_ranks() and d["host_cores"] >= d["devices"] for d in gangs)
+        assert all(d["ratio_to_one_rank"] > 0 and d["solo_step_time_s"] > 0 for d in gangs)
+        cal = profile_calibration(tmp_path)
+        assert cal.params["cpu/torch-cpu/fp32/cpu"].gang_slowdown != 1.0  # fitted to the gang

@@ -20,14 +20,26 @@ def profile_command(
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
     as_json: bool = typer.Option(False, "--json", help="Print the stored profile as JSON."),
+    ranks: int = typer.Option(
+        1,
+        "--ranks",
+        min=1,
+        help="Ranks of a CPU gang on this host (data parallel over gloo, one process each, as the local "
+        "pool runs a multi-device job); quotes for that many cpu devices then use it.",
+    ),
 ) -> None:
     """Profile the spec's model on the local device; predictions for `cpu` then use the stored profiles."""
-    from trainyard.runtime.profiler import profile_spec
+    from trainyard.runtime.profiler import profile_gang, profile_spec
 
     if device not in (None, "cpu", "cuda"):
         raise InvalidInputError(f"--device {device!r} is not cpu or cuda")
+    if ranks > 1 and device == "cuda":
+        raise InvalidInputError("--ranks profiles a CPU gang; it does not combine with --device cuda")
     spec = load_spec(spec_path)
-    doc = profile_spec(spec, steps=steps, warmup=warmup, device=device, threads=threads)
+    if ranks > 1:
+        doc = profile_gang(spec, ranks=ranks, steps=steps, warmup=warmup, threads=threads or 1)
+    else:
+        doc = profile_spec(spec, steps=steps, warmup=warmup, device=device, threads=threads)
     from trainyard.services.profiles import store_profile
 
     path = store_profile(load_settings().home, doc)
@@ -36,6 +48,7 @@ def profile_command(
         return
     console.print(
         f"{spec.name}: median step {doc['step_time_s'] * 1000:.1f} ms over {steps} steps on "
-        f"{doc['accelerator']} ({doc['threads']} threads), peak memory {doc['peak_memory_gib']:.2f} GiB"
+        f"{doc['accelerator']} ({doc.get('devices', 1)} x {doc['threads']} threads), "
+        f"peak memory {doc['peak_memory_gib']:.2f} GiB"
     )
     console.print(f"stored {path}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from trainyard.predict.params import EfficiencyParams, PlanSpace
+from trainyard.predict.params import HOST_RESERVED_CORES, EfficiencyParams, PlanSpace
 from trainyard.predict.workload import Workload, expert_flops_per_token, head_flops_per_token
 from trainyard.spec.models import ActivationCheckpointing, Method
 
@@ -47,6 +47,9 @@ class Topology:
     intra_gbs: float  # per-device, one direction, GB/s
     inter_gbs: float  # per-device share of the inter-node network, one direction, GB/s
     tp_limit: int  # largest tensor-parallel degree allowed
+    # The devices of a node are cores of one host that its ranks share (the local CPU pool: one device per
+    # core, one process per rank): ranks beyond the host's free cores time-share them (``host_sharing``).
+    shared_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -674,11 +677,22 @@ def evaluate(
     )
 
     step = t_pipe + fs_exposed + ar_exposed + t_opt + p.step_overhead_s
+    t_sync: Any = 0.0
+    if topo.shared_host:
+        # Ranks on one host's cores: each computes ``slow`` times slower than a rank alone, and the gang
+        # synchronises once per step (the all-reduce above is its volume over loopback).
+        # Collectives per step: DDP's one all-reduce of the flattened gradients; FSDP's all-gather forward,
+        # all-gather backward and reduce-scatter of every block and of the root per micro-batch, then
+        # the side-channel all-reduce (``runtime.trainer``).
+        n_coll = np.where(scope != FSDP_NONE, n_micro * 3.0 * (L / pp + 1.0) + 1.0, 1.0)
+        slow, sync = host_sharing(cand["n_f"], topo.devices_per_node, p)
+        t_sync = sync * n_coll
+        step = step + (slow - 1.0) * (t_pipe + t_opt + p.step_overhead_s) + t_sync
 
     terms = memory_terms(w, cand, pins)
     mem = _sum_terms(terms)
     hw_flops = n_micro * (mm_flops + at_flops)
-    comm = fs_exposed + ar_exposed + n_micro * (t_tp + t_cp + t_p2p + t_a2a)
+    comm = fs_exposed + ar_exposed + t_sync + n_micro * (t_tp + t_cp + t_p2p + t_a2a)
     a2a_step = n_micro * t_a2a + np.zeros_like(step)
     return Evaluation(
         step,
@@ -691,6 +705,22 @@ def evaluate(
         a2a_step,
         *(terms[k] for k in MEMORY_TERMS),
     )
+
+
+def host_sharing(devices: Any, devices_per_node: int, p: EfficiencyParams) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rank slowdown and per-step synchronisation time of gangs of ``devices`` ranks whose devices
+    are cores of hosts of ``devices_per_node`` cores (``Topology.shared_host``).
+
+    ``r`` ranks on one host run concurrently on at most ``c - HOST_RESERVED_CORES`` cores (at least one):
+    each computes ``r / min(r, free)`` times slower than one rank alone (so 2 ranks on a 2-core host take
+    as long per rank as one rank doing both halves), times ``p.gang_slowdown`` (measured: ranks that wait
+    on one another at each collective on a busy host lose more than their share); a gang of more than
+    one rank pays ``p.gang_sync_s`` per collective (the second array). One rank: factor 1, no sync."""
+    r = np.minimum(np.asarray(devices, dtype=float), float(max(1, devices_per_node)))
+    free = max(1.0, devices_per_node - HOST_RESERVED_CORES)
+    gang = r > 1.0
+    slow = np.where(gang, r / np.minimum(r, free) * p.gang_slowdown, 1.0)
+    return slow, np.where(gang, p.gang_sync_s, 0.0)
 
 
 def chosen_plans(

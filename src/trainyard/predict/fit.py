@@ -27,12 +27,13 @@ from scipy.optimize import least_squares
 from trainyard.catalog.accelerators import Accelerator, get_accelerator
 from trainyard.predict import engine
 from trainyard.predict.calib_data import CalibrationRow
-from trainyard.predict.model import _candidates, _context, predict
+from trainyard.predict.model import _candidates, _context, predict, shares_host
 from trainyard.predict.params import (
     PRIORS,
     Calibration,
     EfficiencyParams,
     Measurement,
+    correction_key,
     stack_of,
 )
 from trainyard.predict.workload import compute_dtype
@@ -96,11 +97,12 @@ def _prepare(
     inter_node_gbps: float | None = None,
     calibration: Calibration | None = None,
     label: str = "",
+    devices_per_node: int | None = None,
 ) -> _Prepared:
     ctx, _, _, _ = _context(
         spec,
         acc,
-        devices_per_node=None,
+        devices_per_node=devices_per_node,
         inter_node_gbps=inter_node_gbps,
         calibration=calibration or Calibration(params={}),
         stack=stack,
@@ -368,7 +370,11 @@ def ingest_measurement(
     """Fold a measured step time into the calibration and return the updated calibration (pure).
 
     Each (family, stack, precision, accelerator) key keeps a multiplicative correction: the geometric
-    mean of measured/predicted ratios of all its measurements, shrunk toward 1 by a prior weight.
+    mean of measured/predicted ratios of all its measurements, shrunk toward 1 by a prior weight. A gang
+    whose ranks share one host (CPU devices of the local pool, ``model.shares_host``) is measured under a
+    key of its device count (``params.correction_key``: ``.../cpu/x2``), shrunk toward the one-device
+    correction: how 2 ranks contend for a host's cores says nothing about one rank's speed, and the
+    reverse.
     """
     if not (measured_step_time_s > 0 and math.isfinite(measured_step_time_s)):
         raise ValueError("measured_step_time_s must be a positive number")
@@ -378,10 +384,15 @@ def ingest_measurement(
         raise ValueError(f"no plan for {devices} x {accelerator.name}: {pred.reason}")
     st = stack_of(accelerator, predict_kwargs.get("stack"))
     key = f"{accelerator.family}/{st}/{compute_dtype(spec.workload.precision)}/{accelerator.name}"
+    prior = 0.0
+    node = predict_kwargs.get("devices_per_node") or accelerator.max_devices_per_node
+    if devices > 1 and shares_host(accelerator, node):
+        prior = math.log(calibration.corrections.get(key, 1.0))
+        key = correction_key(key, devices)
     m = Measurement(key, pred.step_time_s, measured_step_time_s, label)
     measurements = (*calibration.measurements, m)
     logs = [math.log(x.measured_step_time_s / x.predicted_step_time_s) for x in measurements if x.key == key]
-    factor = math.exp(sum(logs) / (len(logs) + FEEDBACK_PRIOR_WEIGHT))
+    factor = math.exp((sum(logs) + FEEDBACK_PRIOR_WEIGHT * prior) / (len(logs) + FEEDBACK_PRIOR_WEIGHT))
     corrections = dict(calibration.corrections)
     corrections[key] = factor
     return replace(calibration, corrections=corrections, measurements=measurements)
@@ -396,14 +407,24 @@ def calibrate_from_profiles(
     """Fit the local device's parameters to stored profiles (documents written by ``trainyard profile``).
 
     The profiles' measured peak FLOP/s and memory bandwidth replace the catalog figures of ``accelerator``;
-    the matmul efficiency cap and per-layer overhead are then fitted to the measured step times.
+    the matmul efficiency cap and per-layer overhead are then fitted to the measured one-rank step times.
+    Profiles of a gang of ranks on this host (``devices`` > 1, ``trainyard profile --ranks``) then fit
+    how such gangs share the host (``gang_slowdown``, and ``gang_sync_s`` when two or more were
+    measured; :func:`_fit_gang_cpu`), with the one-rank parameters fixed; a gang profile that timed one
+    rank back to back with the gang (``ratio_to_one_rank``) is fitted as that ratio times the one-rank
+    step the fit predicts, so load that differed between the profiles does not enter.
     """
     from trainyard.spec.loader import spec_from_dict
 
+    gangs = [p for p in profiles if int(p.get("devices") or 1) > 1]
+    profiles = [p for p in profiles if int(p.get("devices") or 1) <= 1]
     if not profiles:
-        raise ValueError("no profiles to calibrate from")
+        raise ValueError("no one-rank profiles to calibrate from")
     base = base or Calibration(params={})
-    dev = profiles[-1].get("device", {})
+    # the newest device measurement (a gang profile carries none)
+    dev: dict[str, Any] = next(
+        (p["device"] for p in reversed(profiles) if p.get("device", {}).get("matmul_flops")), {}
+    )
     peaks: dict[str, float] = {}
     if dev.get("matmul_flops"):
         for dt in ("fp32", "bf16", "fp16"):
@@ -450,7 +471,75 @@ def calibrate_from_profiles(
             n_rows=len(prepared),
             key=f"{group}/{accelerator}/profiled",
         )
-    return cal.with_params(updates, version=f"{base.version}+profiles")
+    cal = cal.with_params(updates, version=f"{base.version}+profiles")
+    by_group_gang: dict[str, list[_Prepared]] = defaultdict(list)
+    for doc in gangs:
+        spec = spec_from_dict(doc["spec"])
+        ranks = int(doc["devices"])
+        measured = float(doc["step_time_s"])
+        plan = {
+            "micro_batch": doc["plan"]["micro_batch"],
+            "activation_checkpointing": doc["plan"]["activation_checkpointing"],
+            "tensor": 1,
+            "pipeline": 1,
+            "fsdp": False,
+        }
+        if doc.get("ratio_to_one_rank"):
+            # the gang relative to one rank timed back to back, on the one-rank step fitted above: the
+            # machine's load while the gang was timed cancels out (it moves both alike)
+            wl = spec.workload
+            solo = {**plan, "micro_batch": min(wl.micro_batch or wl.global_batch, wl.global_batch)}
+            one = predict(spec, acc, 1, calibration=cal, plan=solo, search_min_devices=False)
+            if math.isfinite(one.step_time_s):
+                measured = float(doc["ratio_to_one_rank"]) * one.step_time_s
+        group = f"{acc.family}/{stack_of(acc)}/{compute_dtype(spec.workload.precision)}"
+        by_group_gang[group].append(
+            _prepare(
+                spec,
+                acc,
+                ranks,
+                measured,
+                plan=plan,
+                calibration=cal,
+                label=str(doc.get("name", "")),
+                devices_per_node=max(ranks, int(doc.get("host_cores") or ranks)),
+            )
+        )
+    gang_updates = {}
+    for group, prepared in by_group_gang.items():
+        key = f"{group}/{accelerator}"
+        p, _ = cal.lookup(acc.family, stack_of(acc), group.split("/")[2], accelerator)
+        gang_updates[key] = _fit_gang_cpu(prepared, p)
+    return cal.with_params(gang_updates) if gang_updates else cal
+
+
+GANG_SLOWDOWN_BOUNDS = (0.5, 20.0)
+GANG_SYNC_BOUNDS_S = (0.0, 1.0)
+
+
+def _fit_gang_cpu(prepared: Sequence[_Prepared], p: EfficiencyParams) -> EfficiencyParams:
+    """Gangs on one host's cores (``engine.host_sharing``): the step time is linear in the per-rank
+    slowdown ``k`` and the cost ``s`` of one collective: ``t = rest + k * shared + s * collectives``;
+    solved by bounded linear least squares on relative errors (one gang profile: ``k`` only, ``s`` at
+    its prior)."""
+    from scipy.optimize import lsq_linear
+
+    rows, rhs = [], []
+    for x in prepared:
+        t1 = x.time(replace(p, gang_slowdown=1.0, gang_sync_s=0.0))
+        t2 = x.time(replace(p, gang_slowdown=2.0, gang_sync_s=0.0))
+        n_coll = (x.time(replace(p, gang_slowdown=1.0, gang_sync_s=1e-3)) - t1) / 1e-3
+        shared, rest = t2 - t1, 2 * t1 - t2
+        rows.append([shared / x.measured_s, n_coll / x.measured_s])
+        rhs.append(1.0 - rest / x.measured_s)
+    a, b = np.array(rows), np.array(rhs)
+    lo_k, hi_k = GANG_SLOWDOWN_BOUNDS
+    if len(prepared) < 2:
+        k = (b[0] - a[0, 1] * p.gang_sync_s) / a[0, 0] if a[0, 0] > 0 else p.gang_slowdown
+        return replace(p, gang_slowdown=float(np.clip(k, lo_k, hi_k)))
+    sol = lsq_linear(a, b, bounds=([lo_k, GANG_SYNC_BOUNDS_S[0]], [hi_k, GANG_SYNC_BOUNDS_S[1]]))
+    k, sync = sol.x
+    return replace(p, gang_slowdown=float(k), gang_sync_s=float(sync))
 
 
 def _fit_linear_cpu(prepared: Sequence[_Prepared], prior: EfficiencyParams) -> EfficiencyParams:

@@ -175,7 +175,14 @@ def _topology(ctx: _Context, devices: int) -> Topology:
         intra_gbs=ctx.intra_gbs,
         inter_gbs=ctx.inter_gbs,
         tp_limit=max(1, min(ctx.tp_cap, devices)),
+        shared_host=shares_host(ctx.acc, ctx.node),
     )
+
+
+def shares_host(accelerator: Accelerator, devices_per_node: int) -> bool:
+    """Whether the devices of one node are cores of one host that a gang's ranks share: CPU "devices"
+    several to a node (the local pool offers one per core; the catalog's ``cpu`` is a whole host)."""
+    return accelerator.family == "cpu" and devices_per_node > 1
 
 
 def _candidates(ctx: _Context, devices: int) -> tuple[Topology, dict[str, np.ndarray]]:
@@ -492,7 +499,9 @@ def _finalize(
             calibration_key=key,
         )
     assert ev is not None
-    i, fits, step = chosen if chosen is not None else _chosen_plan(ctx, cal, accelerator, st, dtype, ev)
+    i, fits, step = (
+        chosen if chosen is not None else _chosen_plan(ctx, cal, accelerator, st, dtype, ev, devices)
+    )
     lo_f, hi_f = math.exp(ctx.params.log_resid_p10), math.exp(ctx.params.log_resid_p90)
     if w.shape.is_moe:
         # MoE: the wider of the dense band and the held-out MoE residuals' band.
@@ -574,7 +583,13 @@ def _finalize(
 
 
 def _chosen_plan(
-    ctx: _Context, cal: Calibration, accelerator: Accelerator, st: str, dtype: str, ev: engine.Evaluation
+    ctx: _Context,
+    cal: Calibration,
+    accelerator: Accelerator,
+    st: str,
+    dtype: str,
+    ev: engine.Evaluation,
+    devices: int = 1,
 ) -> tuple[int, bool, float]:
     """The plan a prediction reports (the fastest that fits, else the leanest), whether it fits, and its
     calibrated step time before any measured step time replaces it."""
@@ -586,7 +601,7 @@ def _chosen_plan(
     else:
         i = int(np.argmin(ev.memory_bytes))
     step = float(ev.step_time_s[i])
-    step *= cal.correction(accelerator.family, st, dtype, accelerator.name)
+    step *= cal.correction(accelerator.family, st, dtype, accelerator.name, devices)
     return i, fits, step
 
 
@@ -684,7 +699,8 @@ def _predictions(
         else:
             choice = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
     idx_all, fits_all, k = choice
-    corr = cal.correction(acc.family, st, dtype, acc.name) if live_starts else 1.0
+    # feedback corrections by device count (``Calibration.correction``)
+    corr = {n: cal.correction(acc.family, st, dtype, acc.name, n) for n, _t, c in parts if c}
     chosen: list[tuple[int, bool, float] | None] = []
     if live_starts:
         assert ev_all is not None
@@ -692,11 +708,11 @@ def _predictions(
         steps = ev_all.step_time_s[glob].tolist()
         fl = fits_all[k : k + len(live_starts)].tolist()
         j = 0
-        for _n, _topo, cand in parts:
+        for n, _topo, cand in parts:
             if cand:
                 # ``_chosen_plan``: the row within the part, whether it fits, the corrected step time
                 step = steps[j]
-                step *= corr
+                step *= corr[n]
                 chosen.append((glob[j] - live_starts[j], bool(fl[j]), step))
                 j += 1
             else:

@@ -103,6 +103,11 @@ WORKSPACE_GIB = {
     "cpu": 1.0,
 }
 HEADROOM_FRACTION = 0.05
+# Cores of a host whose CPU "devices" a gang shares (the local pool: one device per core) that its ranks
+# cannot count on: the control plane (API server, scheduler, worker fork server) and the OS run there too.
+# Ranks beyond the rest time-share the cores: n ranks on c cores compute n / min(n, c - 1) times slower
+# each than one rank alone (at least one core is always there).
+HOST_RESERVED_CORES = 1.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,14 @@ class EfficiencyParams:
     comm_eff: float = 0.7  # achieved fraction of link bandwidth for collectives
     overlap: float = 0.8  # share of overlappable communication hidden behind compute
     step_overhead_s: float = 0.0  # fixed cost per optimizer step (launches of the update, host work)
+    # Ranks of a gang that share one host's cores (local CPU "devices", ``Topology.shared_host``): how
+    # much slower each rank computes than its share of the host's free cores alone predicts (waiting on
+    # the slowest rank at every collective when the cores are also busy with other work), and the fixed
+    # cost of each collective of the gang (gloo over loopback: the ranks' rendezvous, beyond its bytes).
+    # Fitted by ``fit.calibrate_from_profiles`` to a measured multi-rank step (``trainyard profile
+    # --ranks``, the first-start measurement); the priors assume no extra slowdown and 1 ms.
+    gang_slowdown: float = 1.0
+    gang_sync_s: float = 1.0e-3
     moe_eff: float = 1.0  # routed-expert (grouped) matmuls relative to dense matmuls of the same shape
     moe_rows: int = 0  # MoE measurements ``moe_eff`` was fitted to (0: not fitted)
     moe_log_resid_p10: float = -0.35  # quantiles of log(measured / predicted) for MoE models
@@ -211,8 +224,17 @@ class Calibration:
             f"{accelerator}: no measurements for family {family}; using generic {family} priors",
         )
 
-    def correction(self, family: str, stack: str, precision: str, accelerator: str) -> float:
+    def correction(
+        self, family: str, stack: str, precision: str, accelerator: str, devices: int = 1
+    ) -> float:
+        """The feedback factor on predicted step times of ``devices`` × ``accelerator``: the device
+        count's own (``correction_key``: gangs whose ranks share a host are measured per count) when
+        there is one, else the accelerator's."""
         key = f"{family}/{stack}/{precision}/{accelerator}"
+        if devices > 1:
+            own = self.corrections.get(correction_key(key, devices))
+            if own is not None:
+                return own
         return self.corrections.get(key, 1.0)
 
     # ---- serialisation ----------------------------------------------------------------------------
@@ -242,6 +264,13 @@ class Calibration:
         merged = dict(self.params)
         merged.update(updates)
         return replace(self, params=merged, version=version or self.version)
+
+
+def correction_key(key: str, devices: int) -> str:
+    """The correction key of ``devices`` ranks of an accelerator key (``family/stack/precision/acc``):
+    the key itself for one device, ``key/xN`` for N (used where the gang's ranks share one host, whose
+    step times do not scale like one device's)."""
+    return key if devices <= 1 else f"{key}/x{devices}"
 
 
 @cache

@@ -10,7 +10,9 @@ device. The profile is a plain dict; storing it is the caller's business.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -207,6 +209,7 @@ class ProfileSession:
         if clock == "process" and (dev.type != "cpu" or torch.get_num_threads() != 1):
             raise InvalidInputError("the process clock is only meaningful on CPU with one thread")
         self.spec, self.device, self.clock = spec, dev, clock
+        self.group: Any = None  # a torch.distributed group: gradients are all-reduced over it each step
         wl = spec.workload
         self.micro_batch = min(wl.micro_batch or wl.global_batch, wl.global_batch)
         self.accum = math.ceil(wl.global_batch / self.micro_batch)
@@ -238,7 +241,24 @@ class ProfileSession:
                 logits = self.model(x)
                 loss = F.cross_entropy(logits.float().reshape(-1, self.vocab), y.reshape(-1)) / self.accum
             loss.backward()
+        if self.group is not None:
+            self._all_reduce_grads()
         self.opt.step()
+
+    def _all_reduce_grads(self) -> None:
+        """What the built-in trainer does between backward and the update of a data-parallel gang: one
+        all-reduce of every gradient flattened together with its three side-channel values."""
+        import torch.distributed as dist
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.zeros(3, device=self.device)])
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            k = g.numel()
+            p.grad = flat[offset : offset + k].view_as(p).to(p.dtype)
+            offset += k
 
     def step(self) -> float:
         """Run one optimizer step; its time in seconds.
@@ -307,3 +327,151 @@ def profile_spec(
         session.step()
     times = [session.step() for _ in range(steps)]
     return session.document(times, measure_device(session.device, clock=session.clock) if measure else None)
+
+
+# ---- a gang of ranks on this host (data parallel over gloo, as the local executor runs one) -------------
+
+
+def _gang_rank(
+    rank: int,
+    ranks: int,
+    store_path: str,
+    out_path: str,
+    spec_path: str,
+    steps: int,
+    warmup: int,
+    seed: int,
+    threads: int,
+) -> None:
+    import torch.distributed as dist
+
+    from trainyard.spec.loader import spec_from_dict
+
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = spec_from_dict(json.load(fh))
+    gb = spec.workload.global_batch
+    local = len(range(rank, gb, ranks))  # the rank's share of the batch, as the trainer's sampler deals it
+    local_spec = spec.model_copy(
+        update={"workload": spec.workload.model_copy(update={"global_batch": local})}
+    )
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=ranks)
+    try:
+        session = ProfileSession(local_spec, device="cpu", threads=threads, seed=seed + rank)
+        session.group = dist.group.WORLD
+        # Rank 0 also times the whole batch on one rank between the gang's steps, while the others wait:
+        # the gang's step relative to one rank's under the same load from the rest of the machine.
+        solo = ProfileSession(spec, device="cpu", threads=threads, seed=seed) if rank == 0 else None
+        times, solo_times = [], []
+        for i in range(warmup + steps):
+            t = session.step()
+            dist.barrier()
+            if solo is not None:
+                u = solo.step()
+                if i >= warmup:
+                    times.append(t)
+                    solo_times.append(u)
+            dist.barrier()
+        if rank == 0:
+            doc = session.document(times, {"type": "cpu", "name": platform.processor() or platform.machine()})
+            doc.update(
+                spec=spec.to_document(),
+                devices=ranks,
+                host_cores=os.cpu_count() or 1,
+                plan={**doc["plan"], "data_parallel": ranks},
+                solo_step_time_s=statistics.median(solo_times),
+                solo_step_times_s=solo_times,
+                # median over the pairs of (gang step / one-rank step) timed back to back
+                ratio_to_one_rank=statistics.median(a / b for a, b in zip(times, solo_times, strict=True)),
+            )
+            with open(out_path, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def profile_gang(
+    spec: JobSpec,
+    *,
+    ranks: int,
+    steps: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+    threads: int = 1,
+    timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    """Time ``steps`` optimizer steps of ``spec`` trained data parallel by ``ranks`` processes of this host
+    on CPU (gloo over loopback, ``threads`` torch threads each, the global batch dealt over the ranks and
+    the gradients all-reduced every step, as the built-in trainer runs a gang on the local pool). The
+    profile document says ``devices: ranks`` and ``host_cores``; its ``step_time_s`` is rank 0's median
+    step (the ranks step together: every step ends in the all-reduce). Between the gang's steps rank 0
+    times the whole batch alone (``solo_step_time_s``); ``ratio_to_one_rank`` is the median ratio of the
+    back-to-back pairs, which the load of other processes on a shared machine moves far less than
+    either time."""
+    import subprocess
+    import sys
+    import tempfile
+
+    if ranks < 2:
+        raise InvalidInputError("a gang profile needs at least 2 ranks", hint="Leave out --ranks for one.")
+    if steps < 1 or warmup < 0:
+        raise InvalidInputError("steps must be >= 1 and warmup >= 0")
+    if spec.workload.global_batch < ranks:
+        raise InvalidInputError(f"global_batch {spec.workload.global_batch} cannot feed {ranks} ranks")
+    with tempfile.TemporaryDirectory(prefix="trainyard-gang-") as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "profile.json")
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as fh:
+            json.dump(spec.to_document(), fh)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainyard.runtime.profiler",
+                    "--gang-rank",
+                    str(r),
+                    str(ranks),
+                    store,
+                    out,
+                    spec_path,
+                    str(steps),
+                    str(warmup),
+                    str(seed),
+                    str(threads),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(ranks)
+        ]
+        deadline = time.monotonic() + timeout_s
+        errors: list[str] = []
+        for proc in procs:
+            try:
+                _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode != 0:
+                errors.append(f"exit {proc.returncode}: {(err or '').strip()[-300:]}")
+        if errors or not os.path.exists(out):
+            raise InvalidInputError(f"the {ranks}-rank profile did not finish ({'; '.join(errors)})")
+        with open(out, encoding="utf-8") as fh:
+            doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 11 and sys.argv[1] == "--gang-rank":
+        r, n, store_path, out_path, spec_file, st, wu, sd, th = sys.argv[2:]
+        _gang_rank(int(r), int(n), store_path, out_path, spec_file, int(st), int(wu), int(sd), int(th))
+    else:
+        sys.exit(
+            "usage: python -m trainyard.runtime.profiler --gang-rank "
+            "RANK RANKS STORE OUT SPEC STEPS WARMUP SEED THREADS"
+        )

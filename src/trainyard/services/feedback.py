@@ -67,7 +67,8 @@ def thin(values: Sequence[float], n: int) -> list[float]:
 def calibrated_accelerators(cal: Calibration) -> set[str]:
     """Accelerators ``cal`` knows more about than the packaged calibration: feedback corrections (keys
     family/stack/precision/accelerator) and this machine's profiles (measured peaks, fitted params)."""
-    out = {key.rsplit("/", 1)[-1] for key in cal.corrections}
+    # family/stack/precision/accelerator[/xN] (a device count's own, ``params.correction_key``)
+    out = {key.split("/")[3] for key in cal.corrections if key.count("/") >= 3}
     out |= set(cal.peaks_override)
     out |= {
         key.split("/")[3]

@@ -93,12 +93,36 @@ def has_cpu_profile(home: Path) -> bool:
     return any(p.get("accelerator") == "cpu" for p in load_profiles(home))
 
 
+# ranks of the gang the first start also times (the startup specs again, data parallel over this host's
+# cores as the local pool runs a multi-device job), when the machine has that many cores
+STARTUP_GANG_RANKS = 2
+
+
+def startup_gang_ranks(cpu_count: int | None = None) -> int | None:
+    """The gang size the first-start measurement times on a machine of ``cpu_count`` cores (None: no
+    gang, one core)."""
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return STARTUP_GANG_RANKS if cores >= STARTUP_GANG_RANKS else None
+
+
+def startup_profile_count(cpu_count: int | None = None) -> int:
+    """How many profiles the first-start measurement stores on a machine of ``cpu_count`` cores."""
+    return len(STARTUP_SPECS) * (2 if startup_gang_ranks(cpu_count) else 1)
+
+
 def measure_local_cpu(home: Path, *, steps: int = 5, warmup: int = 2, timeout_s: float = 300.0) -> list[Path]:
     """Profile the startup specs on this machine's CPU (one thread, as workers run) in a subprocess, so
-    the server process never imports torch or changes its thread settings; returns the stored paths."""
+    the server process never imports torch or changes its thread settings; then, on a machine of two
+    cores or more, the same specs on a gang of ``STARTUP_GANG_RANKS`` ranks (one process and thread per
+    rank, gloo over loopback), so quotes for multi-device CPU jobs use how gangs share this host.
+    Returns the stored paths."""
     stored: list[Path] = []
     env = {**os.environ, "TRAINYARD_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    for doc in STARTUP_SPECS:
+    gang = startup_gang_ranks()
+    runs: list[tuple[dict[str, Any], int | None]] = [(doc, None) for doc in STARTUP_SPECS]
+    if gang:
+        runs += [(doc, gang) for doc in STARTUP_SPECS]
+    for doc, ranks in runs:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
             json.dump({"apiVersion": "trainyard/v1", "kind": "TrainingJob", **doc}, fh)
             spec_path = fh.name
@@ -107,6 +131,7 @@ def measure_local_cpu(home: Path, *, steps: int = 5, warmup: int = 2, timeout_s:
                 [
                     sys.executable, "-m", "trainyard.cli.main", "profile", spec_path, "--device", "cpu",
                     "--threads", "1", "--steps", str(steps), "--warmup", str(warmup), "--json",
+                    *(["--ranks", str(ranks)] if ranks else []),
                 ],
                 capture_output=True,
                 text=True,
