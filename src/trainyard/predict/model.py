@@ -212,7 +212,7 @@ def _parts_of(ctx: _Context, counts: Sequence[int]) -> list[tuple[int, Topology,
         heads = min(heads & -heads, 64)
     k0 = (
         ctx.node, ctx.fast_domain, ctx.intra_gbs, ctx.inter_gbs, ctx.tp_cap, ctx.w.global_batch, layers,
-        heads, sh.experts_total, pins, ctx.space,
+        heads, sh.experts_total, pins, ctx.space, shares_host(ctx.acc, ctx.node),
     )  # fmt: skip
     if len(_PARTS) >= 65536:
         _PART_KEYS.clear()
