@@ -71,14 +71,19 @@ def jobs() -> list[dict[str, Any]]:
 
 
 def _predicted_from_profiles(home: Path, doc: dict[str, Any], devices: int) -> float:
-    """What `trainyard predict` says from the home's stored profiles (the quote should agree with it)."""
+    """What the predictor says from the home's stored profiles on the local pool's topology (one device per
+    core of this host; the quote should agree with it)."""
     from trainyard.catalog.accelerators import get_accelerator
+    from trainyard.cost.quote import predict_kwargs
     from trainyard.predict import predict
+    from trainyard.services.pools import local_cpu_pool
     from trainyard.services.profiles import profile_calibration
     from trainyard.spec import spec_from_dict
 
     cal = profile_calibration(home)
-    return predict(spec_from_dict(doc), get_accelerator("cpu"), devices, calibration=cal).step_time_s
+    cpu = get_accelerator("cpu")
+    local = predict_kwargs(local_cpu_pool(), cpu)
+    return predict(spec_from_dict(doc), cpu, devices, calibration=cal, **local).step_time_s
 
 
 def main(argv: list[str] | None = None) -> int:
