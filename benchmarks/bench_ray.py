@@ -109,6 +109,7 @@ def overhead(repeats: int, every: int) -> dict[str, Any]:
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp, LoopbackRayCluster() as cluster:
+        os.environ.update(cluster.client_env)  # the cluster requires its token
         root = Path(tmp)
         t = time.time()
         cluster.add_node("head", resources={pool_resource("bench"): 2}, num_cpus=2)
@@ -149,6 +150,7 @@ def node_loss(every: int) -> dict[str, Any]:
     from trainyard.executors.ray_cluster import LoopbackRayCluster
 
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp, LoopbackRayCluster() as cluster:
+        os.environ.update(cluster.client_env)  # the cluster requires its token
         root = Path(tmp)
         cluster.add_node("head", resources={pool_resource("a"): 1, pool_resource("b"): 2}, num_cpus=2)
         second = cluster.add_node("second", resources={pool_resource("a"): 1}, num_cpus=2)

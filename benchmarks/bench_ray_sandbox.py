@@ -82,6 +82,7 @@ def main() -> int:
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="bench-ray-sandbox-") as tmp, LoopbackRayCluster() as cluster:
         cluster.add_node("head", resources={"trainyard/pool:bench": 2}, num_cpus=2)
+        os.environ.update(cluster.client_env)  # the cluster requires its token
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         cls = ray.remote(num_cpus=0)(RankHost)
         attempt(cls, True, -1, Path(tmp))  # warm-up (file caches), not counted

@@ -45,3 +45,120 @@ def assert_walled_in(log: str, other: Path) -> str:
     assert SECRET not in log and DATABASE not in log, log
     assert f"ls: cannot access '{other}'" in log, log  # another job's run directory does not exist here
     return env
+
+
+# What tenant code tries against a Ray cluster whose network it shares: read the cluster's token (its
+# environment, the token files, every process it can see), connect as a driver (ray.init, with and
+# without token mode), and call every RPC method of Ray's services on every socket that listens on the
+# nodes' addresses, without a token. It prints one ``RAY-ATTACK {json}`` line.
+_RAY_CLIENT_ATTACK = r"""
+import glob, json, os, socket, subprocess, sys
+import grpc
+GCS, TOKEN_FILES, HOSTS = __ARGS__
+out = {"env": sorted(k for k in os.environ if k.startswith("RAY_")), "files": {}, "environ": []}
+for p in [*TOKEN_FILES, os.path.expanduser("~/.ray/auth_token"), "/root/.ray/auth_token"]:
+    try:
+        out["files"][p] = open(p).read()
+    except OSError as exc:
+        out["files"][p] = type(exc).__name__
+for d in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        text = open(d, "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    if "RAY_AUTH" in text:
+        out["environ"].append(text)
+out["pids"] = sorted(int(p.split("/")[2]) for p in glob.glob("/proc/[0-9]*"))
+init = "import ray; ray.init(address=%r); print('RAY-CONNECTED', ray.cluster_resources())" % GCS
+out["ray_init"] = {}
+for mode in ("unset", "token"):
+    env = dict(os.environ)
+    if mode == "token":
+        env["RAY_AUTH_MODE"] = "token"
+    try:
+        r = subprocess.run([sys.executable, "-c", init], env=env, capture_output=True, text=True, timeout=120)
+        out["ray_init"][mode] = {"connected": "RAY-CONNECTED" in r.stdout, "rc": r.returncode,
+                                 "tail": (r.stdout + r.stderr)[-400:]}
+    except subprocess.TimeoutExpired:
+        out["ray_init"][mode] = {"connected": False, "rc": None, "tail": "timed out"}
+methods = set()
+import ray.core.generated as gen
+for f in glob.glob(os.path.join(list(gen.__path__)[0], "*_pb2_grpc.py")):
+    for line in open(f):
+        if "'/ray." in line:
+            methods.add(line.split("'")[1])
+methods |= {"/ray.rpc.ObjectManagerService/Push", "/ray.rpc.ObjectManagerService/Pull",
+            "/ray.rpc.ObjectManagerService/FreeObjects", "/grpc.health.v1.Health/Check"}
+out["methods"] = len(methods)
+def listening():
+    found = set()
+    for f, fam in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+        try:
+            lines = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            p = line.split()
+            if p[3] != "0A":
+                continue
+            hexip, hexport = p[1].split(":")
+            ip = socket.inet_ntoa(bytes.fromhex(hexip)[::-1]) if fam == 4 else (
+                "::" if set(hexip) == {"0"} else "v6")
+            if ip in HOSTS or ip in ("0.0.0.0", "::"):
+                for h in (HOSTS if ip in ("0.0.0.0", "::") else [ip]):
+                    found.add((h, int(hexport, 16)))
+    return sorted(found)
+out["ports"] = {}
+for host, port in (listening() if os.environ.get("RANK", "0") == "0" else []):  # one rank scans
+    codes = {}
+    with grpc.insecure_channel(f"{host}:{port}") as ch:
+        for m in sorted(methods):
+            try:
+                ch.unary_unary(m, request_serializer=lambda b: b, response_deserializer=lambda b: b)(
+                    b"", timeout=3)
+                codes["OK"] = codes.get("OK", []) + [m]
+            except grpc.RpcError as exc:
+                codes.setdefault(exc.code().name, []).append(m)
+            if set(codes) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
+                break  # not a gRPC server
+    out["ports"][f"{host}:{port}"] = {k: (len(v) if k == "UNIMPLEMENTED" else v) for k, v in codes.items()}
+print("RAY-ATTACK " + json.dumps(out), flush=True)
+"""
+
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
+
+def ray_client_attack(gcs: str, token_files: list[str], hosts: list[str]) -> str:
+    """Python source of the attack on the Ray cluster (see above)."""
+    return _RAY_CLIENT_ATTACK.replace("__ARGS__", repr((gcs, token_files, hosts)))
+
+
+def ray_attack_report(log: str) -> list[dict[str, object]]:
+    """Every ``RAY-ATTACK`` report in a log."""
+    import json
+
+    return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("RAY-ATTACK ")]
+
+
+def assert_not_a_ray_client(report: dict[str, object], token: str, gcs: str, scanned: bool = True) -> None:
+    """The attack got nothing: no token anywhere, no driver connection, no RPC answered without a
+    token (every gRPC service refused it as unauthenticated), and it did reach the GCS's port."""
+    blob = repr(report)
+    assert token not in blob, report
+    assert not [k for k in report["env"] if k.startswith("RAY_AUTH")], report["env"]  # type: ignore[union-attr]
+    assert not report["environ"], report["environ"]
+    for mode, r in report["ray_init"].items():  # type: ignore[union-attr]
+        assert not r["connected"], (mode, r)
+    ports: dict[str, dict[str, object]] = report["ports"]  # type: ignore[assignment]
+    if not scanned:
+        return
+    assert gcs in ports and "UNAUTHENTICATED" in ports[gcs], ports.get(gcs)
+    for where, codes in ports.items():
+        # gRPC's health check is all that answers without a token ("SERVING": nothing of the cluster's)
+        assert codes.get("OK", [HEALTH_CHECK]) == [HEALTH_CHECK], (where, codes)
+        # a gRPC server either refuses every method it has (unauthenticated) or is not one of Ray's
+        assert set(codes) <= {"OK", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"}, (
+            where,
+            codes,
+        )

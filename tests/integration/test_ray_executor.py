@@ -15,6 +15,7 @@ tests (never skips them).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -25,8 +26,16 @@ from typing import Any
 
 import pytest
 
-from sandbox_support import CREDENTIALS, assert_walled_in, first_attacks, server_home
-from trainyard.errors import StorageError
+from sandbox_support import (
+    CREDENTIALS,
+    assert_not_a_ray_client,
+    assert_walled_in,
+    first_attacks,
+    ray_attack_report,
+    ray_client_attack,
+    server_home,
+)
+from trainyard.errors import ServiceUnavailableError, StorageError
 from trainyard.executors.base import (
     CLASSIFICATION_INFRA,
     Executor,
@@ -34,8 +43,14 @@ from trainyard.executors.base import (
     LaunchRequest,
     WorkerInfo,
 )
-from trainyard.executors.ray import RayExecutor, pool_resource
-from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackNode, LoopbackRayCluster
+from trainyard.executors.ray import RayExecutor, pool_resource, unauthenticated_cluster
+from trainyard.executors.ray_cluster import (
+    AUTH_MODE_ENV,
+    AUTH_TOKEN_PATH_ENV,
+    LOOPBACK_ENV,
+    LoopbackNode,
+    LoopbackRayCluster,
+)
 from trainyard.executors.sandbox import SANDBOX_UID, SandboxSpec
 from trainyard.runtime.checkpoint import MANIFEST
 from trainyard.server import make_executor
@@ -79,12 +94,13 @@ def _executor(address: str, shared: Path, **kw: Any) -> RayExecutor:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayWorld]:
     assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install -y bubblewrap"
-    saved = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    saved = {k: os.environ.get(k) for k in (*LOOPBACK_ENV, AUTH_MODE_ENV, AUTH_TOKEN_PATH_ENV)}
     os.environ.update(LOOPBACK_ENV)
     shared = tmp_path_factory.mktemp("ray-shared")
     home = tmp_path_factory.mktemp("ray-home")
     settings = server_home(home)  # the server's settings reach the executor, never a worker
     cluster = LoopbackRayCluster()
+    os.environ.update(cluster.client_env)  # the cluster requires its token; this process is the driver
     executor: RayExecutor | None = None
     try:
         head = cluster.add_node(
@@ -368,6 +384,130 @@ def test_user_code_on_a_ray_node_is_walled_in(world: RayWorld) -> None:
         assert marker not in log, log
     # a single-rank job with file storage has no network: not even the Ray cluster's own port
     assert "REACHED-RAY" not in log and "ray-unreachable" in log, log
+
+
+GANG_TRAINING = r"""
+import json, os, torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                        rank=rank, world_size=world)
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+torch.manual_seed(1 + rank)  # each rank its own data; DDP averages the gradients
+for _ in range(20):
+    x = torch.randn(16, 8)
+    loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+w = [round(float(v), 6) for v in model.module.weight.detach().flatten()]
+print("TRAINED " + json.dumps({"rank": rank, "loss": float(loss), "weights": w}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _cluster_ports(cluster: LoopbackRayCluster) -> set[str]:
+    """``ip:port`` of every TCP socket the cluster's processes listen on (on the nodes' addresses); not
+    the sandboxed workers' (the gang's own rendezvous and collectives)."""
+    import psutil
+
+    ports: set[str] = set()
+    ips = [n.ip for n in cluster.nodes]
+    ours = os.readlink("/proc/self/ns/pid")
+    for node in cluster.nodes:
+        node.remember_processes()
+        for pid in node.pids:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") != ours:
+                    continue  # inside a sandbox
+            except OSError:
+                continue
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            for c in conns:
+                if c.status == psutil.CONN_LISTEN:
+                    for ip in ips if c.laddr.ip in ("0.0.0.0", "::") else [c.laddr.ip]:
+                        if ip in ips:
+                            ports.add(f"{ip}:{c.laddr.port}")
+    return ports
+
+
+def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: RayWorld) -> None:
+    """Two sandboxed ranks on two nodes share the host's network for their collectives, so they reach
+    every port of the Ray cluster; tenant code in each tries to be a Ray client: read the token, call
+    ray.init, call every method of Ray's gRPC services on every listening socket. Nothing answers
+    without the cluster's token and the token is nowhere to be read; the gang still rendezvouses and
+    trains."""
+    ex = world.executor
+    cluster = world.cluster
+    token = cluster.token_path.read_text()
+    hosts = [n.ip for n in cluster.nodes]
+    attack = ray_client_attack(cluster.address, [str(cluster.token_path)], hosts)
+    script = f"{attack}\n{GANG_TRAINING}"
+    spec = {**SPEC, "name": "gang-attack", "entrypoint": {"command": ["python", "-c", script]}}
+    req = _request(world, "gang-attack", 0, "ray-a", world_size=2, spec=spec)
+    req.env.update(CREDENTIALS)
+    ex.launch(req)
+    seen: set[str] = set()
+    sampled = [0.0]
+
+    def done(evs: list[ExecutorEvent]) -> bool:
+        if not _terminal(evs) and time.monotonic() - sampled[0] > 1.0:
+            seen.update(_cluster_ports(cluster))  # the actors' own servers too, while they live
+            sampled[0] = time.monotonic()
+        return bool(_terminal(evs))
+
+    events = _run_until(ex, "gang-attack", done, timeout_s=RUN_TIMEOUT_S)
+    _settle(ex, "gang-attack")
+    run = world.shared / "runs" / "gang-attack"
+    logs = {r: (run / f"rank-{r}.log").read_text() for r in (0, 1)}
+    (end,) = _terminal(events)
+    assert end.kind == "succeeded", (end.data, logs)
+    reports = {r: ray_attack_report(logs[r]) for r in (0, 1)}
+    assert all(len(v) == 1 for v in reports.values()), logs
+    for r in (0, 1):
+        assert token not in logs[r], logs[r]
+        assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0)
+    # rank 0 tried every socket the cluster listened on while the gang ran (the GCS, both raylets and
+    # object managers, the agents, every actor's worker): none answered without the token
+    probed = set(reports[0][0]["ports"])  # type: ignore[arg-type]
+    assert seen and seen <= probed, (sorted(seen - probed), sorted(probed))
+    # and the ranks rendezvoused and trained: the same weights on both, after 20 DDP steps
+    trained = [
+        json.loads(line.split(" ", 1)[1])
+        for r in (0, 1)
+        for line in logs[r].splitlines()
+        if line.startswith("TRAINED ")
+    ]
+    assert sorted(t["rank"] for t in trained) == [0, 1], logs
+    assert trained[0]["weights"] == trained[1]["weights"], trained
+
+
+def test_a_cluster_without_token_authentication_is_refused(world: RayWorld) -> None:
+    """The executor runs sandboxed gangs only on a cluster that requires its token: a server not in
+    token mode is refused before it connects, and so is a cluster whose GCS answers without a token."""
+    address = world.cluster.address
+    assert unauthenticated_cluster(address) is None  # the loopback cluster requires its token
+    os.environ.pop(AUTH_MODE_ENV)
+    try:
+        assert unauthenticated_cluster(address) == "this server does not run with RAY_AUTH_MODE=token"
+        with pytest.raises(ServiceUnavailableError, match="must require token authentication"):
+            _executor(address, world.shared)
+    finally:
+        os.environ[AUTH_MODE_ENV] = "token"
+    # a cluster that lets anyone in: the GCS answers a call that carries no token
+    open_cluster = LoopbackRayCluster(env={AUTH_MODE_ENV: "disabled"})
+    try:
+        open_cluster.add_node("open", resources={}, num_cpus=1)
+        problem = unauthenticated_cluster(open_cluster.address)
+        assert problem == "its GCS answers calls that carry no token", problem
+        with pytest.raises(ServiceUnavailableError, match="GCS answers calls that carry no token"):
+            _executor(open_cluster.address, world.shared, connect=True)
+    finally:
+        open_cluster.stop()
+    # without the sandbox (an explicit opt-out) nothing is required
+    assert _executor(address, world.shared, sandbox=None).sandbox is None
 
 
 def test_a_node_without_bubblewrap_starts_nothing(world: RayWorld, tmp_path: Path) -> None:

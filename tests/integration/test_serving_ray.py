@@ -46,7 +46,7 @@ def test_a_deployment_serves_from_a_ray_actor_survives_a_server_crash_and_stops_
             node = cluster.add_node("head", resources={pool_resource(POOL): 2}, num_cpus=2)
             place_model_version(home / "storage", "default", "tiny", 1, built.result())
         srv = ServerProcess(home, executor="ray")
-        srv.env.update({**LOOPBACK_ENV, "TRAINYARD_RAY_ADDRESS": cluster.address})
+        srv.env.update({**LOOPBACK_ENV, **cluster.client_env, "TRAINYARD_RAY_ADDRESS": cluster.address})
         srv.start(timeout_s=READY_TIMEOUT_S)
         with TrainyardClient(srv.url, srv.api_key, timeout_s=60) as tc:
             tc.put_pool(

@@ -29,7 +29,11 @@ Sandbox: with a :class:`~trainyard.executors.sandbox.SandboxSpec` (the server pa
 sandbox on its node and starts its worker inside it (ray_actor.py); a node where bubblewrap cannot
 start reports it in ``hello`` and the attempt fails (infrastructure) before any worker starts. The
 ``started`` event then carries the host pid of the rank's sandbox (``pid_in_sandbox``: the worker's
-own, in its pid namespace), which is what the service records and an adoption watches.
+own, in its pid namespace), which is what the service records and an adoption watches. A gang's ranks
+share their nodes' network (the collectives), so they reach every port of the cluster: with a sandbox
+the executor connects only to a cluster that requires Ray's token authentication
+(``unauthenticated_cluster``: this process in ``RAY_AUTH_MODE=token``, the GCS refusing a call without
+the token), and the token never enters a sandbox (ray_actor.py).
 
 Control-plane restarts: actors and placement groups are detached and named
 (``<job>/a<attempt>/r<rank>`` in the ``trainyard`` namespace), so ``adopt`` finds them again; an actor
@@ -330,6 +334,17 @@ class RayExecutor:
                 f"cannot connect to the Ray cluster at {self.address}: {problem}",
                 hint="Start the cluster with `ray start --head` (docs/ray.md) and check the address.",
             )
+        if self.sandbox is not None:
+            # sandboxed ranks of a gang share their node's network (collectives): only the cluster's
+            # token keeps tenant code from being a Ray client of it
+            unauthenticated = unauthenticated_cluster(self.address)
+            if unauthenticated is not None:
+                raise ServiceUnavailableError(
+                    f"the Ray cluster at {self.address} must require token authentication: {unauthenticated}",
+                    hint="Start every node and the server with RAY_AUTH_MODE=token and the cluster's "
+                    "token in RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (docs/ray.md), or run without "
+                    "the sandbox (TRAINYARD_SANDBOX=none) on a cluster no tenant code reaches.",
+                )
         if ray.is_initialized():  # this process is already a driver (embedding application, tests)
             return
         try:
@@ -1005,6 +1020,41 @@ def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
             return None
     except OSError as exc:
         return f"nothing answers at {host}:{port} ({exc.strerror or exc})"
+
+
+#: A GCS method any client calls first; asked without a token, a cluster that requires one refuses it.
+GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"
+
+
+def unauthenticated_cluster(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why the cluster at ``address`` does not require Ray's token authentication, or None when it does.
+
+    This process must be in token mode (``RAY_AUTH_MODE=token``: it is how the driver sends the token),
+    and the GCS must refuse a call that carries no token (``UNAUTHENTICATED``). A Ray Client address
+    (``ray://``) is not probed: only the mode of this process is checked there."""
+    if (os.environ.get("RAY_AUTH_MODE") or "").lower() != "token":
+        return "this server does not run with RAY_AUTH_MODE=token"
+    if "://" in address:
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    import grpc
+
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        call = channel.unary_unary(
+            GCS_PROBE_METHOD, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        try:
+            call(b"", timeout=timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return f"its GCS did not answer ({code.name})"
+            return f"its GCS answered a call without a token with {code.name}"
+    return "its GCS answers calls that carry no token"
 
 
 def _node_refusal(hellos: list[dict[str, Any]], checkpoint_url: str) -> dict[str, Any] | None:

@@ -13,6 +13,11 @@ starts) and runs the worker inside it exactly as the local executor does: the no
 the worker's run directory (inputs staged into it, entries the server's), the environment is scrubbed,
 and bubblewrap dies with the actor (``--die-with-parent``) as an unsandboxed worker does.
 
+The cluster's token (Ray's token authentication, which the executor requires of a cluster it runs
+sandboxed workers on) never reaches a worker: not in its environment (rebuilt from an allow-list) and
+not in its file system — a node whose token file would lie inside a mount of the sandbox (the Python
+installation, the node's work directory) refuses to start workers (``hello``'s ``sandbox_error``).
+
 This module does not import Ray: the executor wraps :class:`RankHost` with ``ray.remote`` when it
 launches a gang, and every node imports this module from the same trainyard installation.
 """
@@ -45,6 +50,7 @@ from trainyard.executors.base import (
     worker_argv,
 )
 from trainyard.executors.sandbox import (
+    Mounts,
     Sandbox,
     SandboxSpec,
     job_env,
@@ -70,6 +76,25 @@ _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child o
 def _die_with_parent() -> None:
     """preexec hook: SIGKILL this child when the actor process that started it dies."""
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def ray_token_files() -> list[Path]:
+    """The files this node's Ray processes may read the cluster's token from (``RAY_AUTH_TOKEN_PATH``,
+    Ray's default ``~/.ray/auth_token``) that exist."""
+    paths = [Path(os.environ["RAY_AUTH_TOKEN_PATH"])] if os.environ.get("RAY_AUTH_TOKEN_PATH") else []
+    paths.append(Path.home() / ".ray" / "auth_token")
+    return [p for p in paths if p.exists()]
+
+
+def exposed_token(sandbox: Sandbox, mounts: Mounts) -> str | None:
+    """Why a sandbox with ``mounts`` would show the cluster's token to its worker, or None."""
+    for path in ray_token_files():
+        if sandbox.exposes(path, mounts):
+            return (
+                f"the Ray cluster's token file {path} would be visible inside the sandbox; keep it "
+                "outside the Python installation and the node's work directory"
+            )
+    return None
 
 
 def read_probe(url: str) -> str | None:
@@ -125,7 +150,9 @@ class RankHost:
             storage_ok = read_probe(probe_url) == probe_token
         sandbox_error = None
         try:
-            self._sandbox()
+            sandbox = self._sandbox()
+            if sandbox is not None:
+                sandbox_error = exposed_token(sandbox, Mounts(rw=(node_workdir_root(),)))
         except SandboxUnavailableError as exc:
             sandbox_error = exc.message
         return {
@@ -171,6 +198,9 @@ class RankHost:
             full_env = {**os.environ, "OMP_NUM_THREADS": threads, **env, "PYTHONUNBUFFERED": "1"}
         else:
             mounts = prepare_run_dir(sandbox, launch_request_from_dict(doc), self.dir, ranks=[self.rank])
+            exposed = exposed_token(sandbox, mounts)
+            if exposed is not None:  # e.g. a dataset directory that holds it
+                raise SandboxUnavailableError(exposed)
             full_env = scrubbed_env(os.environ, {"OMP_NUM_THREADS": threads, **env})
             argv = sandbox.command(argv, mounts, die_with_parent=True)
         log_path = self.dir / rank_log_name(self.rank)

@@ -5,6 +5,12 @@ labelled with trainyard's pool resources (``trainyard/pool:<name>``), so a lapto
 cluster of several pools. Stopping a node kills exactly that node's process group (never other Ray
 processes on the machine); ``kill_raylet`` simulates losing a node abruptly.
 
+Every loopback cluster requires Ray's token authentication (``RAY_AUTH_MODE=token``, Ray ≥ 2.52): the
+cluster's token is generated when it is created and kept in a file only its user reads
+(``<root>/auth_token``, 0600); ``client_env`` is what a driver needs to connect. Without the token no
+process reaches the GCS, a raylet or a worker of the cluster, which is what keeps a sandboxed rank that
+shares the host's network (a gang's collectives) from submitting tasks, reading objects or killing actors.
+
 Production clusters are started by the operator (docs/ray.md); this module is not used there.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -44,6 +51,9 @@ OBJECT_STORE_BYTES = 80 * 1024 * 1024
 START_TIMEOUT_S = 120.0
 START_ATTEMPTS = 3
 STARTUP_TIMED_OUT = "timed out during startup"  # ray start's words when the node missed its 30 s
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 
 def _free_ports(n: int) -> list[int]:
@@ -140,10 +150,20 @@ class LoopbackRayCluster:
 
     def __init__(self, *, root: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="tyray-", dir=root or "/tmp"))  # short: socket paths
-        self.env = {**os.environ, **LOOPBACK_ENV, **(env or {})}
+        self.token_path = self.root / "auth_token"
+        fd = os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        base = {k: v for k, v in os.environ.items() if k != AUTH_TOKEN_ENV}  # the token comes from the file
+        self.env = {**base, **LOOPBACK_ENV, **self.client_env, **(env or {})}
         self.port: int | None = None
         self.head_ip = "127.0.0.2"
         self.nodes: list[LoopbackNode] = []
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What a driver's environment needs to connect to this cluster (token authentication)."""
+        return {AUTH_MODE_ENV: "token", AUTH_TOKEN_PATH_ENV: str(self.token_path)}
 
     @property
     def address(self) -> str:

@@ -190,6 +190,13 @@ class Sandbox:
         self._python = python_paths()
         self._probed = False
 
+    def exposes(self, path: Path, mounts: Mounts) -> bool:
+        """Whether ``path`` would be visible inside a sandbox with ``mounts`` (a mounted directory holds
+        it, or it is one)."""
+        target = path.resolve()
+        roots = [*self._python, *mounts.rw, *mounts.ro]
+        return any(target == r.resolve() or r.resolve() in target.parents for r in roots)
+
     # ---- command line ------------------------------------------------------------------------
     def command(self, argv: Sequence[str], mounts: Mounts, *, die_with_parent: bool = False) -> list[str]:
         """``argv`` wrapped: bubblewrap with the mounts, then (as root) ``setpriv`` to the sandbox uid.
