@@ -2,10 +2,15 @@
 loopback (node IP 127.0.0.2, see executors/ray_cluster.py), a tiny random Llama, and the official `openai`
 client against /openai/v1. The replica must run under the Ray node (not as a child of the server), on the
 pool's resources, be re-adopted after the server is killed, and be stopped when the deployment is deleted.
-A cluster that cannot start fails the test (never skips it)."""
+It runs in the workers' sandbox: the model version it serves carries symbolic links to the server's key
+and database (as a model directory a tenant's job wrote could), and the running replica is inspected
+from outside: the sandbox uid, no server setting or Ray token in its environment, and a file system where
+the key, the database, the cluster's token and the server's storage do not exist. A cluster that cannot
+start fails the test (never skips it)."""
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +23,7 @@ from tests.tiny_models import build_tiny_llama, place_model_version
 from trainyard.client import TrainyardClient
 from trainyard.executors.ray import pool_resource
 from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackRayCluster, _descendants
+from trainyard.executors.sandbox import SANDBOX_UID
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -44,7 +50,11 @@ def test_a_deployment_serves_from_a_ray_actor_survives_a_server_crash_and_stops_
         with ThreadPoolExecutor(1) as pool:  # the model is built while the Ray node starts
             built = pool.submit(build_tiny_llama, tmp_path / "models" / "base", seed=0)
             node = cluster.add_node("head", resources={pool_resource(POOL): 2}, num_cpus=2)
-            place_model_version(home / "storage", "default", "tiny", 1, built.result())
+            version_dir = place_model_version(home / "storage", "default", "tiny", 1, built.result())
+        # the tenant's model directory points at the server's secrets
+        (version_dir / "stolen-key").symlink_to(home / "api_key")
+        (version_dir / "extra").mkdir()
+        (version_dir / "extra" / "stolen-db").symlink_to(home / "trainyard.db")
         srv = ServerProcess(home, executor="ray")
         srv.env.update({**LOOPBACK_ENV, **cluster.client_env, "TRAINYARD_RAY_ADDRESS": cluster.address})
         srv.start(timeout_s=READY_TIMEOUT_S)
@@ -72,6 +82,7 @@ def test_a_deployment_serves_from_a_ray_actor_survives_a_server_crash_and_stops_
             node_pid = node.proc.pid
             assert rep["pid"] in _descendants(node_pid)  # started by the Ray node's worker, not the server
             assert rep["pid"] not in _descendants(srv.proc.pid)
+            _assert_walled_in(rep["pid"], home, version_dir, cluster, srv.api_key)
 
             oai = openai.OpenAI(
                 base_url=f"{srv.url}/openai/v1", api_key=srv.api_key, max_retries=0, timeout=60
@@ -110,6 +121,38 @@ def test_a_deployment_serves_from_a_ray_actor_survives_a_server_crash_and_stops_
         if srv is not None and srv.proc is not None and srv.proc.poll() is None:
             srv.stop()
         cluster.stop()
+
+
+def _assert_walled_in(
+    pid: int, home: Path, version_dir: Path, cluster: LoopbackRayCluster, api_key: str
+) -> None:
+    """The replica process under ``pid`` (its sandbox's launcher) seen from outside."""
+    ours = os.readlink("/proc/self/ns/pid")
+    inside = [
+        p
+        for p in sorted(_descendants(pid))
+        if "trainyard.serving.replica" in _cmdline(p) and os.readlink(f"/proc/{p}/ns/pid") != ours
+    ]
+    assert inside, f"no replica process in a pid namespace of its own under {pid}"
+    replica = inside[-1]
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{replica}/status").read_text().splitlines() if ":" in line
+    )
+    if os.geteuid() == 0:
+        assert status["Uid"].split()[0] == str(SANDBOX_UID), status["Uid"]
+        assert status["CapEff"].strip() == "0000000000000000", status["CapEff"]
+    environ = Path(f"/proc/{replica}/environ").read_bytes().decode(errors="replace")
+    for name in ("TRAINYARD_HOME", "TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "RAY_AUTH"):
+        assert name not in environ, (name, environ)
+    assert api_key not in environ and cluster.token_path.read_text() not in environ
+    root = Path(f"/proc/{replica}/root")  # the replica's own file system
+    for path in (home / "api_key", home / "trainyard.db", home, cluster.token_path, version_dir):
+        assert not (root / str(path).lstrip("/")).exists(), f"{path} is visible to the replica"
+    model = _cmdline(replica).split("--model-path ", 1)[1].split(" ", 1)[0]
+    staged = root / model.lstrip("/")
+    assert (staged / "config.json").is_file(), model  # what it serves: a copy of the model's files
+    assert not (staged / "stolen-key").exists() and not (staged / "stolen-key").is_symlink()
+    assert (staged / "extra").is_dir() and not (staged / "extra" / "stolen-db").is_symlink()
 
 
 def _cmdline(pid: int) -> str:

@@ -11,23 +11,38 @@ it again by the replica id it stored; the replica subprocess dies with its actor
 
 :class:`ReplicaActor` does not import Ray at module level; :class:`RayLauncher` wraps it with
 ``ray.remote`` on first use.
+
+Sandbox: the model a replica loads is the tenant's (weights, tokenizer, chat template, adapters), so with
+the executor's :class:`~trainyard.executors.sandbox.SandboxSpec` (``TRAINYARD_SANDBOX``, bubblewrap by
+default) the replica runs under the same policy as a training worker: the sandbox uid, an environment
+rebuilt from an allow-list (no server setting, key, database URL or Ray token), and a file system with
+only the Python installation and copies of what it serves — the model, tokenizer and adapter files are
+staged into ``<node work dir>/serving/<replica id>`` (regular files only: a symbolic link in a model
+directory is not followed), readable by the sandbox uid, and mounted read-only. It keeps the node's
+network (the gateway connects to it on the node's address); the cluster itself answers nobody without
+its token (the executor requires token authentication when it sandboxes). Adapters loaded at run time
+are staged the same way first (:meth:`RayLauncher.adapter_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from trainyard.errors import ServiceUnavailableError
-from trainyard.executors.ray_actor import node_workdir_root
+from trainyard.executors.ray_actor import exposed_token, node_workdir_root
+from trainyard.executors.sandbox import Mounts, Sandbox, SandboxSpec, scrubbed_env
 from trainyard.serving.replicas import SCRUBBED_ENV, LaunchedReplica, LaunchSpec, replica_command
 
 PR_SET_PDEATHSIG = 1
@@ -43,13 +58,40 @@ def _die_with_parent() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+#: what a replica needs from the node's environment besides the sandbox's allow-list (Ray sets the
+#: devices of a GPU actor)
+REPLICA_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def stage_tree(src: Path, dst: Path, sandbox: Sandbox) -> Path:
+    """A copy of the files under ``src`` at ``dst`` that the sandbox uid reads: regular files and
+    directories only (a symbolic link is neither followed nor copied), the directories the server's."""
+    dst.mkdir(parents=True, exist_ok=True)
+    sandbox.share_dir(dst)
+    if src.is_symlink() or not src.is_dir():
+        return dst
+    for entry in sorted(src.iterdir()):
+        if entry.is_symlink():
+            continue
+        if entry.is_dir():
+            stage_tree(entry, dst / entry.name, sandbox)
+        elif entry.is_file():
+            target = dst / entry.name
+            shutil.copyfile(entry, target, follow_symlinks=False)
+            sandbox.give_read(target)
+    return dst
+
+
 class ReplicaActor:
     """Hosts one replica process on a Ray node."""
 
-    def __init__(self, replica_id: str) -> None:
+    def __init__(self, replica_id: str, sandbox: SandboxSpec | None = None) -> None:
         self.replica_id = replica_id
         self.dir = node_workdir_root() / "serving"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.sandbox_spec = sandbox
+        self.sandbox: Sandbox | None = None
+        self.staged = self.dir / replica_id  # the sandbox's copies of what it serves
         self.proc: subprocess.Popen[bytes] | None = None
         self.host = ""
         self.port = 0
@@ -67,14 +109,27 @@ class ReplicaActor:
                 s.bind((self.host, 0))
                 self.port = int(s.getsockname()[1])
             spec = LaunchSpec(**{**spec_doc, "host": self.host})
-            env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-            env.setdefault("TOKENIZERS_PARALLELISM", "false")
-            env["HF_HUB_OFFLINE"] = "1"
-            env["PYTHONUNBUFFERED"] = "1"
+            extra = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+            if self.sandbox_spec is None:
+                env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+                env = {**extra, **env, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+                argv = replica_command(spec, self.port, python=sys.executable)
+            else:
+                sandbox = self._sandbox()  # SandboxUnavailableError: never a bare replica instead
+                spec = self._stage(sandbox, spec)
+                mounts = Mounts(ro=(self.staged,), chdir=self.staged, share_net=True)
+                exposed = exposed_token(sandbox, mounts)
+                if exposed is not None:
+                    raise ServiceUnavailableError(exposed)
+                extra.update({k: os.environ[k] for k in REPLICA_ENV if k in os.environ})
+                env = scrubbed_env(os.environ, extra)
+                argv = sandbox.command(
+                    replica_command(spec, self.port, python=sys.executable), mounts, die_with_parent=True
+                )
             log_path = self.dir / f"{self.replica_id}.log"
             with open(log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    replica_command(spec, self.port, python=sys.executable),
+                    argv,
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -83,6 +138,39 @@ class ReplicaActor:
                     preexec_fn=_die_with_parent,
                 )
             return self.where()
+
+    def _sandbox(self) -> Sandbox:
+        if self.sandbox is None:
+            assert self.sandbox_spec is not None
+            sandbox = self.sandbox_spec.build()
+            sandbox.probe()
+            self.sandbox = sandbox
+        return self.sandbox
+
+    def _stage(self, sandbox: Sandbox, spec: LaunchSpec) -> LaunchSpec:
+        """``spec`` with the model, tokenizer and adapters replaced by the sandbox's copies."""
+        self.staged.mkdir(parents=True, exist_ok=True)
+        sandbox.share_dir(self.staged)
+        model = stage_tree(Path(spec.model_path), self.staged / "model", sandbox)
+        tokenizer = model
+        if spec.tokenizer_path and spec.tokenizer_path != spec.model_path:
+            tokenizer = stage_tree(Path(spec.tokenizer_path), self.staged / "tokenizer", sandbox)
+        adapters = {name: self.stage_adapter(name, path) for name, path in spec.adapters.items()}
+        return dataclasses.replace(
+            spec, model_path=str(model), tokenizer_path=str(tokenizer), adapters=adapters
+        )
+
+    def stage_adapter(self, name: str, path: str) -> str:
+        """Where the sandboxed replica reads adapter ``name`` (a staged copy of ``path``); ``path`` itself
+        when the replica runs without the sandbox."""
+        if self.sandbox_spec is None:
+            return path
+        sandbox = self._sandbox()
+        adapters = self.staged / "adapters"
+        adapters.mkdir(parents=True, exist_ok=True)
+        sandbox.share_dir(adapters)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "adapter"
+        return str(stage_tree(Path(path), adapters / safe, sandbox))
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -99,6 +187,10 @@ class ReplicaActor:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop_process(timeout_s)
+        shutil.rmtree(self.staged, ignore_errors=True)
+
+    def _stop_process(self, timeout_s: float) -> None:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
@@ -121,6 +213,8 @@ class RayLauncher:
     def __init__(self, executor: Any, *, start_timeout_s: float = 60.0, call_timeout_s: float = 5.0) -> None:
         self.executor = executor
         self.namespace = str(getattr(executor, "namespace", "trainyard"))
+        # replicas in the sandbox the executor runs its workers in (None: the explicit opt-out)
+        self.sandbox: SandboxSpec | None = getattr(executor, "sandbox", None)
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
         self._cls: Any = None
@@ -169,7 +263,7 @@ class RayLauncher:
                 num_gpus=bundle.get("GPU", 0.0),
                 resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")},
             )
-            .remote(spec.replica_id)
+            .remote(spec.replica_id, self.sandbox)
         )
         doc = {k: v for k, v in spec.__dict__.items() if k != "placement"}
         try:
@@ -202,6 +296,15 @@ class RayLauncher:
                 return None
             self._handles[replica_id] = actor
         return actor
+
+    def adapter_path(self, replica_id: str, name: str, path: str) -> str:
+        """The path a running replica loads adapter ``name`` from (staged into its sandbox first)."""
+        import ray
+
+        actor = self._handle(replica_id)
+        if actor is None:
+            raise ServiceUnavailableError(f"replica {replica_id} is gone")
+        return str(ray.get(actor.stage_adapter.remote(name, path), timeout=120))
 
     def alive(self, replica_id: str, pid: int | None) -> bool:
         import ray

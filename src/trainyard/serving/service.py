@@ -731,19 +731,24 @@ class ServingService:
             self._pools = pools
             self._deployments = views
 
-        # 5. adapters missing on ready replicas are loaded at run time
+        # 5. adapters missing on ready replicas are loaded at run time (a sandboxed replica reads a
+        # copy its launcher stages for it)
+        backend_of = {r.id: r.backend for r in replica_rows}
         for pv in pools.values():
             for rv in list(pv.replicas.values()):
+                launcher = self._launchers.get(backend_of.get(rv.id, "local"), self._launchers["local"])
+                stage = getattr(launcher, "adapter_path", None)
                 for name, path in pv.adapters.items():
                     if name not in rv.adapters:
                         try:
+                            where = path if stage is None else str(stage(rv.id, name, path))
                             resp = self._http.post(
-                                f"{rv.url}/adapters", json={"name": name, "path": path}, timeout=120
+                                f"{rv.url}/adapters", json={"name": name, "path": where}, timeout=120
                             )
                             resp.raise_for_status()
                             with self._lock:
                                 rv.adapters = set(resp.json().get("adapters", []))
-                        except httpx.HTTPError as exc:
+                        except Exception as exc:  # the replica or its node is unreachable: next tick
                             log.warning("adapter_load_failed", replica=rv.id, adapter=name, error=str(exc))
 
         # 7. write: replicas gone/ready/stopped/started, deployment states, events
