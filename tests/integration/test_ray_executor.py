@@ -434,8 +434,9 @@ def _cluster_ports(cluster: LoopbackRayCluster) -> set[str]:
 
 
 def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: RayWorld) -> None:
-    """Two sandboxed ranks on two nodes share the host's network for their collectives, so they reach
-    every port of the Ray cluster; tenant code in each tries to be a Ray client: read the token, call
+    """Two sandboxed ranks (pool ray-b: both on the head node, which outlives the node-loss test) share
+    the host's network for their collectives, so they reach every port of the Ray cluster; tenant code
+    in each tries to be a Ray client: read the token, call
     ray.init, call every method of Ray's gRPC services on every listening socket. Nothing answers
     without the cluster's token and the token is nowhere to be read; the gang still rendezvouses and
     trains."""
@@ -446,7 +447,7 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     attack = ray_client_attack(cluster.address, [str(cluster.token_path)], hosts)
     script = f"{attack}\n{GANG_TRAINING}"
     spec = {**SPEC, "name": "gang-attack", "entrypoint": {"command": ["python", "-c", script]}}
-    req = _request(world, "gang-attack", 0, "ray-a", world_size=2, spec=spec)
+    req = _request(world, "gang-attack", 0, "ray-b", world_size=2, spec=spec)
     req.env.update(CREDENTIALS)
     ex.launch(req)
     seen: set[str] = set()
@@ -469,7 +470,7 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     for r in (0, 1):
         assert token not in logs[r], logs[r]
         assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0)
-    # rank 0 tried every socket the cluster listened on while the gang ran (the GCS, both raylets and
+    # rank 0 tried every socket the cluster listened on while the gang ran (the GCS, the raylets and
     # object managers, the agents, every actor's worker): none answered without the token
     probed = set(reports[0][0]["ports"])  # type: ignore[arg-type]
     assert seen and seen <= probed, (sorted(seen - probed), sorted(probed))
