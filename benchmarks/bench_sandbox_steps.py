@@ -8,7 +8,10 @@ ABBA order (plain, sandboxed, sandboxed, plain, ...), so that load changes hit b
 is the median over pairs of the per-pair ratio sandboxed / plain, for wall and CPU time. CPU time per
 step leaves out waiting for a CPU, which on a shared machine is most of the noise.
 
-    .venv/bin/python benchmarks/bench_sandbox_steps.py [--pairs 8] [--steps 300]
+``--concurrent`` starts the two runs of a pair at the same time instead (each pair then meets the same
+load at the same moments, which alternation only approximates when the load changes within seconds).
+
+    .venv/bin/python benchmarks/bench_sandbox_steps.py [--pairs 8] [--steps 300] [--concurrent]
 """
 
 from __future__ import annotations
@@ -46,10 +49,24 @@ def run(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def run_together(
+    a: list[str], b: list[str], env: dict[str, str]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Both commands started at once; their results once both have finished."""
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, text=True) for c in (a, b)]
+    outs = [p.communicate()[0] for p in procs]
+    for p, c in zip(procs, (a, b), strict=True):
+        if p.returncode != 0:
+            raise subprocess.CalledProcessError(p.returncode, c)
+    ra, rb = (json.loads(o.strip().splitlines()[-1]) for o in outs)
+    return ra, rb
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--concurrent", action="store_true", help="start the two runs of a pair together")
     args = ap.parse_args()
     sandbox = Sandbox()
     env = scrubbed_env(os.environ, {})
@@ -60,7 +77,11 @@ def main() -> None:
     plain: list[dict[str, float]] = []
     boxed: list[dict[str, float]] = []
     for i in range(args.pairs):
-        if i % 2 == 0:
+        if args.concurrent:
+            p, b = run_together(plain_cmd, boxed_cmd, env)
+            plain.append(p)
+            boxed.append(b)
+        elif i % 2 == 0:
             plain.append(run(plain_cmd, env))
             boxed.append(run(boxed_cmd, env))
         else:
@@ -74,6 +95,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "pairs": args.pairs,
         "steps": args.steps,
+        "order": "concurrent" if args.concurrent else "ABBA",
     }
     for kind in ("wall_s", "cpu_s"):
         ratios = [b[kind] / p[kind] for p, b in zip(plain, boxed, strict=True)]
