@@ -1,5 +1,6 @@
 """Cost governance against real `trainyard up` processes: one rate-limit bucket shared by two server
-processes, and the usage ledger equal to the jobs' costs after kill -9 of the server mid-run."""
+processes, admin changes made through one process enforced by the other within a second, and the
+usage ledger equal to the jobs' costs after kill -9 of the server mid-run."""
 
 from __future__ import annotations
 
@@ -57,6 +58,72 @@ def test_two_server_processes_share_one_bucket(kind: str, tmp_path: Path) -> Non
             # both processes drew from one bucket: exactly BURST admitted in all, not BURST each
             assert statuses.count(200) == BURST and statuses.count(429) == BURST, statuses
             assert all(v.isdigit() and int(v) >= 1 for v in retry_after)
+        finally:
+            a.stop()
+            b.stop()
+
+
+PROMPT_S = 1.0  # an admin change through one process is enforced by every other one after this
+
+
+def _after_change(c: httpx.Client, url: str, key: str, changed_at: float, until_s: float) -> list[Any]:
+    """(seconds after the change the request was sent, response) for requests sent through ``url``
+    with ``key`` for ``until_s`` seconds after ``changed_at``."""
+    out: list[Any] = []
+    while time.monotonic() - changed_at < until_s:
+        sent = time.monotonic() - changed_at
+        out.append((sent, c.get(f"{url}/v1/whoami", headers=_h(key))))
+        time.sleep(0.02)
+    return out
+
+
+@pytest.mark.parametrize("kind", [pytest.param("postgresql", marks=pytest.mark.postgres), "sqlite"])
+def test_admin_changes_through_one_process_reach_the_other_within_a_second(kind: str, tmp_path: Path) -> None:
+    """A rate limit set, and then a key revoked, through server B is enforced by server A for every
+    request sent more than PROMPT_S after B answered, although A had the tenant's key cached (the
+    principal cache lives AUTH_CACHE_TTL_S = 30 s)."""
+    with database_url(kind, tmp_path) as url:
+        a = ServerProcess(tmp_path / "a", database_url=url)
+        b = ServerProcess(tmp_path / "b", database_url=url)
+        a.start(timeout_s=240)
+        b.start(timeout_s=240)
+        try:
+            with httpx.Client(timeout=30) as c:
+                made = c.post(f"{a.url}/v1/tenants", json={"name": "tuned"}, headers=_h(a.api_key))
+                assert made.status_code in (200, 201), made.text
+                key = made.json()["api_key"]
+                for _ in range(5):  # A authenticates the key and caches its principal: no rate limit
+                    r = c.get(f"{a.url}/v1/whoami", headers=_h(key))
+                    assert r.status_code == 200 and "X-RateLimit-Limit" not in r.headers, r.headers
+                r = c.patch(
+                    f"{b.url}/v1/tenants/tuned",
+                    json={"rate_limit_rps": 0.01, "rate_limit_burst": 2},
+                    headers=_h(b.api_key),
+                )
+                assert r.status_code == 200, r.text
+                changed = time.monotonic()
+                seen = _after_change(c, a.url, key, changed, PROMPT_S + 1.0)
+                late = [(t, resp) for t, resp in seen if t >= PROMPT_S]
+                assert late, seen
+                # every request sent after PROMPT_S is under the new limit: its headers, and (the burst
+                # of 2 spent) refused
+                assert all(resp.headers.get("X-RateLimit-Limit") == "0.01" for _, resp in late), [
+                    (round(t, 3), resp.status_code, resp.headers.get("X-RateLimit-Limit")) for t, resp in seen
+                ]
+                assert late[-1][1].status_code == 429, [(round(t, 3), r.status_code) for t, r in seen]
+                first = next(t for t, resp in seen if resp.headers.get("X-RateLimit-Limit") == "0.01")
+                print(f"{kind}: the other process enforced the new rate limit {first:.3f} s after the change")
+
+                keys_doc = c.get(f"{b.url}/v1/tenants/tuned/keys", headers=_h(b.api_key)).json()
+                [only] = keys_doc["keys"]  # the tenant's one key, created with it
+                key_id = only["id"]
+                r = c.post(f"{b.url}/v1/tenants/tuned/keys/{key_id}/revoke", headers=_h(b.api_key))
+                assert r.status_code == 200, r.text
+                changed = time.monotonic()
+                seen = _after_change(c, a.url, key, changed, PROMPT_S + 0.5)
+                late = [resp.status_code for t, resp in seen if t >= PROMPT_S]
+                trail = [(round(t, 3), r.status_code) for t, r in seen]
+                assert late and all(code == 401 for code in late), trail
         finally:
             a.stop()
             b.stop()

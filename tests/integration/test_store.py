@@ -49,6 +49,7 @@ TABLES |= {"dataset_versions", "run_records"}
 TABLES |= {"job_metrics", "webhooks", "webhook_secrets", "alerts"}  # telemetry and alert delivery
 TABLES |= {"webhook_deliveries"}  # the webhook delivery outbox
 TABLES |= {"sweeps"}  # hyperparameter sweeps
+TABLES |= {"settings_version"}  # admin changes announced to every server process
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -19,7 +19,7 @@ from trainyard.services.lifecycle import JobState
 from trainyard.store.db import Database
 from trainyard.store.governance_models import BudgetHoldRow, BudgetRow, GovernanceEventRow
 from trainyard.store.repositories import JobRepo, TenantRepo
-from trainyard.tenancy import ledger
+from trainyard.tenancy import ledger, settings_sync
 
 if TYPE_CHECKING:
     from trainyard.services.jobs import JobService
@@ -154,6 +154,7 @@ class GovernanceService:
                 {"budget_id": b.id, "tag": b.tag, "period": period, "limit_usd": float(usd), "hard": hard},
                 now,
             )
+            settings_sync.bump(conn)  # other server processes drop their cached budgets and principals
         if self.on_budgets_changed is not None:
             self.on_budgets_changed(tenant.id)
         self.release_holds(budget_id)

@@ -142,6 +142,10 @@ class Platform:
         self.governance.jobs = self.jobs
         self.governance.on_budgets_changed = self._budgets_changed
         self.jobs.on_governed = self.tenants.invalidate_tenant  # a budget set by another server process
+        from trainyard.tenancy.settings_sync import SettingsWatcher
+
+        # admin changes made through other server processes on this database (started with the loop)
+        self.settings_watcher = SettingsWatcher(self.db, self._settings_changed)
         self.rate_limiter = RateLimiter(make_store(self.db, settings.rate_limit_backend))
         from trainyard.tenancy.storage_meter import StorageMeter
 
@@ -415,6 +419,14 @@ class Platform:
             log.error("ledger_mismatch", mismatches=exc.details.get("mismatches", [])[:20])
 
     # ---- control loop ----------------------------------------------------------------------------
+    def _settings_changed(self) -> None:
+        """Another server process changed some tenant's settings: forget every cached copy."""
+        self.tenants.forget_all()
+        self.jobs.budget_cache.clear()
+        gate = getattr(getattr(self, "serving_gateway", None), "budget_gate", None)
+        if gate is not None:
+            gate.forget()
+
     def _budgets_changed(self, tenant_id: str) -> None:
         self.tenants.invalidate_tenant(tenant_id)
         self.jobs.budget_cache.invalidate(tenant_id)
@@ -448,6 +460,9 @@ class Platform:
         if self._thread is not None:
             return
         self._stop.clear()
+        # from here on cached principals are used only while the watcher keeps up (settings_sync)
+        self.tenants.cache_trusted = self.settings_watcher.fresh
+        self.settings_watcher.start()
         self._thread = threading.Thread(target=self._run_loop, name="trainyard-control-loop", daemon=True)
         self._thread.start()
         self.serving.start_loop()
@@ -465,6 +480,7 @@ class Platform:
 
     def stop_loop(self, timeout_s: float = 10.0) -> None:
         self.serving.stop_loop()
+        self.settings_watcher.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)

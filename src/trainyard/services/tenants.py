@@ -21,7 +21,7 @@ from trainyard.services.domain import ApiKeyRecord, Principal, Tenant, TenantLim
 from trainyard.store.db import Database
 from trainyard.store.governance_repo import LIMIT_FIELDS, ROLES, TENANT_FIELDS, GovernanceRepo
 from trainyard.store.repositories import ApiKeyRepo, TenantRepo
-from trainyard.tenancy import keys
+from trainyard.tenancy import keys, settings_sync
 
 if TYPE_CHECKING:
     from trainyard.tenancy.storage import StoragePolicy
@@ -53,6 +53,10 @@ class TenantService:
         self._lock = threading.Lock()
         # bumped by every revocation: a lookup that started before it must not cache what it read
         self._revocations = 0
+        # whether the cached principals may be used: set by the platform to its settings watcher's
+        # ``fresh`` (admin changes made through other server processes have been applied); None
+        # (no watcher: one process) trusts them for AUTH_CACHE_TTL_S
+        self.cache_trusted: Callable[[], bool] | None = None
 
     # ---- tenants -----------------------------------------------------------------------------
     def create(
@@ -157,6 +161,7 @@ class TenantService:
                 k for k in ApiKeyRepo(s).for_tenant(tenant.id) if k.prefix == keys.key_prefix(plaintext)
             )
             gov.set_key_policy(old.id, role=role, expires_at_s=now + overlap_s)
+            settings_sync.bump(s.connection())
         self._forget(lambda p: p.key_id == key_id)
         log.info(
             "api_key_rotated", tenant=tenant_name, old_key_id=key_id, new_key_id=new.id, overlap_s=overlap_s
@@ -179,6 +184,7 @@ class TenantService:
                     f"no tenant named {name!r}", hint="List tenants with `trainyard tenants list`."
                 )
             GovernanceRepo(s).set_limits(tenant.id, changes)
+            settings_sync.bump(s.connection())
             updated = TenantRepo(s).by_id(tenant.id)
         assert updated is not None
         self.invalidate_tenant(tenant.id)
@@ -242,6 +248,7 @@ class TenantService:
                 )
             if not key.revoked:
                 repo.revoke(key.id)
+                settings_sync.bump(s.connection())
         with self._lock:
             self._revocations += 1
             for digest in [d for d, (p, _) in self._auth_cache.items() if p.key_id == key.id]:
@@ -274,12 +281,20 @@ class TenantService:
         with self.db.session() as s:
             repo = TenantRepo(s)
             tenant = repo.update(name, **fields) if fields else repo.by_name(name)
+            if tenant is not None and fields:
+                settings_sync.bump(s.connection())
         if tenant is None:
             raise NotFoundError(f"no tenant named {name!r}")
         self.forget_tenant(tenant.id)
         if fields:
             log.info("tenant_updated", tenant=name, by=by, fields=sorted(fields))
         return tenant
+
+    def forget_all(self) -> None:
+        """Drop every cached principal (settings changed through another server process)."""
+        with self._lock:
+            self._revocations += 1
+            self._auth_cache.clear()
 
     def forget_tenant(self, tenant_id: str) -> None:
         """Drop the cached principals of one tenant (its settings changed)."""
@@ -303,8 +318,13 @@ class TenantService:
     # ---- authentication ------------------------------------------------------------------------
     def cached_principal(self, presented: str | None) -> Principal | None:
         """The principal of a key authenticated within the last AUTH_CACHE_TTL_S, without touching the
-        database; None when it has to be looked up (unknown, expired, malformed or revoked keys)."""
+        database; None when it has to be looked up (unknown, expired, malformed or revoked keys, or
+        while admin changes made through other server processes may not have been applied here:
+        :mod:`trainyard.tenancy.settings_sync`)."""
         if not presented:
+            return None
+        trusted = self.cache_trusted
+        if trusted is not None and not trusted():
             return None
         digest = keys.hash_key(presented)
         with self._lock:

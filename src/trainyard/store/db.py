@@ -23,7 +23,7 @@ from trainyard.errors import InvalidInputError, ServiceUnavailableError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PING_IF_IDLE_S = 1.0  # PostgreSQL: ping a pooled connection before use when it sat idle this long
-HEAD_REVISION = "0014_deployment_engine"
+HEAD_REVISION = "0015_settings_version"
 
 
 def make_engine(url: str, *, pool_size: int = 16) -> Engine:

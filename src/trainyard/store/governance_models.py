@@ -137,3 +137,14 @@ class RateBucketRow(Base):
 
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
     tat_s: Mapped[float] = mapped_column(Float)
+
+
+class SettingsVersionRow(Base):
+    """One row (``id`` 1): a counter moved in the same transaction as every admin change of a tenant's
+    settings (quotas, rate limits, budgets, walls, keys), which each server process reads a few times a
+    second to drop what it cached of them (:mod:`trainyard.tenancy.settings_sync`)."""
+
+    __tablename__ = "settings_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigIntId)

@@ -440,6 +440,9 @@ class BudgetCache:
     def invalidate(self, tenant_id: str) -> None:
         self._by_tenant.pop(tenant_id, None)
 
+    def clear(self) -> None:
+        self._by_tenant.clear()
+
 
 def single_hard_budget(budgets: Sequence[Budget], tags: dict[str, Any]) -> tuple[Budget, int] | None:
     """(the one hard budget that applies to a job with ``tags``, the tenant's number of hard budgets),
