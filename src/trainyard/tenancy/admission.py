@@ -109,6 +109,15 @@ class BatchedAdmissions:
                 a = batch[0]
                 a.result = self._one(budget, n_hard, a)
                 return
+            elif self.db.dialect == "postgresql":  # one statement, in autocommit
+                with self.db.write_connection(single_statement=True) as conn:
+                    seqs = ledger.reserve_and_insert_jobs(
+                        conn,
+                        budget=budget,
+                        n_hard=n_hard,
+                        period=pk,
+                        batch=[(a.job, a.first_event, a.amount_usd) for a in batch],
+                    )
             else:
                 with self.db.write_connection() as conn:
                     seqs = self._write(conn, budget, n_hard, pk, batch)

@@ -32,8 +32,10 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    union_all,
     update,
 )
+from sqlalchemy import cast as sa_cast
 
 from trainyard.errors import BudgetExceededError, InvalidInputError, LedgerMismatchError
 from trainyard.store.governance_models import (
@@ -160,6 +162,117 @@ def _insert_first_event(new_job: Any) -> Any:
 
 
 _RESERVE_AND_INSERT_JOB = _reserve_and_insert_job()
+
+
+def _reserve_and_insert_jobs(n: int) -> Any:
+    """PostgreSQL: a batch of ``n`` admissions of one budget period (:class:`BatchedAdmissions`) as one
+    statement, the batch form of :func:`_reserve_and_insert_job`::
+
+        WITH reserved AS (UPDATE budget_periods … + :amount WHERE <room for the total> RETURNING budget_id),
+             reservation AS (INSERT INTO budget_reservations SELECT :id_0, budget_id, :b_pk, :amount_0
+                             FROM reserved UNION ALL … :id_n-1 …),
+             new_job AS (INSERT INTO jobs SELECT :…_0 WHERE EXISTS (SELECT FROM reserved) UNION ALL …
+                         RETURNING seq, id)
+             new_events AS (INSERT INTO job_events SELECT new_job.id, :event_kind_i, … FROM new_job
+                            WHERE id = :id_i UNION ALL …)
+        SELECT id, seq FROM new_job
+
+    Parameters of admission ``i`` end in ``_i``; ``amount`` is the batch's total. No row comes back (and
+    nothing is written) when the total does not fit."""
+    jobs = cast(Table, JobRow.__table__)
+    events = cast(Table, JobEventRow.__table__)
+    # every parameter cast to its column's type: the branches of a UNION ALL are typed from their
+    # parameters alone (a NULL or a string would be text, which a float or JSON column refuses)
+
+    def _typed(name: str, type_: Any) -> Any:
+        return sa_cast(bindparam(name, type_=type_), type_)
+
+    reserved = _RESERVE_ONE.returning(_PERIODS.c.budget_id).cte("reserved")
+    b_pk = _typed("b_pk", _RESERVATIONS.c.period_key.type)
+    reservation = (
+        insert(_RESERVATIONS)
+        .from_select(
+            ["job_id", "budget_id", "period_key", "remaining_usd"],
+            union_all(
+                *[
+                    select(
+                        _typed(f"id_{i}", jobs.c.id.type),
+                        reserved.c.budget_id,
+                        b_pk,
+                        _typed(f"amount_{i}", _RESERVATIONS.c.remaining_usd.type),
+                    )
+                    for i in range(n)
+                ]
+            ),
+        )
+        .cte("reservation")
+    )
+    cols = [c for c in jobs.c if c.name != "seq"]
+    room = exists(select(reserved.c.budget_id))
+    new_job = (
+        insert(jobs)
+        .from_select(
+            [c.name for c in cols],
+            union_all(
+                *[select(*[_typed(f"{c.name}_{i}", c.type) for c in cols]).where(room) for i in range(n)]
+            ),
+        )
+        .returning(jobs.c.seq, jobs.c.id)
+        .cte("new_job")
+    )
+    first_events = union_all(
+        *[
+            select(
+                new_job.c.id,
+                _typed(f"event_kind_{i}", events.c.kind.type),
+                _typed(f"event_data_{i}", events.c.data.type),
+                _typed(f"event_time_s_{i}", events.c.time_s.type),
+            ).where(new_job.c.id == _typed(f"id_{i}", jobs.c.id.type))
+            for i in range(n)
+        ]
+    )
+    new_events = (
+        insert(events).from_select(["job_id", "kind", "data", "time_s"], first_events).cte("new_events")
+    )
+    # PostgreSQL runs every data-modifying CTE whether or not the query reads it
+    return select(new_job.c.id, new_job.c.seq).add_cte(reservation).add_cte(new_events)
+
+
+_BATCH_STATEMENTS: dict[int, Any] = {}
+
+
+def reserve_and_insert_jobs(
+    conn: Connection,
+    *,
+    budget: Budget,
+    n_hard: int,
+    period: str,
+    batch: Sequence[tuple[Any, tuple[str, dict[str, Any], float], float]],
+) -> builtins.list[int] | None:
+    """PostgreSQL, in autocommit: reserve the total of a batch of (job, first event, amount) against
+    ``budget``'s period ``period`` and insert the jobs with their first events, in one statement; the
+    jobs' sequences in the order given, or None (nothing written) when the total does not fit."""
+    n = len(batch)
+    stmt = _BATCH_STATEMENTS.get(n)
+    if stmt is None:
+        stmt = _BATCH_STATEMENTS[n] = _reserve_and_insert_jobs(n)
+    params: dict[str, Any] = {
+        "b_id": budget.id,
+        "b_pk": period,
+        "amount": sum(max(0.0, float(amount)) for _, _, amount in batch),
+        "tenant_id": budget.tenant_id,
+        "n_hard": n_hard,
+    }
+    for i, (job, (kind, data, time_s), amount) in enumerate(batch):
+        params.update({f"{k}_{i}": v for k, v in job_insert_params(job).items()})
+        params[f"amount_{i}"] = max(0.0, float(amount))
+        params[f"event_kind_{i}"] = kind
+        params[f"event_data_{i}"] = data
+        params[f"event_time_s_{i}"] = time_s
+    seqs = {str(job_id): int(seq) for job_id, seq in conn.execute(stmt, params)}
+    if not seqs:
+        return None
+    return [seqs[job.id] for job, _, _ in batch]
 
 
 def _insert_ungoverned_job() -> tuple[Any, Any]:
