@@ -160,7 +160,8 @@ class DatabaseBuckets:
             conn.execute(self._adjust, {"b_key": key, "delta": n / rate})
 
 
-LEASE_S = 0.05  # a process serves tokens taken ahead from the shared bucket for at most this long
+LEASE_S = 0.05  # a request lease holds at most this many seconds' worth of the rate
+LEASE_HOLD_S = 1.0  # and is served from for at most this long
 
 
 @dataclass
@@ -178,25 +179,36 @@ class LeasedBuckets:
 
     A bucket of ``rate`` tokens/s hands a process ``floor(min(burst, rate x lease_s))`` tokens (or what
     the request needs, when that is more) in one statement when it has them; the process then admits
-    from that lease, in memory, for at most ``lease_s`` (LEASE_S for requests, TPM_LEASE_S for
-    inference tokens), and forgets what is left after that (other processes are refused a little
-    early, never admitted more). Settling a reservation (:meth:`adjust`) is in memory too: tokens
-    given back go into the lease, or into one of their own that lasts ``lease_s``; tokens used beyond
+    from that lease, in memory, for at most ``hold_s`` (by default ``lease_s``: TPM_LEASE_S for
+    inference tokens; LEASE_HOLD_S for requests, whose leases hold LEASE_S worth of the rate), and
+    forgets what is left after that (other processes are refused a little early, never admitted
+    more). Settling a reservation (:meth:`adjust`) is in memory too: tokens
+    given back go into the lease, or into one of their own that lasts ``hold_s``; tokens used beyond
     a reservation come out of the lease, or are a debt taken with the next lease.
 
     Every token admitted anywhere was taken from the one shared bucket, or given back, within
-    ``lease_s`` before, and nothing is ever returned to the shared bucket; so whatever the number of
+    ``hold_s`` before, and nothing is ever returned to the shared bucket; so whatever the number of
     server processes, the tokens admitted in any window of T seconds, less those given back from
-    ``lease_s`` before it to its end, are at most ``burst + rate x (T + lease_s)``. For requests (no
-    give-backs) over a minute that is at most 0.1 % more than the bucket alone, and exactly the
-    bucket where a lease would be one token (slow rates, as in the admin-set limits of most tenants),
-    which is taken directly."""
+    ``hold_s`` before it to its end, are at most ``burst + rate x (T + hold_s)``. Tokens taken before
+    the window and admitted in it are also at most what the processes' live leases held when it
+    began, one lease (``rate x lease_s``) per process and bucket; for requests (no give-backs) that
+    is ``burst + rate x T + P x rate x LEASE_S`` with P server processes, over a minute 0.08 % of the
+    bucket more per process (and never more than 1.7 %), and exactly the bucket where a lease would
+    be one token (slow rates, as in the admin-set limits of most tenants), which is taken
+    directly."""
 
     shared = True
 
-    def __init__(self, inner: DatabaseBuckets, lease_s: float = LEASE_S, adaptive: bool = False) -> None:
+    def __init__(
+        self,
+        inner: DatabaseBuckets,
+        lease_s: float = LEASE_S,
+        adaptive: bool = False,
+        hold_s: float | None = None,
+    ) -> None:
         self.inner = inner
         self.lease_s = lease_s
+        self.hold_s = lease_s if hold_s is None else hold_s
         # adaptive: a lease is at most twice what this process used of its previous one (and at least
         # a sixteenth of the full lease), so that processes using a little of the rate each do not
         # lease (and let lapse) a full share each
@@ -303,7 +315,7 @@ class LeasedBuckets:
                 old.granted += tokens
                 old.shared_remaining = remaining
             elif tokens > 0:
-                self._leases[key] = _Lease(rate, burst, tokens, now + self.lease_s, remaining, tokens)
+                self._leases[key] = _Lease(rate, burst, tokens, now + self.hold_s, remaining, tokens)
 
     def adjust(self, key: str, *, rate: float, burst: float, now: float, n: float) -> None:
         """Settle a reservation in memory, with no statement (see the class notes)."""
@@ -316,8 +328,8 @@ class LeasedBuckets:
                 if live and lease is not None and lease.tokens > 1e-9:
                     lease.tokens -= n
                     lease.granted -= n
-                else:  # held for LEASE_S from now, like a lease
-                    self._leases[key] = _Lease(rate, burst, -n, now + self.lease_s, 0, -n)
+                else:  # held for hold_s from now, like a lease
+                    self._leases[key] = _Lease(rate, burst, -n, now + self.hold_s, 0, -n)
                 return
             if live and lease is not None:
                 used = min(n, max(0.0, lease.tokens))
@@ -505,7 +517,7 @@ def make_store(db: Database, backend: str) -> BucketStore:
     if backend == "memory":
         return MemoryBuckets()
     if backend == "database" or (backend == "auto" and db.dialect == "postgresql"):
-        return LeasedBuckets(DatabaseBuckets(db))
+        return LeasedBuckets(DatabaseBuckets(db), hold_s=LEASE_HOLD_S)
     if backend == "auto":
         return MemoryBuckets()
     from trainyard.errors import InvalidInputError
