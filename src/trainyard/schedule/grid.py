@@ -88,15 +88,26 @@ def _scalar(
 
 
 def _times(
-    spec: JobSpec, pool: Pool, devices: int, acc: Any, pclass: Any, cache: CandidateCache
+    spec: JobSpec,
+    pool: Pool,
+    devices: int,
+    acc: Any,
+    pclass: Any,
+    cache: CandidateCache,
+    predict_fn: Any = None,
+    facts: Any = None,
+    base: str | None = None,
 ) -> AllocationTimes:
-    """``price_option``'s memoised ``allocation_times``."""
-    tk = (cache.base(spec), pclass, devices)
+    """``price_option``'s memoised ``allocation_times``. ``predict_fn`` (``candidates._predict_fn`` of the
+    spec and pool), ``facts`` (``cache.facts(spec)``) and ``base`` (``cache.base(spec)``): when the caller
+    has them (one per spec or pool instead of one per device count)."""
+    tk = (cache.base(spec) if base is None else base, pclass, devices)
     t = cache.times.get(tk)
     if t is None:
         t = allocation_times(
-            spec, pool, devices, acc, cache.facts(spec), predict_fn=_predict_fn(cache, spec, pool)
-        )
+            spec, pool, devices, acc, cache.facts(spec) if facts is None else facts,
+            predict_fn=_predict_fn(cache, spec, pool) if predict_fn is None else predict_fn,
+        )  # fmt: skip
         cache.times[tk] = t
     return t
 
@@ -329,6 +340,7 @@ def spec_grid(
     scalar_rows: list[tuple[int, Pool, int]] = []  # (slot, pool, devices) priced the reference way
     interconnect = spec.resources.min_interconnect_gbps is not None
     times, base, time_rows = cache.times, cache.base(spec), cache.time_rows
+    facts = None  # ``cache.facts(spec)``, when a row's times are not memoised
     vecs: list[tuple[float, ...]] = []  # ``time_row`` of each vectorised row
     for pi, (pool, counts, why) in enumerate(screened):
         if why or not counts:
@@ -342,6 +354,7 @@ def spec_grid(
         except PoolsFileError:
             price = None
         acc, pclass = cache.pool_class(pool)
+        pf = None  # the pool's memoised predictor, made when the first of its rows is not memoised
         for devices in counts:
             slot_pool.append(pi)
             t = None
@@ -349,7 +362,11 @@ def spec_grid(
                 tk = (base, pclass, devices)
                 t = times.get(tk)
                 if t is None:
-                    t = _times(spec, pool, devices, acc, pclass, cache)
+                    if pf is None:
+                        pf = _predict_fn(cache, spec, pool)
+                        if facts is None:
+                            facts = cache.facts(spec)
+                    t = _times(spec, pool, devices, acc, pclass, cache, pf, facts, base)
             if t is None:
                 scalar_rows.append((len(made), pool, devices))
                 made.append(None)
