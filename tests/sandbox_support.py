@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from trainyard.executors.sandbox import SANDBOX_UID
 
@@ -52,7 +53,7 @@ def assert_walled_in(log: str, other: Path) -> str:
 # without token mode), and call every RPC method of Ray's services on every socket that listens on the
 # nodes' addresses, without a token. It prints one ``RAY-ATTACK {json}`` line.
 _RAY_CLIENT_ATTACK = r"""
-import glob, json, os, socket, subprocess, sys
+import glob, json, os, socket, subprocess, sys, urllib.error, urllib.request
 import grpc
 GCS, TOKEN_FILES, HOSTS = __ARGS__
 out = {"env": sorted(k for k in os.environ if k.startswith("RAY_")), "files": {}, "environ": []}
@@ -108,7 +109,7 @@ def listening():
                 for h in (HOSTS if ip in ("0.0.0.0", "::") else [ip]):
                     found.add((h, int(hexport, 16)))
     return sorted(found)
-out["ports"] = {}
+out["ports"], out["http"] = {}, {}
 for host, port in (listening() if os.environ.get("RANK", "0") == "0" else []):  # one rank scans
     codes = {}
     with grpc.insecure_channel(f"{host}:{port}") as ch:
@@ -122,6 +123,13 @@ for host, port in (listening() if os.environ.get("RANK", "0") == "0" else []):  
             if set(codes) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED"}:
                 break  # not a gRPC server
     out["ports"][f"{host}:{port}"] = {k: (len(v) if k == "UNIMPLEMENTED" else v) for k, v in codes.items()}
+    try:  # the HTTP servers (dashboard agent, runtime-env agent, metrics)
+        with urllib.request.urlopen(f"http://{host}:{port}/", timeout=3) as resp:
+            out["http"][f"{host}:{port}"] = resp.status
+    except urllib.error.HTTPError as exc:
+        out["http"][f"{host}:{port}"] = exc.code
+    except Exception as exc:
+        out["http"][f"{host}:{port}"] = type(exc).__name__
 print("RAY-ATTACK " + json.dumps(out), flush=True)
 """
 
@@ -134,23 +142,31 @@ def ray_client_attack(gcs: str, token_files: list[str], hosts: list[str]) -> str
     return _RAY_CLIENT_ATTACK.replace("__ARGS__", repr((gcs, token_files, hosts)))
 
 
-def ray_attack_report(log: str) -> list[dict[str, object]]:
+def ray_attack_report(log: str) -> list[dict[str, Any]]:
     """Every ``RAY-ATTACK`` report in a log."""
     import json
 
     return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("RAY-ATTACK ")]
 
 
-def assert_not_a_ray_client(report: dict[str, object], token: str, gcs: str, scanned: bool = True) -> None:
+def assert_not_a_ray_client(
+    report: dict[str, Any],
+    token: str,
+    gcs: str,
+    scanned: bool = True,
+    metrics: frozenset[str] = frozenset(),
+) -> None:
     """The attack got nothing: no token anywhere, no driver connection, no RPC answered without a
-    token (every gRPC service refused it as unauthenticated), and it did reach the GCS's port."""
+    token (every gRPC service refused it as unauthenticated), no HTTP server of the cluster answered
+    but the nodes' metrics exporters (``metrics``: read-only Prometheus text, not covered by Ray's
+    token), and it did reach the GCS's port."""
     blob = repr(report)
     assert token not in blob, report
-    assert not [k for k in report["env"] if k.startswith("RAY_AUTH")], report["env"]  # type: ignore[union-attr]
+    assert not [k for k in report["env"] if k.startswith("RAY_AUTH")], report["env"]
     assert not report["environ"], report["environ"]
-    for mode, r in report["ray_init"].items():  # type: ignore[union-attr]
+    for mode, r in report["ray_init"].items():
         assert not r["connected"], (mode, r)
-    ports: dict[str, dict[str, object]] = report["ports"]  # type: ignore[assignment]
+    ports: dict[str, dict[str, Any]] = report["ports"]
     if not scanned:
         return
     assert gcs in ports and "UNAUTHENTICATED" in ports[gcs], ports.get(gcs)
@@ -162,3 +178,7 @@ def assert_not_a_ray_client(report: dict[str, object], token: str, gcs: str, sca
             where,
             codes,
         )
+    http: dict[str, Any] = report["http"]
+    answered = {where for where, status in http.items() if isinstance(status, int) and status < 400}
+    assert answered <= metrics, (sorted(answered - metrics), http)
+    assert 401 in http.values(), http  # the agents' HTTP servers were reached, and refused it

@@ -466,13 +466,20 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     (end,) = _terminal(events)
     assert end.kind == "succeeded", (end.data, logs)
     reports = {r: ray_attack_report(logs[r]) for r in (0, 1)}
+    # the metrics exporters answer anyone (read-only Prometheus text, not covered by Ray's token): each
+    # node's metrics export port, and the head's autoscaler and dashboard metrics ports (wildcard-bound)
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+    from ray.dashboard.consts import DASHBOARD_METRIC_PORT
+
+    exporters = [n.ports[3] for n in cluster.nodes] + [AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT]
+    metrics = frozenset(f"{ip}:{port}" for port in exporters for ip in hosts)
     assert all(len(v) == 1 for v in reports.values()), logs
     for r in (0, 1):
         assert token not in logs[r], logs[r]
-        assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0)
+        assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0, metrics=metrics)
     # rank 0 tried every socket the cluster listened on while the gang ran (the GCS, the raylets and
     # object managers, the agents, every actor's worker): none answered without the token
-    probed = set(reports[0][0]["ports"])  # type: ignore[arg-type]
+    probed = set(reports[0][0]["ports"])
     assert seen and seen <= probed, (sorted(seen - probed), sorted(probed))
     # and the ranks rendezvoused and trained: the same weights on both, after 20 DDP steps
     trained = [
