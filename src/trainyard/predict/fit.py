@@ -440,13 +440,7 @@ def calibrate_from_profiles(
         spec = spec_from_dict(doc["spec"])
         dtype = compute_dtype(spec.workload.precision)
         group = f"{acc.family}/{stack_of(acc)}/{dtype}"
-        plan = {
-            "micro_batch": doc["plan"]["micro_batch"],
-            "activation_checkpointing": doc["plan"]["activation_checkpointing"],
-            "tensor": 1,
-            "pipeline": 1,
-            "fsdp": False,
-        }
+        plan = _profiled_plan(doc)
         by_group[group].append(
             _prepare(
                 spec,
@@ -477,13 +471,7 @@ def calibrate_from_profiles(
         spec = spec_from_dict(doc["spec"])
         ranks = int(doc["devices"])
         measured = float(doc["step_time_s"])
-        plan = {
-            "micro_batch": doc["plan"]["micro_batch"],
-            "activation_checkpointing": doc["plan"]["activation_checkpointing"],
-            "tensor": 1,
-            "pipeline": 1,
-            "fsdp": False,
-        }
+        plan = _profiled_plan(doc)
         if doc.get("ratio_to_one_rank"):
             # the gang relative to one rank timed back to back, on the one-rank step fitted above: the
             # machine's load while the gang was timed cancels out (it moves both alike)
@@ -540,6 +528,17 @@ def _fit_gang_cpu(prepared: Sequence[_Prepared], p: EfficiencyParams) -> Efficie
     sol = lsq_linear(a, b, bounds=([lo_k, GANG_SYNC_BOUNDS_S[0]], [hi_k, GANG_SYNC_BOUNDS_S[1]]))
     k, sync = sol.x
     return replace(p, gang_slowdown=float(k), gang_sync_s=float(sync))
+
+
+def _profiled_plan(doc: dict[str, Any]) -> dict[str, Any]:
+    """The plan a stored profile ran: its micro-batch and activation checkpointing, data parallel only."""
+    return {
+        "micro_batch": doc["plan"]["micro_batch"],
+        "activation_checkpointing": doc["plan"]["activation_checkpointing"],
+        "tensor": 1,
+        "pipeline": 1,
+        "fsdp": False,
+    }
 
 
 def _fit_linear_cpu(prepared: Sequence[_Prepared], prior: EfficiencyParams) -> EfficiencyParams:
