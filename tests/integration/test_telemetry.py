@@ -33,6 +33,9 @@ def finished_job(live: Any) -> dict[str, Any]:
     _platform, c, h = live
     spec = tiny_spec("telemetry", steps=STEPS, seed=3)
     spec["checkpoint"] = {"interval": "1h"}
+    # two ranks, so that logs per rank are there to read (left to itself the scheduler keeps a job this
+    # small on one of this machine's cores)
+    spec["resources"] = {"min_devices": 2, "max_devices": 2}
     r = c.post("/v1/jobs", json={"spec": spec}, headers=h)
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
