@@ -86,14 +86,21 @@ def _close(a: Any, b: Any, path: str) -> None:
         assert a == b, (path, a, b)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    specs=st.lists(spec_st.flatmap(_measured), min_size=1, max_size=5),
-    acc=st.sampled_from(ACCS),
-    counts=st.lists(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 64, 256]), min_size=1, max_size=5, unique=True),
-    per_node=st.sampled_from([None, 4, 8]),
-    gbps=st.sampled_from([None, 25.0, 400.0]),
-)
+def grouped_cases(test: Any) -> Any:
+    """Specs with and without measured step times on an accelerator, over device counts and topologies."""
+    cases = given(
+        specs=st.lists(spec_st.flatmap(_measured), min_size=1, max_size=5),
+        acc=st.sampled_from(ACCS),
+        counts=st.lists(
+            st.sampled_from([1, 2, 3, 4, 8, 12, 16, 64, 256]), min_size=1, max_size=5, unique=True
+        ),
+        per_node=st.sampled_from([None, 4, 8]),
+        gbps=st.sampled_from([None, 25.0, 400.0]),
+    )
+    return settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])(cases(test))
+
+
+@grouped_cases
 def test_grouped_predictions_equal_predict_field_for_field(
     specs: list[JobSpec], acc: str, counts: list[int], per_node: int | None, gbps: float | None
 ) -> None:
@@ -151,14 +158,7 @@ def test_chosen_plans_equal_argmin_per_segment(lengths: list[int], data: Any, ca
     assert idx.tolist() == want_idx and fits.tolist() == want_fits
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    specs=st.lists(spec_st.flatmap(_measured), min_size=1, max_size=5),
-    acc=st.sampled_from(ACCS),
-    counts=st.lists(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 64, 256]), min_size=1, max_size=5, unique=True),
-    per_node=st.sampled_from([None, 4, 8]),
-    gbps=st.sampled_from([None, 25.0, 400.0]),
-)
+@grouped_cases
 def test_lazy_grouped_predictions_equal_eager_ones(
     specs: list[JobSpec], acc: str, counts: list[int], per_node: int | None, gbps: float | None
 ) -> None:

@@ -736,51 +736,14 @@ def _predictions(
         lean = ch is not None and ch[1] and bd is not None and (not measured or ref_step_s is not None)
         if bd is not None:
             pos += 1
+        head = (spec, acc, n, ctx, cal, list(notes), source, st, cand)
+        tail = (opts, search, ref_step_s)
         if lazy is not None and lean:
             assert ch is not None
-            out.append(
-                _LazyPrediction.of(
-                    spec,
-                    acc,
-                    n,
-                    ctx,
-                    cal,
-                    list(notes),
-                    source,
-                    st,
-                    cand,
-                    lazy,
-                    pos - 1,
-                    opts,
-                    search,
-                    ref_step_s,
-                    ch,
-                    flops,
-                    dtype,
-                )
-            )
+            out.append(_LazyPrediction.of(*head, lazy, pos - 1, *tail, ch, flops, dtype))
             continue
         ev = engine.slice_evaluation(ev_all, *bd) if bd is not None and ev_all is not None else None
-        out.append(
-            _finalize(
-                spec,
-                acc,
-                n,
-                ctx,
-                cal,
-                list(notes),
-                source,
-                st,
-                cand,
-                ev,
-                opts,
-                search,
-                ref_step_s,
-                ch,
-                flops,
-                dtype,
-            )
-        )
+        out.append(_finalize(*head, ev, *tail, ch, flops, dtype))
     return out
 
 
