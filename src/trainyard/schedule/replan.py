@@ -60,8 +60,10 @@ class Replanner:
             ):
                 return False
         self.pending.append(event)
-        if self.first_pending_s is None:
-            self.first_pending_s = event.time_s
+        # events may arrive out of order: the burst starts at the earliest pending one (as planned() has it)
+        self.first_pending_s = (
+            event.time_s if self.first_pending_s is None else min(self.first_pending_s, event.time_s)
+        )
         self.last_event_s = (
             event.time_s if self.last_event_s is None else max(self.last_event_s, event.time_s)
         )
