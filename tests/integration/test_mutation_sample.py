@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 
 # module -> the unit tests that specify it
 SAMPLE = {"src/trainyard/cost/model.py": "tests/unit/test_cost_model.py"}
+# mutmut's CPU-time limit per mutant is (estimated test time + 1 s) x multiplier x 2
+TIMEOUT_MULTIPLIER = 2.0
 
 
 def _project(tmp: Path) -> Path:
@@ -41,6 +43,10 @@ def _project(tmp: Path) -> Path:
         f"only_mutate = {json.dumps(list(SAMPLE))}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(list(SAMPLE.values()))}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+        # a mutant whose tests use more than 4x their CPU time (plus 4 s) is a timeout, which counts as
+        # killed: the loops of poisson_quantile that never end are stopped after ~14 CPU-s, not
+        # mutmut's default 15x (~100 CPU-s each, half the run's time)
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
     )
     (proj / "pyproject.toml").write_text(text)
     return proj
