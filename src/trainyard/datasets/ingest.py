@@ -13,7 +13,10 @@ Three passes, none of which holds the data in memory, and whose working memory i
    shape (NFC strings, no extra keys) skips building a normalised copy (``formats.FAST``); any other
    row takes the validating path, so results and errors are the same either way. Valid rows are
    handled in batches of ``BAND_BATCH``: one spool write, their sha256s and split hashes, one
-   vectorised MinHash call and, with a base model's tokenizer, one batched ``encode`` call.
+   vectorised MinHash call and, with a base model's tokenizer, one batched ``encode`` call
+   (:mod:`trainyard.datasets.scan`). A large upload read from a regular file goes through this pass in
+   worker processes, a byte range of the file each, merged in file order into the same columns,
+   errors and spool bytes (:mod:`trainyard.datasets.parallel`).
 2. de-duplicate, content-address and split, in passes sized to the budget:
 
    - the row hashes are taken a range of hash prefixes at a time (ranges in ascending order, so the
@@ -37,63 +40,55 @@ nothing in the outcome: the same content address, split, files and counts (tests
 
 from __future__ import annotations
 
-import ctypes
-import functools
+import contextlib
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
-from trainyard.datasets import minhash
-from trainyard.datasets.formats import (
-    FAST,
-    FORMATS,
-    SCHEMA_VERSION,
-    ErrorKind,
-    FastRow,
-    RowError,
-    byte_count,
-    canonical_bytes,
-    detect_format,
-    normalize,
-    parse_line,
-    token_count,
+from trainyard.datasets import minhash, parallel
+from trainyard.datasets.formats import FORMATS, SCHEMA_VERSION, byte_count
+from trainyard.datasets.scan import (
+    BAND_BATCH,
+    EVAL_HASH,
+    ROW,
+    SPLIT_BUCKETS,
+    Errors,
+    Rules,
+    facts,
+    keep_freed_heap,
+    scan,
 )
-from trainyard.errors import InvalidDatasetError, InvalidInputError, PayloadTooLargeError
+from trainyard.errors import InvalidDatasetError, InvalidInputError
+
+__all__ = [
+    "BAND_BATCH",
+    "SPLIT_BUCKETS",
+    "IngestOptions",
+    "Ingested",
+    "SplitInfo",
+    "content_address",
+    "ingest",
+]
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 DEFAULT_MAX_ERRORS = 100
 DEFAULT_MEMORY_BUDGET = 64 << 20  # bytes for the per-row columns and pass 2's working sets
 MIN_MEMORY_BUDGET = 64 << 10
-SPLIT_BUCKETS = 10_000
-BAND_BATCH = 2048  # rows per batch: its arrays stay small enough for malloc to reuse them
 WRITE_CHUNK_BYTES = 1 << 20
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-HEAP_TRIM_BYTES = 32 << 20
-HEAP_MMAP_BYTES = 8 << 20
 ROW_BLOCK = 8192  # rows whose offsets are turned into Python ints at a time
 SPILL_BUFFER = 128 << 10  # write buffer of a spilled column
 
-# one row's facts from pass 1; ``prefix`` is the first 8 bytes of ``digest`` read as a big-endian
-# integer (the two fields overlap), which orders rows as their digests do
-ROW = np.dtype(
-    {
-        "names": ["digest", "prefix", "start", "length", "tokens"],
-        "formats": ["S32", ">u8", "<i8", "<i8", "<i8"],
-        "offsets": [0, 0, 32, 40, 48],
-        "itemsize": 56,
-    }
-)
 ORDER = np.dtype([("row", "<i8"), ("start", "<i8"), ("length", "<i8"), ("tokens", "<i8")])
-EVAL_HASH, DUPLICATE, EVAL = 1, 2, 4  # per-row flag bits
+DUPLICATE, EVAL = 2, 4  # per-row flag bits besides EVAL_HASH (1)
 # bytes of working memory per row held at once in pass 2 (the selected records and their sorts)
 DEDUPE_BYTES_PER_ROW = ROW.itemsize + 2 * ORDER.itemsize + 96
 BAND_BYTES_PER_ROW = 96
@@ -113,6 +108,11 @@ class IngestOptions:
     count_tokens_batch: Callable[[list[str]], list[int]] | None = None
     tokenizer: str = "bytes"
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    # pass 1's worker processes for an upload read from a regular file with the byte tokenizer: 0 is
+    # one per CPU from parallel.PARALLEL_MIN_BYTES on, 1 is sequential; each takes ``chunk_bytes`` at
+    # a time. The outcome is the same whichever way pass 1 goes.
+    workers: int = 0
+    chunk_bytes: int = parallel.CHUNK_BYTES
 
     def check(self) -> None:
         errors = []
@@ -122,6 +122,11 @@ class IngestOptions:
             errors.append({"field": "eval_fraction", "message": "must be at least 0 and below 1"})
         if self.seed < 0:
             errors.append({"field": "seed", "message": "must be >= 0"})
+        if not 0 <= self.workers <= parallel.MAX_WORKERS:
+            most = parallel.MAX_WORKERS
+            errors.append({"field": "workers", "message": f"must be 0 (one per CPU) to {most}"})
+        if self.chunk_bytes < 1:
+            errors.append({"field": "chunk_bytes", "message": "must be at least 1"})
         if self.memory_budget < MIN_MEMORY_BUDGET:
             errors.append({"field": "memory_budget", "message": f"must be at least {MIN_MEMORY_BUDGET}"})
         if errors:
@@ -198,6 +203,40 @@ class _Column:
 
 
 @dataclass
+class Spool:
+    """Pass 1's canonical lines in row order: one file, or (pass 1 in parallel) one file per range of
+    the upload. A row's ``start`` counts over their concatenation."""
+
+    paths: list[Path] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # where each file begins in the concatenation
+
+    def add(self, path: Path, start: int) -> None:
+        self.paths.append(path)
+        self.starts.append(start)
+
+    def locate(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file index, offset in that file) of each concatenated offset."""
+        part = np.searchsorted(np.asarray(self.starts, dtype=np.int64), starts, side="right") - 1
+        return part, starts - np.asarray(self.starts, dtype=np.int64)[part]
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[np.ndarray]:
+        """The files' descriptors (read-only), open for the block."""
+        fds: list[int] = []
+        try:
+            for p in self.paths:
+                fds.append(os.open(p, os.O_RDONLY))
+            yield np.asarray(fds, dtype=np.int64)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def unlink(self) -> None:
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+
+
+@dataclass
 class Ingested:
     """The outcome of passes 1 and 2; :meth:`write` is pass 3."""
 
@@ -213,8 +252,8 @@ class Ingested:
     tokenizer: str
     train: SplitInfo
     eval: SplitInfo
-    spool: Path
-    # how pass 2 went: whether the columns were spilled to files, and its passes over them
+    spool: Spool
+    # how passes 1 and 2 went: whether the columns were spilled to files, and its passes over them
     work: dict[str, Any] = field(default_factory=dict)
     _order: _Column | None = field(default=None, repr=False)
     _flags: np.ndarray | None = field(default=None, repr=False)
@@ -234,11 +273,11 @@ class Ingested:
         assert self._order is not None and self._flags is not None
         fs, root = fsspec.core.url_to_fs(dest_url)
         fs.makedirs(root, exist_ok=True)
-        with open(self.spool, "rb") as src:
-            fd = src.fileno()
+        with self.spool.opened() as fds:
             for name, want, info in (("train", False, self.train), ("eval", True, self.eval)):
+                dest = f"{root}/{name}.jsonl"
                 info.sha256, info.bytes = _write_rows(
-                    fs, f"{root}/{name}.jsonl", fd, self._order, self._flags, want, self._chunk_rows
+                    fs, dest, fds, self.spool, self._order, self._flags, want, self._chunk_rows
                 )
         manifest = self.manifest()
         with fs.open(f"{root}/manifest.json", "wb") as fh:
@@ -264,11 +303,18 @@ class Ingested:
             self._order.close()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
-        self.spool.unlink(missing_ok=True)
+        self.spool.unlink()
 
 
 def _write_rows(
-    fs: Any, path: str, fd: int, order: _Column, flags: np.ndarray, want_eval: bool, chunk_rows: int
+    fs: Any,
+    path: str,
+    fds: np.ndarray,
+    spool: Spool,
+    order: _Column,
+    flags: np.ndarray,
+    want_eval: bool,
+    chunk_rows: int,
 ) -> tuple[str, int]:
     """Write the spooled rows of one split (in row-hash order) to ``path`` in chunks of about
     ``WRITE_CHUNK_BYTES``, hashing each chunk as it goes; returns (sha256, bytes)."""
@@ -291,7 +337,10 @@ def _write_rows(
             for lo in range(0, len(recs), ROW_BLOCK):
                 block = recs[lo : lo + ROW_BLOCK]
                 sel = block[((flags[block["row"]] & EVAL) != 0) == want_eval]
-                for start, length in zip(sel["start"].tolist(), sel["length"].tolist(), strict=True):
+                part, at = spool.locate(sel["start"])
+                for fd, start, length in zip(
+                    fds[part].tolist(), at.tolist(), sel["length"].tolist(), strict=True
+                ):
                     line = pread(fd, length, start)
                     chunk.append(line)
                     size += length
@@ -300,70 +349,6 @@ def _write_rows(
         if chunk:
             flush()
     return h.hexdigest(), total
-
-
-class _Errors:
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.listed: list[dict[str, Any]] = []
-        self.counts: dict[str, int] = {}
-        self.total = 0
-
-    def add(self, line: int, kind: ErrorKind, message: str) -> None:
-        self.total += 1
-        self.counts[kind.value] = self.counts.get(kind.value, 0) + 1
-        if len(self.listed) < self.limit:
-            self.listed.append({"line": line, "kind": kind.value, "message": message})
-
-    def raise_if_any(self, lines: int) -> None:
-        if not self.total:
-            return
-        shown = ", ".join(str(e["line"]) for e in self.listed[:10])
-        more = "" if self.total <= 10 else f" and {self.total - 10} more"
-        raise InvalidDatasetError(
-            f"{self.total} of {lines} lines are invalid (lines {shown}{more})",
-            details={
-                "errors": self.listed,
-                "counts": dict(sorted(self.counts.items())),
-                "total": self.total,
-                "truncated": self.total > len(self.listed),
-            },
-        )
-
-
-def _auto_format(raw: bytes) -> str:
-    """The format of the first non-blank line (raises RowError when it cannot be told)."""
-    stripped = raw.strip()
-    try:
-        obj = orjson.loads(stripped)
-    except orjson.JSONDecodeError:
-        if stripped[:1] in (b"{", b"["):
-            raise RowError(ErrorKind.BAD_JSON, "not valid JSON") from None
-        return "text"
-    fmt = detect_format(obj)
-    if fmt is None:
-        raise RowError(
-            ErrorKind.MISSING_FIELD,
-            "cannot tell the format: expected 'text', 'prompt' and 'completion', or 'messages'",
-        )
-    return fmt
-
-
-@functools.cache
-def _keep_freed_heap() -> None:
-    """Ask glibc's allocator to keep up to ``HEAP_TRIM_BYTES`` of freed memory at the top of the heap
-    instead of returning it to the kernel, and to take blocks below ``HEAP_MMAP_BYTES`` from the heap
-    (``mallopt``: ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``). Every batch's MinHash arrays (a few MB)
-    are freed at its end; returned to the kernel, they are page-faulted in afresh by the next batch,
-    which cost a third of the ingestion's CPU time as system time (benchmarks/bench_datasets.py). The
-    process may keep that much freed memory resident. Nothing happens without ``mallopt`` (not glibc)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_BYTES)
-    mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_BYTES)
 
 
 class _Pass1:
@@ -381,24 +366,17 @@ class _Pass1:
     def columns(self) -> list[_Column]:
         return [self.rows, *self.bands]
 
-    def add(
-        self, canons: list[bytes], tokens: np.ndarray, sides: bytes, threshold: int, keys: list[str]
-    ) -> None:
-        n = len(canons)
-        recs = np.empty(n, dtype=ROW)
-        recs["digest"] = np.frombuffer(b"".join([hashlib.sha256(c).digest() for c in canons]), dtype="S32")
-        lengths = np.fromiter((len(c) for c in canons), dtype=np.int64, count=n)
-        ends = np.cumsum(lengths)
-        recs["start"] = ends - lengths + self.offset
-        recs["length"] = lengths
-        recs["tokens"] = tokens
-        self.offset += int(ends[-1])
+    def append(self, recs: np.ndarray, flags: bytes, bands: np.ndarray) -> None:
+        """Append rows' facts (``recs["start"]`` counted from the first of them; shifted here to
+        follow the rows so far in the spool)."""
+        if recs.dtype != ROW:
+            raise TypeError(f"row records must be of dtype ROW, not {recs.dtype}")
+        recs["start"] += self.offset
+        self.offset += int(recs["length"].sum())
         self.rows.extend(recs)
-        on_eval = np.frombuffer(sides, dtype="<u8") % SPLIT_BUCKETS < threshold
-        self.flags += on_eval.astype(np.uint8).tobytes()  # EVAL_HASH is bit 0
-        bk = minhash.band_keys(keys)
+        self.flags += flags
         for b, col in enumerate(self.bands):
-            col.extend(bk[:, b])
+            col.extend(bands[:, b])
         if not self.spilled and sum(c.nbytes for c in self.columns()) > self.limit:
             for c in self.columns():
                 c.spill()
@@ -410,137 +388,66 @@ class _Pass1:
 
 
 def ingest(lines: Iterable[bytes], options: IngestOptions, spool_dir: Path) -> Ingested:
-    """Passes 1 and 2 over an iterable of raw lines (a binary file object is one)."""
+    """Passes 1 and 2 over an iterable of raw lines (a binary file object is one). A large regular file
+    opened by its path goes through pass 1 in worker processes (:mod:`trainyard.datasets.parallel`;
+    ``IngestOptions.workers``) with the same outcome."""
     options.check()
-    _keep_freed_heap()
+    keep_freed_heap()
     spool_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(8)
-    spool = spool_dir / f"spool-{token}.jsonl"
     workdir = spool_dir / f"work-{token}"
     workdir.mkdir()
     fmt: str | None = None if options.format == "auto" else options.format
-    errors = _Errors(options.max_errors)
+    rules = Rules(
+        eval_fraction=options.eval_fraction,
+        seed=options.seed,
+        max_tokens=options.max_tokens,
+        max_errors=options.max_errors,
+        count_tokens=options.count_tokens,
+        count_tokens_batch=options.count_tokens_batch,
+    )
+    errors = Errors(options.max_errors)
     cols = _Pass1(workdir, options.memory_budget)
-    # the current batch: valid rows (canonical lines, split keys, token counts so far, line numbers,
-    # where their strings to count end in ``texts``) and the bad lines among them, in line order
-    canons: list[bytes] = []
-    keys: list[str] = []
-    toks: list[int] = []
-    row_lines: list[int] = []
-    text_ends: list[int] = []
-    texts: list[str] = []
-    bad: list[tuple[int, ErrorKind, str]] = []
-    threshold = round(options.eval_fraction * SPLIT_BUCKETS)
-    salt = f"trainyard-split/{options.seed}\n".encode()
-    batch_count = options.count_tokens_batch
-    count: Callable[[str], int] = options.count_tokens
-    if batch_count is not None:
-        collect = texts.append
-
-        def collect_text(text: str) -> int:  # the strings are counted at the batch's end, in one call
-            collect(text)
-            return 0
-
-        count = collect_text
-    max_tokens = options.max_tokens
-    max_bytes = options.max_bytes
-    nbytes = 0
-    lineno = 0
-    sha256 = hashlib.sha256
-    loads = orjson.loads
-    bad_json = orjson.JSONDecodeError
-    fast: Callable[[Any, Callable[[str], int]], FastRow | None] | None = None
-
-    def flush(out: Any) -> None:
-        nonlocal canons, keys, toks, row_lines, text_ends, bad
-        n_tok = np.array(toks, dtype=np.int64)
-        if batch_count is not None and texts:
-            counted = np.zeros(len(texts) + 1, dtype=np.int64)
-            np.cumsum(np.asarray(batch_count(texts), dtype=np.int64), out=counted[1:])
-            ends = np.array(text_ends, dtype=np.int64)
-            n_tok += counted[ends] - counted[np.r_[0, ends[:-1]]]
-            texts.clear()
-        if max_tokens is not None:
-            for i in np.flatnonzero(n_tok > max_tokens).tolist():
-                bad.append(
-                    (
-                        row_lines[i],
-                        ErrorKind.TOO_LONG,
-                        f"{int(n_tok[i])} tokens, more than the base model's context of {max_tokens}",
-                    )
-                )
-            bad.sort(key=lambda e: e[0])
-        for line, kind, message in bad:
-            errors.add(line, kind, message)
-        if canons and not errors.total:  # an invalid upload: keep validating, store nothing
-            out.write(b"".join(canons))
-            sides = b"".join([sha256(salt + k.encode("utf-8")).digest()[:8] for k in keys])
-            cols.add(canons, n_tok, sides, threshold, keys)
-        canons, keys, toks, row_lines, text_ends, bad = [], [], [], [], [], []
-
+    spool = Spool()
+    started = time.perf_counter()
     try:
-        with open(spool, "wb") as out:
-            for lineno, raw in enumerate(lines, 1):
-                nbytes += len(raw)
-                if nbytes > max_bytes:
-                    raise PayloadTooLargeError(
-                        f"the dataset exceeds the upload limit of {max_bytes} bytes",
-                        hint="Split the file, or ask an admin to raise TRAINYARD_DATASET_MAX_BYTES.",
-                        details={"max_bytes": max_bytes},
-                    )
-                if raw.isspace() or not raw:
-                    continue
-                mark = len(texts)
-                try:
-                    if fast is None:
-                        if fmt is None:
-                            fmt = _auto_format(raw)
-                        fast = FAST[fmt]
-                    assert fmt is not None
-                    # a row already in canonical shape skips building a normalised copy; any other row
-                    # (or a line orjson refuses before it is stripped) takes the validating path
-                    got = None
-                    if fmt == "text":
-                        obj = parse_line(raw, fmt)
-                        got = fast(obj, count)
-                    else:
-                        try:
-                            obj = loads(raw)
-                        except bad_json:
-                            obj = parse_line(raw, fmt)  # raises the row's error
-                        else:
-                            got = fast(obj, count)
-                    if got is None:
-                        del texts[mark:]  # what the fast path collected before it handed the row over
-                        row, key = normalize(obj, fmt)
-                        n_tok = token_count(row, count)
-                        canon = canonical_bytes(row) + b"\n"
-                    else:
-                        canon, key, n_tok = got
-                except RowError as exc:
-                    del texts[mark:]
-                    bad.append((lineno, exc.kind, exc.message))
-                else:
-                    canons.append(canon)
-                    keys.append(key)
-                    toks.append(n_tok)
-                    row_lines.append(lineno)
-                    text_ends.append(len(texts))
-                if len(canons) + len(bad) >= BAND_BATCH:
-                    flush(out)
-            flush(out)
-            errors.raise_if_any(lineno)
+        src = parallel.source_of(lines, rules)
+        workers = 1 if src is None else parallel.worker_count(options.workers, src.end - src.start)
+        if src is not None and workers > 1:
+
+            def take(part: Path, recs: np.ndarray, flags: bytes, bands: np.ndarray) -> None:
+                spool.add(part, cols.offset)
+                cols.append(recs, flags, bands)
+
+            fmt, lineno, nbytes, how = parallel.scan_file(
+                src, fmt, rules, errors, take, workdir, workers, options.chunk_bytes, options.max_bytes
+            )
+        else:
+            path = spool_dir / f"spool-{token}.jsonl"
+            spool.add(path, 0)
+            with open(path, "wb") as out:
+
+                def emit(canons: list[bytes], tokens: np.ndarray, keys: list[str]) -> None:
+                    out.write(b"".join(canons))
+                    cols.append(*facts(canons, tokens, keys, rules))
+
+                fmt, lineno, nbytes = scan(lines, fmt, rules, errors, emit, options.max_bytes)
+            how = {"workers": 1}
+        errors.raise_if_any(lineno)
         if not len(cols.rows):
             raise InvalidDatasetError(
                 "the dataset holds no rows",
                 details={"errors": [{"line": 0, "kind": "empty_content", "message": "no rows"}]},
             )
         assert fmt is not None
-        return _split(fmt, spool, workdir, options, cols, nbytes, lineno)
+        how["seconds"] = round(time.perf_counter() - started, 3)
+        ing = _split(fmt, spool, workdir, options, cols, nbytes, lineno)
+        ing.work["pass1"] = how
+        return ing
     except BaseException:
         cols.close()
         shutil.rmtree(workdir, ignore_errors=True)
-        spool.unlink(missing_ok=True)
+        spool.unlink()
         raise
 
 
@@ -674,7 +581,7 @@ def _join(labels: np.ndarray, links: np.ndarray) -> None:
 
 def _split(
     fmt: str,
-    spool: Path,
+    spool: Spool,
     workdir: Path,
     options: IngestOptions,
     cols: _Pass1,
@@ -688,10 +595,13 @@ def _split(
     order = _Column(workdir / "order.bin", ORDER)
     if cols.spilled:
         order.spill()
+    t0 = time.perf_counter()
     try:
         sha, dedupe_passes = _dedupe(cols.rows, flags, order, budget, chunk_rows)
         cols.rows.close()
+        t1 = time.perf_counter()
         labels, band_passes = _cluster(cols.bands, flags, n, budget, chunk_rows * 8)
+        t2 = time.perf_counter()
         # a cluster holding a row that hashes to train keeps all its rows in train
         has_train = np.zeros(n, dtype=bool)
         for lo in range(0, n, chunk_rows):
@@ -731,7 +641,12 @@ def _split(
         train=SplitInfo(rows=rows[0], tokens=tokens[0]),
         eval=SplitInfo(rows=rows[1], tokens=tokens[1]),
         spool=spool,
-        work={"spilled": cols.spilled, "dedupe_passes": dedupe_passes, "band_passes": band_passes},
+        work={
+            "spilled": cols.spilled,
+            "dedupe_passes": dedupe_passes,
+            "band_passes": band_passes,
+            "seconds": {"dedupe": round(t1 - t0, 3), "clusters": round(t2 - t1, 3)},
+        },
         _order=order,
         _flags=flags,
         _workdir=workdir,

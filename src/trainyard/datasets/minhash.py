@@ -36,12 +36,17 @@ _VAL_MASK = np.uint64(2**58 - 1)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser (wrapping uint64 arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64 finaliser (wrapping uint64 arithmetic), in place: ``x`` must be an array of the
+    caller's own (every caller passes a fresh one); one temporary instead of five."""
+    t = x >> np.uint64(30)
+    x ^= t
+    x *= _M1
+    np.right_shift(x, np.uint64(27), out=t)
+    x ^= t
+    x *= _M2
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
 def signatures(keys: Sequence[str]) -> np.ndarray:
@@ -66,7 +71,10 @@ def signatures(keys: Sequence[str]) -> np.ndarray:
     bounds = np.flatnonzero(edge[:total])
     pos = bounds[0::2]  # the first byte of each word
     wend = bounds[1::2]  # the separator after it
-    row = np.searchsorted(np.flatnonzero(body == 0), pos)  # NULs before a word = its row
+    # NULs before a word = its row: the words before each NUL, counted per word index, summed up (the
+    # same as searching every word's position among the NULs, for a fraction of the work)
+    before_nul = np.searchsorted(pos, np.flatnonzero(body == 0))
+    row = np.cumsum(np.bincount(before_nul, minlength=len(pos) + 1)[: len(pos)])
     length = np.minimum(wend - pos, WORD_BYTES).astype(np.uint64)
     # the 8 bytes from each word start as one little-endian integer (an unaligned strided view), cut at
     # the word's end
