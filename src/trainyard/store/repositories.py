@@ -26,6 +26,8 @@ from trainyard.store.models import (
 _INSERT_JOB = insert(JobRow).returning(JobRow.seq)
 _INSERT_EVENT = insert(JobEventRow)
 _JOBS = cast(Table, JobRow.__table__)
+# the multi-row form of _INSERT_JOB (one INSERT … VALUES …, … RETURNING, sequences in parameter order)
+_INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.seq, sort_by_parameter_order=True)
 _PENDING_DIGESTS = (
     select(_JOBS.c.id, _JOBS.c.spec_sha256)
     .where(_JOBS.c.state == bindparam("state"))
@@ -241,10 +243,7 @@ def insert_job(
 def insert_jobs(conn: Connection, jobs: Sequence[tuple[Job, tuple[str, dict[str, Any], float]]]) -> list[int]:
     """Insert new jobs, each with its first (kind, data, time_s) event, as two multi-row statements;
     the jobs' sequences in the order given."""
-    rows = conn.execute(
-        insert(_JOBS).returning(_JOBS.c.seq, sort_by_parameter_order=True),
-        [job_insert_params(job) for job, _ in jobs],
-    ).all()
+    rows = conn.execute(_INSERT_JOBS, [job_insert_params(job) for job, _ in jobs]).all()
     conn.execute(
         _INSERT_EVENT,
         [{"job_id": job.id, "kind": k, "data": d, "time_s": t} for job, (k, d, t) in jobs],

@@ -15,6 +15,7 @@ serialises concurrent submissions of one tenant, so they cannot overshoot.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -373,7 +374,15 @@ class Reservation:
 
 
 def period_key(period: str, time_s: float) -> str:
-    t = datetime.fromtimestamp(time_s, tz=UTC)
+    """The key of the ``period`` (``month`` or ``day``, UTC) holding ``time_s``: ``2026-12`` or
+    ``2026-12-02``. Both are a function of the UTC day (Unix time has 86,400 s a day), so the formatted
+    key is kept per day: every admission asks for one."""
+    return _period_key_of_day(period, int(time_s // 86400.0))
+
+
+@functools.lru_cache(maxsize=64)
+def _period_key_of_day(period: str, day: int) -> str:
+    t = datetime.fromtimestamp(day * 86400, tz=UTC)
     return t.strftime("%Y-%m") if period == "month" else t.strftime("%Y-%m-%d")
 
 
