@@ -1,26 +1,29 @@
 """Overhead of tracing and metrics on submission throughput, side by side in one run.
 
 The same load as bench_api.py (8 concurrent keep-alive clients POSTing job specs to a real `trainyard up`
-on SQLite, control loop on, executor none) against three configurations, interleaved round by round so
+on SQLite, control loop on, executor none) against these configurations, interleaved round by round so
 that the machine's background load hits each alike:
 
 - ``off``: tracing off (``OTEL_SDK_DISABLED=true``), nobody scrapes ``/metrics``;
-- ``tracing``: spans exported over OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp``) to a receiver on 127.0.0.1;
+- ``tracing``: spans exported over OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp``) to a receiver on 127.0.0.1,
+  with the default sampler (``parentbased_traceidratio`` at ``DEFAULT_SAMPLE_RATIO``; errors and slow
+  requests kept) and the default instrumentation (no statement spans);
+- ``tracing_100pct``: the same with every trace kept (``OTEL_TRACES_SAMPLER=parentbased_always_on``);
+- ``tracing_100pct_db``: every trace, plus a span per database statement
+  (``TRAINYARD_TRACE_DB_STATEMENTS=true``; what tracing recorded before statement spans became opt-in);
 - ``metrics``: tracing off, ``/metrics`` scraped as Prometheus would, every ``--scrape-every-s`` (default
   1 s, 5-15 times a usual Prometheus interval, so that every round has several scrapes; the first one
   as the measurement starts), with the open jobs the load leaves queued (executor none) to collect;
-- ``both``: tracing and scraping;
-- ``both_10pct``: the same with ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0.1;
+- ``both``: default tracing and scraping; ``both_100pct``: every trace and scraping;
 - with ``--baseline-src DIR`` (another checkout's ``src``, e.g. ``git archive main src | tar -x -C DIR``),
-  ``off_baseline`` and ``tracing_baseline``: ``off`` and ``tracing`` served by that code, so that a change
-  to the request path is measured against its predecessor in the same run.
+  ``off_baseline`` and ``tracing_baseline``: ``off`` and ``tracing`` (that code's own defaults) served by
+  that code, so that a change to the request path is measured against its predecessor in the same run.
 
-Every request is traced (the default sampler): the SERVER span, ``job.submit`` and the database
-statements. Reports submissions/s and the server's CPU time per request for each, and the ratios to
-``off`` (the issue's target: at most 5 % fewer submissions per second).
+Reports submissions/s and the server's CPU time per request for each, and the ratios to ``off`` (the
+issue's target: at most 5 % fewer submissions per second), with each round's paired CPU ratio.
 
 Usage:  python benchmarks/bench_observability.py [--requests N] [--clients 8] [--rounds 3]
-        [--configs tracing,both] [--baseline-src DIR]
+        [--configs tracing,tracing_100pct] [--baseline-src DIR]
 Writes: benchmarks/results/bench_observability.json
 """
 
@@ -44,20 +47,25 @@ from typing import Any
 import httpx
 
 from bench_api import LOOP_INTERVAL_S, _load, _process_cpu_s, free_port, wait_ready
+from trainyard.observability.tracing import DEFAULT_SAMPLE_RATIO
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_observability.json"
-# name -> (tracing: none | memory | otlp, /metrics scraped)
-CONFIGS: dict[str, tuple[str, bool]] = {
-    "off": ("none", False),
-    "metrics": ("none", True),
-    "tracing": ("otlp", False),
-    "both": ("otlp", True),
-    "both_10pct": ("otlp-10%", True),
+# name -> (tracing: none | otlp, /metrics scraped, extra environment of the server)
+ALL_TRACES = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+CONFIGS: dict[str, tuple[str, bool, dict[str, str]]] = {
+    "off": ("none", False, {}),
+    "metrics": ("none", True, {}),
+    "tracing": ("otlp", False, {}),
+    "tracing_100pct": ("otlp", False, ALL_TRACES),
+    "tracing_100pct_db": ("otlp", False, {**ALL_TRACES, "TRAINYARD_TRACE_DB_STATEMENTS": "true"}),
+    "both": ("otlp", True, {}),
+    "both_100pct": ("otlp", True, ALL_TRACES),
 }
-BASELINE_CONFIGS: dict[str, tuple[str, bool]] = {
-    "off_baseline": ("none", False),
-    "tracing_baseline": ("otlp", False),
+DEFAULT_CONFIGS = ("metrics", "tracing", "tracing_100pct", "both", "both_100pct")
+BASELINE_CONFIGS: dict[str, tuple[str, bool, dict[str, str]]] = {
+    "off_baseline": ("none", False, {}),
+    "tracing_baseline": ("otlp", False, {}),
 }
 SCRAPE_EVERY_S = 1.0
 
@@ -130,9 +138,12 @@ def start_server(
         "OTEL_SDK_DISABLED",
         "OTEL_TRACES_SAMPLER",
         "OTEL_TRACES_SAMPLER_ARG",
+        "TRAINYARD_TRACE_DB_STATEMENTS",
+        "TRAINYARD_TRACE_KEEP_ERRORS",
+        "TRAINYARD_TRACE_KEEP_SLOWER_THAN_S",
     ):
         env.pop(var, None)
-    tracing, _ = CONFIGS[config]
+    tracing, _, extra = CONFIGS[config]
     if config in BASELINE_CONFIGS:
         assert baseline_src is not None
         env["PYTHONPATH"] = str(baseline_src)
@@ -141,9 +152,7 @@ def start_server(
     else:
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
-        if tracing.endswith("-10%"):
-            env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
-            env["OTEL_TRACES_SAMPLER_ARG"] = "0.1"
+    env.update(extra)
     cmd = [
         sys.executable,
         "-m",
@@ -214,7 +223,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the JSON results go")
     ap.add_argument("--scrape-every-s", type=float, default=SCRAPE_EVERY_S)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset (off is always run)")
+    ap.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"comma-separated, of {', '.join(CONFIGS)} (off is always run)",
+    )
     ap.add_argument(
         "--baseline-src",
         type=Path,
@@ -227,6 +240,7 @@ def main() -> None:
     chosen = ["off", *[c for c in args.configs.split(",") if c in CONFIGS and c != "off"]]
     if args.baseline_src is not None:
         chosen += [c for c in BASELINE_CONFIGS if c not in chosen]
+    load_start = round(os.getloadavg()[0], 2)
     receiver = Receiver()
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in chosen}
     with tempfile.TemporaryDirectory(prefix="bench-obs-") as tmp:
@@ -294,6 +308,9 @@ def main() -> None:
         "rounds": args.rounds,
         "scrape_every_s": args.scrape_every_s,
         "baseline_src": str(args.baseline_src) if args.baseline_src is not None else None,
+        "default_sampler": "parentbased_traceidratio",
+        "default_sample_ratio": DEFAULT_SAMPLE_RATIO,
+        "load_avg_1m_start_end": [load_start, round(os.getloadavg()[0], 2)],
         "otlp_exports_received": receiver.requests,
         "otlp_bytes_received": receiver.bytes,
         "summary": summary,

@@ -23,8 +23,11 @@ def examples_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never touch the user's ~/.trainyard from a test."""
+    """Never touch the user's ~/.trainyard from a test. Every trace is sampled (the tests read the spans
+    of the requests they make; the default sampler keeps a share of traces, and the tests of sampling
+    itself set or remove ``OTEL_TRACES_SAMPLER`` themselves)."""
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path_factory.mktemp("home")))
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
 
 
 @pytest.fixture(scope="session", autouse=True)

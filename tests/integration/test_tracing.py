@@ -33,9 +33,9 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
         "TRAINYARD_TRACE_EXPORTER",
         "OTEL_TRACES_EXPORTER",
         "OTEL_SDK_DISABLED",
-        "OTEL_TRACES_SAMPLER",
+        "TRAINYARD_TRACE_DB_STATEMENTS",
     ):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var, raising=False)  # every trace sampled (conftest), no statement spans
     e = Env(tmp_path)
     yield e
     e.p.close()
@@ -138,6 +138,10 @@ def test_a_job_is_one_trace_from_submission_through_its_workers_to_completion(en
     }
     assert expected <= set(spans), sorted(spans)
     assert not buf.spans("forged")
+    # database statements are not spans unless TRAINYARD_TRACE_DB_STATEMENTS asks for them
+    assert not [
+        s for s in buf.spans() if s.kind.name == "CLIENT" and "db.system.name" in (s.attributes or {})
+    ]
     submit, attempt = http, spans["job.attempt"]  # the request's span is the job's root
     assert "job.submit" not in spans and http.attributes["trainyard.job_id"] == jid
     for child in ("job.admit", "job.place", "job.attempt", "job.complete"):
@@ -203,6 +207,7 @@ def test_a_sandboxed_workers_spans_reach_an_otlp_receiver_in_the_jobs_trace(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
         monkeypatch.setenv("OTEL_SERVICE_NAME", "trainyard-test")
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("TRAINYARD_TRACE_DB_STATEMENTS", "true")  # opt-in: a span per statement
         executor = LocalExecutor(sandbox=Sandbox(), heartbeat_timeout_s=120.0, warm_start=False)
         platform = Platform.open(
             Settings(home=tmp_path / "home"),
@@ -348,4 +353,153 @@ def test_server_errors_and_exceptions_mark_the_request_span() -> None:
     assert a["http.request.method"] == "_OTHER" and a["http.request.method_original"] == "PURGE"
     assert a["error.type"] == "RuntimeError" and failed.status.status_code.name == "ERROR"
     assert [e.name for e in failed.events] == ["exception"]
+    provider.shutdown()
+
+
+def unsampled_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **env: str) -> Env:
+    for var in ("TRAINYARD_TRACE_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return Env(tmp_path)
+
+
+def test_a_job_whose_submission_was_not_sampled_records_only_its_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = unsampled_env(tmp_path, monkeypatch, OTEL_TRACES_SAMPLER="parentbased_always_off")
+    try:
+        buf = env.app.state.trace_buffer
+        r = env.c.post("/v1/jobs", json={"spec": tiny_spec("unsampled")}, headers=env.h)
+        assert r.status_code == 201, r.text
+        jid = r.json()["id"]
+        env.p.tick()  # admit, place, launch: none of it is recorded
+        (req,) = env.ex.launches
+        ctx = parse_traceparent(req.env["TRACEPARENT"])
+        assert ctx is not None and not ctx.trace_flags.sampled
+        worker = WorkerTrace.from_env(
+            req.env, jid, req.attempt, 0, lambda kind, **data: env.event(jid, kind, data)
+        )
+        assert worker is not None and not worker.recording  # the workers follow the decision
+        assert buf.spans() == [], [s.name for s in buf.spans()]
+        env.event(jid, "started", {"rank": 0, "pid": 1, "host": "h"})
+        env.event(jid, "failed", {"reason": "ZeroDivisionError", "classification": "user"})
+        env.p.tick()
+        assert env.c.get(f"/v1/jobs/{jid}", headers=env.h).json()["state"] == "failed"
+        # the failure is kept, in the job's trace, under its (unrecorded) root
+        (complete,) = buf.spans("job.complete")
+        assert complete.context.trace_id == ctx.trace_id and complete.context.trace_flags.sampled
+        assert complete.attributes["trainyard.trace.kept"] == "error"
+        assert complete.attributes["trainyard.job_id"] == jid
+        assert (
+            complete.status.status_code.name == "ERROR" and "ZeroDivisionError" in complete.status.description
+        )
+        assert {s.name for s in buf.spans()} == {"job.complete"}
+    finally:
+        env.p.close()
+
+
+def test_statement_spans_are_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = unsampled_env(tmp_path, monkeypatch, TRAINYARD_TRACE_DB_STATEMENTS="true")
+    try:
+        buf = env.app.state.trace_buffer
+        r = env.c.post("/v1/jobs", json={"spec": tiny_spec("statements")}, headers=env.h)
+        assert r.status_code == 201, r.text
+        (http,) = buf.spans("POST /v1/jobs")
+        sql = [s for s in buf.spans() if (s.attributes or {}).get("db.system.name") == "sqlite"]
+        assert sql and all(s.kind.name == "CLIENT" for s in sql)
+        assert all(s.context.trace_id == http.context.trace_id and s.parent is not None for s in sql)
+        buf.clear()
+        for _ in range(2):
+            env.p.tick()  # the control loop's own queries have no parent: not exported
+        assert not [s for s in buf.spans() if s.parent is None and s.kind.name == "CLIENT"]
+    finally:
+        env.p.close()
+
+
+def test_a_request_the_sampler_dropped_is_kept_when_it_fails_or_is_slow() -> None:
+    import asyncio
+
+    from opentelemetry import trace
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from trainyard.observability.tracing import (
+        ObservabilitySettings,
+        TracingMiddleware,
+        make_tracer_provider,
+    )
+    from trainyard.tracecontext import current_traceparent
+
+    provider, buf = make_tracer_provider(
+        ObservabilitySettings(trace_exporter="memory", otel_traces_sampler="always_off")
+    )
+    assert provider is not None and buf is not None
+    seen: list[str | None] = []
+
+    async def fine(_request: Any) -> PlainTextResponse:
+        seen.append(current_traceparent())
+        trace.get_current_span().set_attribute("trainyard.tenant", "acme")
+        return PlainTextResponse("ok")
+
+    async def unavailable(_request: Any) -> PlainTextResponse:
+        seen.append(current_traceparent())
+        trace.get_current_span().set_attribute("trainyard.tenant", "acme")
+        return PlainTextResponse("later", status_code=503)
+
+    async def broken(_request: Any) -> PlainTextResponse:
+        raise RuntimeError("boom")
+
+    async def slow(_request: Any) -> PlainTextResponse:
+        await asyncio.sleep(0.25)
+        return PlainTextResponse("late")
+
+    routes = [
+        Route("/fine", fine),
+        Route("/busy/{n}", unavailable),
+        Route("/broken", broken),
+        Route("/slow", slow),
+    ]
+
+    def client(**kw: Any) -> TestClient:
+        app = Starlette(routes=routes)
+        app.add_middleware(TracingMiddleware, tracer_provider=provider, **kw)
+        return TestClient(app, base_url="http://127.0.0.1:8123", raise_server_exceptions=False)
+
+    c = client(keep_slower_than_s=0.2)
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    assert c.get("/fine", headers={"user-agent": "t/1"}).status_code == 200
+    assert buf.spans() == []  # dropped by the sampler and neither failed nor slow: nothing recorded
+    dropped = parse_traceparent(seen[-1])  # its context still propagates, marked not sampled
+    assert dropped is not None and not dropped.trace_flags.sampled
+    assert c.get("/busy/1?q=2", headers={"user-agent": "t/1", "traceparent": caller}).status_code == 503
+    (busy,) = buf.spans("GET /busy/{n}")
+    ctx = parse_traceparent(seen[-1])
+    assert ctx is not None
+    assert (busy.context.trace_id, busy.context.span_id) == (ctx.trace_id, ctx.span_id)
+    assert f"{busy.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert busy.parent is not None and f"{busy.parent.span_id:016x}" == "00f067aa0ba902b7"
+    a = busy.attributes
+    assert a["trainyard.trace.kept"] == "error" and a["error.type"] == "503"
+    assert a["http.route"] == "/busy/{n}" and a["http.response.status_code"] == 503
+    assert a["url.query"] == "q=2" and a["server.port"] == 8123 and a["user_agent.original"] == "t/1"
+    assert a["trainyard.tenant"] == "acme"  # set while it ran, on the span that recorded nothing
+    assert busy.kind.name == "SERVER" and busy.status.status_code.name == "ERROR"
+    assert busy.end_time >= busy.start_time and busy.resource is provider.resource
+    assert c.get("/broken").status_code == 500
+    (failed,) = buf.spans("GET /broken")
+    assert failed.parent is None and failed.attributes["error.type"] == "RuntimeError"
+    assert [e.name for e in failed.events] == ["exception"]
+    assert failed.events[0].attributes["exception.message"] == "boom"
+    assert c.get("/slow").status_code == 200
+    (late,) = buf.spans("GET /slow")
+    assert late.attributes["trainyard.trace.kept"] == "slow" and late.status.status_code.name == "UNSET"
+    assert (late.end_time - late.start_time) / 1e9 >= 0.25
+
+    # neither kept when the settings say so
+    buf.clear()
+    quiet = client(keep_errors=False, keep_slower_than_s=0)
+    assert quiet.get("/busy/2").status_code == 503 and quiet.get("/slow").status_code == 200
+    assert buf.spans() == []
     provider.shutdown()

@@ -241,6 +241,9 @@ OTEL_VARS = (
     "OTEL_SERVICE_NAME",
     "OTEL_TRACES_SAMPLER",
     "OTEL_TRACES_SAMPLER_ARG",
+    "TRAINYARD_TRACE_DB_STATEMENTS",
+    "TRAINYARD_TRACE_KEEP_ERRORS",
+    "TRAINYARD_TRACE_KEEP_SLOWER_THAN_S",
 )
 
 
@@ -302,9 +305,46 @@ def test_service_name_and_sampler_from_otel_variables(clean_env: pytest.MonkeyPa
         make_tracer_provider()
 
 
+def test_the_default_sampler_keeps_a_share_of_traces_decided_at_the_root(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry.trace import SpanKind
+
+    from trainyard.observability.tracing import DEFAULT_SAMPLE_RATIO
+
+    provider, buf = make_tracer_provider()
+    assert provider is not None and buf is not None
+    assert DEFAULT_SAMPLE_RATIO < 1
+    desc = provider.sampler.get_description()
+    assert "ParentBased" in desc and f"TraceIdRatioBased{{{DEFAULT_SAMPLE_RATIO}}}" in desc, desc
+    tracer = provider.get_tracer("t")
+    n = 2000
+    for i in range(n):
+        with (
+            tracer.start_as_current_span(f"root-{i}", kind=SpanKind.SERVER),
+            tracer.start_as_current_span("child"),
+        ):
+            pass
+    roots = [s for s in buf.spans() if s.name.startswith("root-")]
+    children = buf.spans("child")
+    # a trace is kept whole or not at all
+    assert {s.context.trace_id for s in children} == {s.context.trace_id for s in roots}
+    assert abs(len(roots) / n - DEFAULT_SAMPLE_RATIO) < 0.05, len(roots)
+    # OTEL_TRACES_SAMPLER_ARG alone sets the default sampler's ratio; a ratio sampler named without an
+    # argument keeps every trace (the specification's default)
+    clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    provider, _ = make_tracer_provider()
+    assert provider is not None and "TraceIdRatioBased{0.5}" in provider.sampler.get_description()
+    clean_env.delenv("OTEL_TRACES_SAMPLER_ARG")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    provider, _ = make_tracer_provider()
+    assert provider is not None and "TraceIdRatioBased{1.0}" in provider.sampler.get_description()
+
+
 def test_client_spans_without_a_parent_are_dropped(clean_env: pytest.MonkeyPatch) -> None:
     from opentelemetry.trace import SpanKind
 
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
     provider, buf = make_tracer_provider()
     assert provider is not None and buf is not None
     tracer = provider.get_tracer("t")

@@ -1,6 +1,7 @@
 """Observability: Prometheus metrics (HTTP ones live in the API middleware; jobs, pools, budgets, the
 training series of running jobs, the control loop and serving here), OpenTelemetry traces (one per job,
-carried into the workers; OpenTelemetry's own ASGI, SQLAlchemy and httpx instrumentation), structured
+carried into the workers; the request middleware of ``observability.tracing``, OpenTelemetry's own
+SQLAlchemy (opt-in) and httpx instrumentation), structured
 logs (``observability.logging``) and alert rules (``observability.alerts`` for the built-in evaluation,
 ``observability.rules`` for Prometheus).
 
@@ -57,7 +58,9 @@ def install_observability(
     provider, buffer = make_tracer_provider(cfg)
     tracer = provider.get_tracer("trainyard") if provider is not None else None
     training = TrainingMetrics(registry)
-    telemetry = JobTelemetry(platform.db, tracer, provider, training, cfg.service_name())
+    telemetry = JobTelemetry(
+        platform.db, tracer, provider, training, cfg.service_name(), keep_errors=cfg.trace_keep_errors
+    )
     registry.register(
         PlatformCollector(
             platform,
@@ -75,7 +78,7 @@ def install_observability(
     app.state.job_telemetry = telemetry
     if provider is not None:
         instrument_app(app, provider, cfg)
-        instrument_engine(platform.db, provider)
+        instrument_engine(platform.db, provider, enabled=cfg.trace_db_statements)
     platform.jobs.tracer = tracer
     alerts = getattr(platform, "alerts", None)
     if alerts is not None:

@@ -14,6 +14,11 @@ first event. Every later span of the job is a child of it:
   ``checkpoint.save``) come back through their event files as ``span`` events and are exported by this
   process: they share the job's trace id. A worker span whose trace id is not its attempt's is dropped.
 
+A job whose submission the sampler dropped (``observability.tracing``: the default samples a share of
+traces) gets none of these spans, and its workers record none (their ``TRACEPARENT`` says not sampled),
+except that a rejection at admission and a failed completion are still recorded (``trainyard.trace.kept
+= error``) unless ``TRAINYARD_TRACE_KEEP_ERRORS=false``.
+
 The same events feed the training counters (checkpoint durations and failures, preemptions, restarts).
 A scheduling round that places, migrates or fails emits a ``scheduler.round`` span; an idle one emits
 nothing.
@@ -34,10 +39,20 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 from sqlalchemy import func, select
 
 from trainyard.observability.metrics import ControlLoopMetrics, TrainingMetrics
+from trainyard.observability.tracing import KEPT_ATTRIBUTE
 from trainyard.store.models import JobEventRow
 from trainyard.tracecontext import (
     TRACEPARENT_ENV,
@@ -84,8 +99,11 @@ class JobTelemetry:
         provider: Any,
         metrics: TrainingMetrics,
         service_name: str = "trainyard",
+        *,
+        keep_errors: bool = True,
     ) -> None:
         self.db = db
+        self.keep_errors = keep_errors
         self.tracer = tracer
         self.provider = provider
         self.metrics = metrics
@@ -141,6 +159,16 @@ class JobTelemetry:
     ) -> None:
         if self.tracer is None:
             return
+        sc = trace.get_current_span(parent).get_span_context()
+        if not sc.trace_flags.sampled:  # the job's trace was not sampled at its submission
+            if error is None or not self.keep_errors:
+                return
+            # an error is kept anyway: a span of the job's trace, under its (unrecorded) root
+            attributes = {**attributes, KEPT_ATTRIBUTE: "error"}
+            flags = TraceFlags(sc.trace_flags | TraceFlags.SAMPLED)
+            parent = trace.set_span_in_context(
+                NonRecordingSpan(SpanContext(sc.trace_id, sc.span_id, True, flags, sc.trace_state))
+            )
         span = self.tracer.start_span(
             name, context=parent, kind=kind, attributes=attributes, start_time=_ns(min(start_s, end_s))
         )

@@ -10,7 +10,17 @@ else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``, else ``http://127.0.0.1:4
 exporter itself reads ``OTEL_EXPORTER_OTLP_HEADERS``, ``..._TIMEOUT`` and ``..._COMPRESSION`` and the
 batch processor ``OTEL_BSP_*``. ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the service
 (default ``trainyard``), ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` choose the sampler
-(default ``parentbased_always_on``) and ``OTEL_SDK_DISABLED=true`` turns tracing off.
+(default ``parentbased_traceidratio`` at :data:`DEFAULT_SAMPLE_RATIO`: a trace is kept or dropped as a
+whole, at its root, and a job's trace follows its submission's decision) and ``OTEL_SDK_DISABLED=true``
+turns tracing off.
+
+A request the sampler dropped still gets its SERVER span when it fails (a 5xx or an exception;
+``TRAINYARD_TRACE_KEEP_ERRORS``) or is slow (``TRAINYARD_TRACE_KEEP_SLOWER_THAN_S``, default 1 s): the
+middleware records nothing for it while it runs and, only for those, writes the span when it ends.
+Spans go out through the OTLP/HTTP exporter of ``opentelemetry-exporter-otlp-proto-http`` with the request
+encoded by ``observability.otlp`` (the same protobuf, a quarter of the CPU). Database statements are
+CLIENT spans only with ``TRAINYARD_TRACE_DB_STATEMENTS=true`` (off by default:
+they were a third of tracing's cost per submission, docs/benchmarks.md).
 
 Whatever the sampler, a CLIENT span without a parent is dropped: the control loop's database queries and
 background HTTP calls are traced only inside a traced operation (a request, a job's span), so an idle
@@ -21,6 +31,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import traceback
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +41,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -46,7 +58,8 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -64,6 +77,13 @@ SAMPLERS = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
+DEFAULT_SAMPLER = "parentbased_traceidratio"
+# the share of traces kept when OTEL_TRACES_SAMPLER is not set (docs/benchmarks.md: tracing every
+# submission costs more than the 5 % the platform allows itself; errors and slow requests are kept anyway)
+DEFAULT_SAMPLE_RATIO = 0.1
+DEFAULT_KEEP_SLOWER_THAN_S = 1.0
+# why a span the sampler dropped was recorded after all: "error" or "slow"
+KEPT_ATTRIBUTE = "trainyard.trace.kept"
 # requests not worth a trace: scrapes and probes
 DEFAULT_EXCLUDED_URLS = "/metrics,/healthz,/readyz,/static/"
 
@@ -76,6 +96,12 @@ class ObservabilitySettings(BaseSettings):
     trace_exporter: str | None = None  # memory | console | otlp | none; None: OTEL_TRACES_EXPORTER
     trace_otlp_endpoint: str | None = None
     trace_buffer_spans: int = 2048
+    # one CLIENT span per database statement (OpenTelemetry's SQLAlchemy instrumentation); off by default
+    trace_db_statements: bool = False
+    # a request or job span the sampler dropped is still recorded when it ends in an error ...
+    trace_keep_errors: bool = True
+    # ... or, for a request, when it took longer than this (0: never for being slow)
+    trace_keep_slower_than_s: float = DEFAULT_KEEP_SLOWER_THAN_S
     otel_sdk_disabled: bool = Field(False, validation_alias=AliasChoices("OTEL_SDK_DISABLED"))
     otel_traces_exporter: str | None = Field(None, validation_alias=AliasChoices("OTEL_TRACES_EXPORTER"))
     otel_traces_endpoint: str | None = Field(
@@ -161,16 +187,19 @@ class NoOrphanClientSpans(Sampler):
 
 
 def make_sampler(name: str | None, arg: str | None) -> Sampler:
-    """The sampler ``OTEL_TRACES_SAMPLER`` names (default ``parentbased_always_on``)."""
-    key = (name or "parentbased_always_on").strip().lower()
+    """The sampler ``OTEL_TRACES_SAMPLER`` names; without one, ``parentbased_traceidratio`` at
+    ``OTEL_TRACES_SAMPLER_ARG`` or else :data:`DEFAULT_SAMPLE_RATIO`. A ratio sampler named without an
+    argument keeps every trace (the OpenTelemetry specification's default of 1.0)."""
+    key = (name or DEFAULT_SAMPLER).strip().lower()
     if key not in SAMPLERS:
         raise InvalidInputError(
             f"OTEL_TRACES_SAMPLER: unknown sampler {key!r}", hint=f"Use one of: {', '.join(SAMPLERS)}."
         )
     ratio = 1.0
     if key.endswith("traceidratio"):
+        default = DEFAULT_SAMPLE_RATIO if not name else 1.0
         try:
-            ratio = float(arg) if arg not in (None, "") else 1.0
+            ratio = float(arg) if arg not in (None, "") else default
         except ValueError:
             raise InvalidInputError(
                 f"OTEL_TRACES_SAMPLER_ARG: {arg!r} is not a number",
@@ -227,7 +256,8 @@ class TrainyardTracerProvider(TracerProvider):
         self.exporting.add_span_processor(processor)
 
     def replay(self, spans: Sequence[ReadableSpan]) -> None:
-        """Hand finished spans recorded by another process to this provider's exporters."""
+        """Hand finished spans recorded elsewhere (another process; a request the sampler dropped and
+        :class:`TracingMiddleware` kept) to this provider's exporters."""
         for span in spans:
             self.exporting.on_end(span)
 
@@ -240,7 +270,7 @@ def _otlp_exporter(cfg: ObservabilitySettings) -> SpanExporter:
             hint="trainyard ships the OTLP/HTTP exporter: use http/protobuf (port 4318).",
         )
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from trainyard.observability.otlp import OTLPSpanExporter
     except ImportError as exc:  # pragma: no cover - a pinned dependency
         raise ServiceUnavailableError(
             "TRAINYARD_TRACE_EXPORTER=otlp needs the OTLP exporter package",
@@ -292,6 +322,37 @@ _SERVER_METHODS = frozenset(
 _HTTP_SCHEMA_URL = "https://opentelemetry.io/schemas/1.21.0"  # the stable HTTP conventions
 
 
+class _UnsampledRequestSpan(NonRecordingSpan):
+    """The span of a request the sampler dropped: it records nothing (``is_recording()`` is False, so
+    the code under it does no tracing work), but keeps the attributes set on it, in case the request
+    ends in an error or slowly and :class:`TracingMiddleware` writes its span after all."""
+
+    def __init__(self, context: SpanContext) -> None:
+        super().__init__(context)
+        self.kept_attributes: dict[str, Any] = {}
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.kept_attributes[key] = value
+
+    def set_attributes(self, attributes: Any) -> None:
+        self.kept_attributes.update(attributes)
+
+
+def _exception_event(error: BaseException, time_ns: int) -> Event:
+    """The ``exception`` event the SDK's ``record_exception`` writes."""
+    module, qualname = type(error).__module__, type(error).__qualname__
+    return Event(
+        "exception",
+        {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(error),
+            "exception.stacktrace": "".join(traceback.format_exception(error)),
+            "exception.escaped": "False",
+        },
+        timestamp=time_ns,
+    )
+
+
 class TracingMiddleware:
     """One SERVER span per HTTP request, with the stable HTTP semantic conventions, on the app's tracer
     provider, made with the OpenTelemetry API directly.
@@ -306,48 +367,47 @@ class TracingMiddleware:
     ``http.response.status_code``, and for a 5xx or an exception the ERROR status with ``error.type``
     (an exception is recorded as the span's event). The span ends with the last body message.
 
+    The sampler decides first, before any attribute is collected. A request it drops runs under an
+    :class:`_UnsampledRequestSpan` (its context still propagates, with the sampled flag off, so a job it
+    submits is not traced either); when such a request fails (``keep_errors``) or takes longer than
+    ``keep_slower_than_s``, its SERVER span is written when it ends, with the same ids, attributes and
+    status, plus ``trainyard.trace.kept`` (``error`` or ``slow``), straight to the provider's exporters
+    (``TrainyardTracerProvider.replay``). Its children were never recorded.
+
     What it leaves out: every attribute computed twice (the ASGI middleware collects them, starts the
     span with them and then sets each again), the user-agent normalisation on every request, the
     environment lookup per request for the method list, OpenTelemetry HTTP metrics on a meter provider
     the platform never sets (the request metrics are Prometheus ones, in the API middleware), and the
-    separate route-naming middleware with its own ``send`` wrapper. That path cost about 1.2-1.4 ms of
-    CPU per request on a loaded machine (docs/benchmarks.md)."""
+    separate route-naming middleware with its own ``send`` wrapper (docs/benchmarks.md)."""
 
-    def __init__(self, app: Any, tracer_provider: TracerProvider, excluded_urls: str | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        tracer_provider: TracerProvider,
+        excluded_urls: str | None = None,
+        keep_errors: bool = True,
+        keep_slower_than_s: float = DEFAULT_KEEP_SLOWER_THAN_S,
+    ) -> None:
         from opentelemetry import propagate
         from opentelemetry.util.http import parse_excluded_urls
 
         self.app = app
         self.tracer = tracer_provider.get_tracer("trainyard.api", __version__, schema_url=_HTTP_SCHEMA_URL)
+        self.scope = InstrumentationScope("trainyard.api", __version__, _HTTP_SCHEMA_URL)
+        self.resource = tracer_provider.resource
+        replay = getattr(tracer_provider, "replay", None)
+        self.replay = replay if keep_errors or keep_slower_than_s > 0 else None
+        self.keep_errors = keep_errors
+        self.keep_slower_than_ns = int(keep_slower_than_s * 1e9) if keep_slower_than_s > 0 else 0
         self.excluded = parse_excluded_urls(excluded_urls or DEFAULT_EXCLUDED_URLS)
         self.propagator = propagate.get_global_textmap()
         self.fields = frozenset(f.lower().encode("latin-1") for f in self.propagator.fields)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path: str = scope.get("path") or ""
+    @staticmethod
+    def _attributes(
+        scope: dict[str, Any], path: str, scheme: str, host_text: str | None, agent: bytes | None
+    ) -> dict[str, Any]:
         server = scope.get("server") or ("0.0.0.0", 80)
-        scheme = scope.get("scheme") or "http"
-        host = agent = None
-        carrier: dict[str, str] | None = None
-        fields = self.fields
-        for name, value in scope.get("headers") or ():
-            if name == b"host":
-                host = value
-            elif name == b"user-agent":
-                agent = value
-            elif name in fields:
-                if carrier is None:
-                    carrier = {}
-                carrier[name.decode("latin-1")] = value.decode("latin-1")
-        host_text = host.decode("latin-1") if host else None
-        if self.excluded is not None:
-            url_host = host_text or (server[0] if server[1] == 80 else f"{server[0]}:{server[1]}")
-            if self.excluded.url_disabled(f"{scheme}://{url_host}{path}"):
-                await self.app(scope, receive, send)
-                return
         raw_method: str = scope.get("method") or "HTTP"
         method = raw_method.upper()
         attrs: dict[str, Any] = {"url.scheme": scheme, "url.path": path}
@@ -356,7 +416,6 @@ class TracingMiddleware:
         else:
             attrs["http.request.method"] = "_OTHER"
             attrs["http.request.method_original"] = raw_method
-            method = "HTTP"
         query = scope.get("query_string")
         if query:
             attrs["url.query"] = query.decode("latin-1")
@@ -378,8 +437,66 @@ class TracingMiddleware:
             attrs["client.address"], attrs["client.port"] = client[0], client[1]
         if agent:
             attrs["user_agent.original"] = agent.decode("latin-1")
+        return attrs
+
+    @staticmethod
+    def _outcome(
+        scope: dict[str, Any], method: str, status: int, error: BaseException | None
+    ) -> tuple[str, dict[str, Any], Status | None]:
+        """The span's final name, the attributes known only at the end, and its ERROR status if any."""
+        route = getattr(scope.get("route"), "path", None)
+        late: dict[str, Any] = {}
+        if route:
+            late["http.route"] = route
+        if status:
+            late["http.response.status_code"] = status
+        failed: Status | None = None
+        if error is not None:
+            late["error.type"] = type(error).__qualname__
+            failed = Status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+        elif status >= 500 or 0 < status < 100:
+            late["error.type"] = str(status)
+            failed = Status(StatusCode.ERROR)
+        return (f"{method} {route}" if route else method), late, failed
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path") or ""
+        scheme = scope.get("scheme") or "http"
+        host = agent = None
+        carrier: dict[str, str] | None = None
+        fields = self.fields
+        for name, value in scope.get("headers") or ():
+            if name == b"host":
+                host = value
+            elif name == b"user-agent":
+                agent = value
+            elif name in fields:
+                if carrier is None:
+                    carrier = {}
+                carrier[name.decode("latin-1")] = value.decode("latin-1")
+        host_text = host.decode("latin-1") if host else None
+        if self.excluded is not None:
+            server = scope.get("server") or ("0.0.0.0", 80)
+            url_host = host_text or (server[0] if server[1] == 80 else f"{server[0]}:{server[1]}")
+            if self.excluded.url_disabled(f"{scheme}://{url_host}{path}"):
+                await self.app(scope, receive, send)
+                return
+        method = (scope.get("method") or "HTTP").upper()
+        if method not in _SERVER_METHODS:
+            method = "HTTP"
         parent = self.propagator.extract(carrier) if carrier else Context()
-        span = self.tracer.start_span(method, context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        started_ns = time.time_ns()
+        span: Any = self.tracer.start_span(
+            method, context=parent, kind=SpanKind.SERVER, start_time=started_ns
+        )
+        recording = span.is_recording()
+        if recording:
+            span.set_attributes(self._attributes(scope, path, scheme, host_text, agent))
+        else:
+            span = _UnsampledRequestSpan(span.get_span_context())
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         status = 0
         ended = False
@@ -387,20 +504,56 @@ class TracingMiddleware:
         def finish(error: BaseException | None = None) -> None:
             nonlocal ended
             ended = True
-            route = getattr(scope.get("route"), "path", None)
-            if route:
-                span.update_name(f"{method} {route}")
-                span.set_attribute("http.route", route)
-            if status:
-                span.set_attribute("http.response.status_code", status)
-            if error is not None:
-                span.record_exception(error)
-                span.set_attribute("error.type", type(error).__qualname__)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            elif status >= 500 or 0 < status < 100:
-                span.set_attribute("error.type", str(status))
-                span.set_status(Status(StatusCode.ERROR))
-            span.end()
+            if recording:
+                name, late, status_obj = self._outcome(scope, method, status, error)
+                if name != method:
+                    span.update_name(name)
+                span.set_attributes(late)
+                if error is not None:
+                    span.record_exception(error)
+                if status_obj is not None:
+                    span.set_status(status_obj)
+                span.end()
+                return
+            if self.replay is None:
+                return
+            end_ns = time.time_ns()
+            if self.keep_errors and (error is not None or status >= 500 or 0 < status < 100):
+                kept = "error"
+            elif self.keep_slower_than_ns and end_ns - started_ns > self.keep_slower_than_ns:
+                kept = "slow"
+            else:
+                return
+            name, late, status_obj = self._outcome(scope, method, status, error)
+            attrs = self._attributes(scope, path, scheme, host_text, agent)
+            attrs.update(span.kept_attributes)
+            attrs.update(late)
+            attrs[KEPT_ATTRIBUTE] = kept
+            ctx = span.get_span_context()
+            remote = trace.get_current_span(parent).get_span_context()
+            self.replay(
+                [
+                    ReadableSpan(
+                        name=name,
+                        context=SpanContext(
+                            ctx.trace_id,
+                            ctx.span_id,
+                            is_remote=False,
+                            trace_flags=TraceFlags(ctx.trace_flags | TraceFlags.SAMPLED),
+                            trace_state=ctx.trace_state,
+                        ),
+                        parent=remote if remote.is_valid else None,
+                        resource=self.resource,
+                        attributes=attrs,
+                        events=[_exception_event(error, end_ns)] if error is not None else (),
+                        kind=SpanKind.SERVER,
+                        status=status_obj or Status(StatusCode.UNSET),
+                        start_time=started_ns,
+                        end_time=end_ns,
+                        instrumentation_scope=self.scope,
+                    )
+                ]
+            )
 
         async def traced_send(message: dict[str, Any]) -> None:
             nonlocal status
@@ -433,12 +586,20 @@ def instrument_app(app: Any, provider: TracerProvider, cfg: ObservabilitySetting
         TracingMiddleware,
         tracer_provider=provider,
         excluded_urls=cfg.otel_fastapi_excluded_urls or DEFAULT_EXCLUDED_URLS,
+        keep_errors=cfg.trace_keep_errors,
+        keep_slower_than_s=cfg.trace_keep_slower_than_s,
     )
 
 
-def instrument_engine(db: Any, provider: TracerProvider) -> None:
-    """CLIENT spans for the statements of ``db``'s engine; a second app over the same database moves the
-    spans to its provider instead of adding listeners again."""
+def instrument_engine(db: Any, provider: TracerProvider, enabled: bool = True) -> None:
+    """CLIENT spans for the statements of ``db``'s engine (``TRAINYARD_TRACE_DB_STATEMENTS``); a second app
+    over the same database moves the spans to its provider instead of adding listeners again, or, not
+    ``enabled``, silences the listeners already there."""
+    existing = getattr(db, "otel_engine_tracer", None)
+    if not enabled:
+        if existing is not None:
+            existing.tracer = trace.NoOpTracer()
+        return
     _stable_semconv()
     from opentelemetry.instrumentation.sqlalchemy import __name__ as scope
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
@@ -446,7 +607,6 @@ def instrument_engine(db: Any, provider: TracerProvider) -> None:
     from opentelemetry.metrics import NoOpMeter
 
     tracer = provider.get_tracer(scope, version)
-    existing = getattr(db, "otel_engine_tracer", None)
     if existing is not None:
         existing.tracer = tracer
         return

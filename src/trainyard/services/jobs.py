@@ -167,12 +167,13 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Store a new job in ``pending``; returns (job, created). A repeated Idempotency-Key with the same
         spec returns the first job; with a different spec it is a conflict. With a tracer, the submission
-        is the root of the job's trace (its context is kept in the first event): the request's span when
-        one is recording (``POST /v1/jobs``), else a ``job.submit`` span of its own."""
+        is the root of the job's trace (its context is kept in the first event): the request's span
+        (``POST /v1/jobs``, sampled or not: a job follows its submission's sampling decision), else a
+        ``job.submit`` span of its own."""
         if self.tracer is None:
             return self._submit(principal, spec, idempotency_key)
         current = trace.get_current_span()
-        if current.is_recording():
+        if current.get_span_context().is_valid:
             job, created = self._submit(principal, spec, idempotency_key)
             current.set_attribute("trainyard.job_id", job.id)
             return job, created
