@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ortools.sat.python import cp_model
 
 from trainyard.schedule.solver import (
+    BUDGET_UNITS_PER_USD,
+    GroupLimit,
     PoolCapacity,
     ProblemJob,
     TenantLimit,
+    budget_left_units,
+    cost_units,
+    find_slot,
     greedy,
     node_free_list,
+    nodes_needed,
     objective_usd,
     pack,
+    set_parameters,
     solve,
+    take_slot,
+    whole_nodes,
 )
 from trainyard.schedule.types import Candidate, SchedulerConfig
 
@@ -188,3 +200,208 @@ def test_deterministic_for_equal_inputs() -> None:
     a = solve(jobs, pools, {}, CFG)
     b = solve(jobs, pools, {}, CFG)
     assert a.choice == b.choice and a.objective_usd == b.objective_usd
+
+
+# --- the parts of one round, as worked examples computed by hand ---------------------------------------
+
+
+def stay(job: str, pool: str, devices: int, cost: float) -> Candidate:
+    """A running job's keep-its-allocation option: no new capacity."""
+    return replace(cand(job, pool, devices, cost), is_stay=True, capacity_devices=0)
+
+
+def test_budget_units_absorb_float_noise_and_round_towards_the_safe_side() -> None:
+    assert cost_units(0.1 + 0.2) == 300_000  # 300000.00000000006 is noise, not a micro-dollar more
+    assert cost_units(1.0000001) == 1_000_001  # a real tenth of a micro-dollar rounds up
+    assert budget_left_units(2.7e-6) == 2  # rounded down, not to the nearest
+    assert budget_left_units(-5.0) == 0
+    # at millions of dollars the noise reaches the fourth decimal of the units: still absorbed
+    assert 4363629.44 * 1e6 == 4363629440000.0005 and cost_units(4363629.44) == 4363629440000
+    assert 4384393.97 * 1e6 == 4384393969999.9995 and budget_left_units(4384393.97) == 4384393970000
+
+
+def test_node_helpers() -> None:
+    assert whole_nodes(17, 8) == 2 and whole_nodes(5, 0) == 0
+    assert [nodes_needed(d, 8) for d in (0, 1, 8, 9, 16, 17)] == [1, 1, 1, 2, 2, 3]
+    assert node_free_list(PoolCapacity("p", 12, 1, 8)) == [8, 4]
+    assert node_free_list(PoolCapacity("p", 16, 2, 8)) == [8, 8]
+    assert node_free_list(PoolCapacity("p", 3, 0, 8)) == [3]
+    # more free devices than whole nodes account for: the rest is one node's worth at most
+    assert node_free_list(PoolCapacity("p", 20, 1, 8)) == [8, 8]
+
+
+def test_find_slot_takes_the_tightest_node_that_fits_and_whole_nodes_for_a_gang() -> None:
+    four = cand("a", "p", 4, 1.0)
+    assert find_slot([2, 8], four, 8) == [1]  # the first node is too small
+    assert find_slot([8, 5, 6, 4], four, 8) == [3]
+    assert find_slot([8, 8], four, 8) == [0]  # ties keep the first
+    assert find_slot([2, 3], four, 8) is None
+    gang = cand("g", "p", 16, 1.0)  # two whole 8-device nodes
+    assert find_slot([8, 4, 8, 8], gang, 8) == [0, 2]
+    assert find_slot([8, 4, 7], gang, 8) is None
+    free = [8, 4, 8, 8]
+    take_slot(free, gang, [0, 2])
+    take_slot(free, four, [1])
+    assert free == [0, 0, 0, 8]
+
+
+def test_pack_places_gangs_first_then_larger_options_and_reports_what_failed() -> None:
+    per5 = PoolCapacity("p", 10, 2, 5)  # two 5-device nodes
+    opts = [(j, cand(j, "p", d, 1.0, per_node=5)) for j, d in (("a", 1), ("b", 2), ("c", 3), ("d", 4))]
+    # largest first: d+a on one node, c+b on the other; in name order d would find no node
+    assert pack(per5, opts) == ({"d": [0], "c": [1], "b": [1], "a": [0]}, [])
+    # a failure does not stop the rest: 4 on the full node, 3 fits nowhere, 2 on the partial node
+    partial = PoolCapacity("p", 7, 1, 5)  # [5, 2]
+    opts = [(j, cand(j, "p", d, 1.0, per_node=5)) for j, d in (("a", 4), ("b", 3), ("c", 2))]
+    assert pack(partial, opts) == ({"a": [0], "c": [1]}, ["b"])
+    # the gang goes first, so a single-node option is the one that fails, not the gang
+    three = PoolCapacity("p", 15, 3, 5)
+    opts = [("m", cand("m", "p", 10, 1.0, per_node=5)), ("s", cand("s", "p", 3, 1.0, per_node=5)),
+            ("t", cand("t", "p", 3, 1.0, per_node=5))]  # fmt: skip
+    assert pack(three, opts) == ({"m": [0, 1], "s": [2]}, ["t"])
+
+
+def test_greedy_places_in_order_on_the_cheapest_fitting_option() -> None:
+    pools = {"p": cap("p", 8), "q": cap("q", 8)}
+    jobs = [
+        ProblemJob("low", "t", (cand("low", "p", 8, 5.0), cand("low", "q", 8, 6.0)), 100.0, rank_usd=1.0),
+        ProblemJob("high", "t", (cand("high", "p", 8, 5.0), cand("high", "q", 8, 9.0)), 100.0, rank_usd=2.0),
+        # its only option costs what waiting does: it waits
+        ProblemJob("even", "t", (cand("even", "q", 1, 50.0),), 50.0, rank_usd=3.0),
+    ]
+    # the higher rank takes the cheap pool; the other gets its second choice
+    assert greedy(jobs, pools, {}) == {"even": None, "high": 0, "low": 1}
+    assert objective_usd(jobs, {"even": None, "high": 0, "low": 1}) == 50.0 + 5.0 + 6.0
+
+
+def test_greedy_keeps_tenant_quotas_and_counts_a_running_jobs_devices() -> None:
+    pools = {"p": cap("p", 64)}
+    queued = [ProblemJob(f"j{i}", "t", (cand(f"j{i}", "p", 2, 1.0),), 100.0) for i in range(3)]
+    assert greedy(queued, pools, {"t": TenantLimit(None, 2)}) == {"j0": 0, "j1": 0, "j2": None}
+    assert greedy(queued, pools, {"t": TenantLimit(4, None)}) == {"j0": 0, "j1": 0, "j2": None}
+    assert greedy(queued, pools, {"t": TenantLimit(3, None)}) == {"j0": 0, "j1": None, "j2": None}
+    assert greedy(queued, pools, {"t": TenantLimit(0, None)}) == {"j0": None, "j1": None, "j2": None}
+    assert greedy(queued, pools, {"t": TenantLimit(None, 0)}) == {"j0": None, "j1": None, "j2": None}
+    # a running job holding 4 devices may move to 6 with 2 left (it adds 2) and is not a new job
+    run = ProblemJob("r", "t", (cand("r", "p", 6, 1.0), stay("r", "q", 4, 9.0)), None, current_devices=4)
+    limits = {"t": TenantLimit(devices_left=2, jobs_left=1)}
+    assert greedy([run, queued[0]], pools, limits) == {"r": 0, "j0": None}  # no device left for j0
+    assert greedy([run, queued[0]], pools, {"t": TenantLimit(4, 1)}) == {"r": 0, "j0": 0}
+
+
+def test_greedy_falls_back_to_the_stay_option_when_no_move_fits() -> None:
+    pools = {"p": PoolCapacity("p", 4, 0, 8), "q": PoolCapacity("q", 0, 0, 8)}
+    run = ProblemJob("r", "t", (cand("r", "p", 8, 1.0), stay("r", "q", 8, 9.0)), None, current_devices=8)
+    assert greedy([run], pools, {}) == {"r": 1}
+    # a 16-device gang needs two whole nodes; a single-node option needs one node with room
+    jobs = [ProblemJob("g", "t", (cand("g", "p", 16, 1.0),), 100.0),
+            ProblemJob("s", "t", (cand("s", "p", 6, 1.0),), 100.0)]  # fmt: skip
+    assert greedy(jobs, {"p": PoolCapacity("p", 12, 1, 8)}, {}) == {"g": None, "s": 0}
+    assert greedy(jobs, {"p": PoolCapacity("p", 22, 2, 8)}, {}) == {"g": 0, "s": 0}
+    assert greedy(jobs, {"p": PoolCapacity("p", 21, 2, 8)}, {}) == {"g": 0, "s": None}  # [0, 0, 5]
+
+
+def test_greedy_keeps_a_groups_pool_starts_and_budget() -> None:
+    pools = {"a": cap("a", 64), "b": cap("b", 64)}
+
+    def member(j: str, first: str, second: str) -> ProblemJob:
+        opts = (cand(j, first, 1, 1.0), cand(j, second, 1, 2.0))
+        return ProblemJob(j, "t", opts, 100.0, rank_usd=10.0 if j == "m0" else 1.0, group="g")
+
+    jobs = [
+        member("m0", "a", "b"),
+        member("m1", "b", "a"),
+        ProblemJob("x", "t", (cand("x", "b", 1, 1.0),), 9.0),
+    ]
+    # the first member picks pool a; the second follows it there at its dearer option
+    assert greedy(jobs, pools, {}) == {"m0": 0, "m1": 1, "x": 0}
+    assert greedy(jobs, pools, {}, {"g": GroupLimit(starts_left=1)}) == {"m0": 0, "m1": None, "x": 0}
+    assert greedy(jobs, pools, {}, {"g": GroupLimit(starts_left=2)}) == {"m0": 0, "m1": 1, "x": 0}
+    assert greedy(jobs, pools, {}, {"g": GroupLimit(starts_left=0)}) == {"m0": None, "m1": None, "x": 0}
+    # budget: $1 + $2 is exactly $3
+    exact = {"g": GroupLimit(budget_units=3 * BUDGET_UNITS_PER_USD)}
+    assert greedy(jobs, pools, {}, exact) == {"m0": 0, "m1": 1, "x": 0}
+    short = {"g": GroupLimit(budget_units=3 * BUDGET_UNITS_PER_USD - 1)}
+    assert greedy(jobs, pools, {}, short) == {"m0": 0, "m1": None, "x": 0}
+
+
+def _conflict(pools: dict[str, PoolCapacity]) -> list[ProblemJob]:
+    # a running job could move onto the 4 free devices of p for $1 (staying costs $50), but a queued job
+    # that costs $1000 to leave out needs them: the optimum keeps r where it is. The greedy pass, which
+    # places running jobs first, moves r and leaves q out (1001 against 51).
+    run = ProblemJob("r", "t", (cand("r", "p", 4, 1.0), stay("r", "home", 4, 50.0)), None, current_devices=4)
+    return [run, ProblemJob("q", "t", (cand("q", "p", 4, 1.0),), 1000.0)]
+
+
+def test_the_optimiser_beats_the_greedy_pass_and_says_how() -> None:
+    pools = {"p": PoolCapacity("p", 4, 0, 8), "home": PoolCapacity("home", 0, 0, 8)}
+    jobs = _conflict(pools)
+    assert greedy(jobs, pools, {}) == {"r": 0, "q": None}
+    sol = solve(jobs, pools, {}, CFG)
+    assert sol.choice == {"r": 1, "q": 0}
+    assert sol.objective_usd == 51.0 and sol.greedy_objective_usd == 1001.0
+    assert sol.status == "lp" and sol.wall_time_s == 0.0  # the LP bound proves the rounding optimal
+    assert sol.lower_bound_usd == pytest.approx(51.0)
+    # the running job's own devices count for the tenant: r stays (4 - 4 = 0 more), q takes 4 of 4
+    sol = solve(jobs, pools, {"t": TenantLimit(devices_left=4, jobs_left=1)}, CFG)
+    assert sol.choice == {"r": 1, "q": 0} and sol.objective_usd == 51.0
+
+
+def test_an_empty_round_and_a_round_without_options() -> None:
+    sol = solve([], {}, {}, CFG)
+    assert (sol.choice, sol.objective_usd, sol.status, sol.lower_bound_usd) == ({}, 0.0, "empty", 0.0)
+    jobs = [ProblemJob("a", "t", (), 7.5)]
+    sol = solve(jobs, {}, {}, CFG)
+    assert (sol.choice, sol.objective_usd, sol.greedy_objective_usd, sol.status) == (
+        {"a": None},
+        7.5,
+        7.5,
+        "empty",
+    )
+
+
+def test_the_search_answer_is_given_concrete_nodes() -> None:
+    # 3 + 3 + 4 devices fit two 5-device nodes in total but not node by node: CP-SAT's aggregate answer
+    # (all three) is repaired to what packs. A job it left out ("z", dearer than waiting) comes first.
+    per5 = {"p": PoolCapacity("p", 10, 2, 5), "home": PoolCapacity("home", 0, 0, 5)}
+    jobs = [
+        ProblemJob("z", "t", (cand("z", "p", 1, 500.0, per_node=5),), 10.0),
+        ProblemJob("a", "t", (cand("a", "p", 3, 1.0, per_node=5),), 100.0),
+        ProblemJob("c", "t", (cand("c", "p", 4, 1.0, per_node=5),), 100.0),
+        ProblemJob("r", "t", (cand("r", "p", 3, 1.0, per_node=5), stay("r", "home", 3, 50.0)), None,
+                   current_devices=3),
+    ]  # fmt: skip
+    sol = solve(jobs, per5, {}, CFG)
+    moved = [(j.job_id, j.options[i]) for j in jobs if (i := sol.choice[j.job_id]) is not None]
+    assert pack(per5["p"], [(j, o) for j, o in moved if not o.is_stay])[1] == []
+    # c and a pack (4 + 3 on different nodes); r's 3-device move fits nowhere then, so it stays
+    assert sol.choice == {"z": None, "a": 0, "c": 0, "r": 1}
+    assert sol.objective_usd == 10.0 + 1.0 + 1.0 + 50.0
+    assert sol.status == "feasible"  # the aggregate optimum (13) was not packable: nothing is proven
+    assert sol.lower_bound_usd is not None and sol.lower_bound_usd <= 13.0 + 1e-6
+
+
+def test_search_finds_an_all_fitting_packing_and_proves_it() -> None:
+    per5 = {"p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0)
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]
+    assert greedy(jobs, per5, {}) == {"a": 0, "b": 0, "c": 0, "d": None}  # one by one, d finds no room
+    sol = solve(jobs, per5, {}, CFG)
+    assert sol.choice == {"a": 0, "b": 0, "c": 0, "d": 0}
+    assert sol.objective_usd == 4.0 and sol.greedy_objective_usd == 103.0
+    assert sol.status == "optimal" and sol.lower_bound_usd == pytest.approx(4.0)
+
+
+def test_solver_parameters_are_deterministic_and_light() -> None:
+    solver = cp_model.CpSolver()
+    set_parameters(solver, replace(CFG, num_workers=0, seed=7, wall_limit_factor=10.0), 0.2)
+    p = solver.parameters
+    assert (p.num_workers, p.random_seed) == (1, 7)
+    assert p.max_deterministic_time == pytest.approx(0.2) and p.max_time_in_seconds == pytest.approx(2.0)
+    assert (p.cp_model_probing_level, p.symmetry_level, p.log_search_progress) == (0, 0, False)
+    set_parameters(solver, replace(CFG, num_workers=3, wall_limit_factor=10.0), 0.0)
+    assert solver.parameters.num_workers == 3
+    assert solver.parameters.max_deterministic_time == pytest.approx(0.001)
+    assert solver.parameters.max_time_in_seconds == pytest.approx(0.05)
