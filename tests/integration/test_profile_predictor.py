@@ -45,3 +45,35 @@ def test_profile_is_stored_and_calibrates_cpu_predictions(tmp_path: Path) -> Non
 
     bad = runner.invoke(app, ["profile", str(tmp_path / "missing.yaml")])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_the_profile_times_the_trainers_own_step(monkeypatch) -> None:
+    """A profile is the step a job runs: Trainer.train_step on the model build_model builds (here the
+    plain-MLP FFN, which the trainer builds as its own class), timed around the call as the job's step
+    metrics are."""
+    from trainyard.runtime.modeling import build_model
+    from trainyard.runtime.profiler import profile_spec
+    from trainyard.runtime.trainer import Trainer
+    from trainyard.spec.loader import spec_from_dict
+
+    calls: list[int] = []
+    real = Trainer.train_step
+
+    def counted(self: Trainer, step: int, ckpt_flag: bool):  # type: ignore[no-untyped-def]
+        calls.append(step)
+        return real(self, step, ckpt_flag)
+
+    monkeypatch.setattr(Trainer, "train_step", counted)
+    doc = {
+        "apiVersion": "trainyard/v1",
+        "kind": "TrainingJob",
+        "name": "mlp-profile",
+        "model": {"n_layers": 2, "d_model": 32, "n_heads": 4, "ffn": "mlp", "vocab_size": 128},
+        "workload": {"precision": "fp32", "seq_len": 16, "global_batch": 4, "micro_batch": 2, "steps": 5},
+    }
+    spec = spec_from_dict(doc)
+    prof = profile_spec(spec, steps=3, warmup=1, device="cpu", threads=1, measure=False)
+    assert calls == [0, 1, 2, 3]  # warm-up and timed steps, the sampler's steps in order
+    assert prof["runner"] == "trainer" and len(prof["step_times_s"]) == 3
+    assert prof["params"] == build_model(spec).description["params"]
+    assert prof["plan"] == {"micro_batch": 2, "grad_accum": 2, "activation_checkpointing": "none"}

@@ -1,11 +1,17 @@
 """Profile real training steps of a job spec's model on the local device (CPU, or CUDA when present).
 
-The model is a Llama-style decoder built in plain PyTorch from the spec (RMSNorm, grouped-query causal
-attention through ``scaled_dot_product_attention``, gated-SiLU or GELU FFN, optional tied embeddings, LoRA
-adapters for ``method: lora``). A profile times whole optimizer steps (forward, backward, AdamW/SGD update,
-gradient accumulation over micro-batches) on random tokens and records the median step time, peak memory
-and the device's measured matmul throughput and memory bandwidth, so the predictor can calibrate the local
-device. The profile is a plain dict; storing it is the caller's business.
+``profile_spec`` (``trainyard profile``, and the brief measurement ``trainyard up`` makes at first start)
+and ``profile_gang`` (``--ranks``) time the built-in trainer's own step
+(:class:`~trainyard.runtime.step_profile.TrainerStepSession`): the model the job trains, its optimizer,
+data loading, gradient clipping and, for a gang, the gradient all-reduce, timed as the job's step metrics
+time them; they record the median step time, peak memory and the device's measured matmul throughput and
+memory bandwidth, so the predictor calibrates the local device to the step jobs really run.
+
+:class:`ProfileSession` is a plain-PyTorch Llama-style decoder built from the spec (RMSNorm, grouped-query
+causal attention through ``scaled_dot_product_attention``, gated-SiLU or GELU FFN, optional tied
+embeddings, LoRA adapters for ``method: lora``) whose steps can be interleaved and timed on the process
+clock; benchmarks of the predictor's kernel model use it. A profile is a plain dict; storing it is the
+caller's business.
 """
 
 from __future__ import annotations
@@ -316,17 +322,22 @@ def profile_spec(
     warmup: int = 2,
     device: str | None = None,
     threads: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     measure: bool = True,
 ) -> dict[str, Any]:
-    """Time ``steps`` real optimizer steps (after ``warmup``) and return the profile document."""
+    """Time ``steps`` optimizer steps of the built-in trainer (after ``warmup``) and return the profile
+    document (``seed``: instead of the spec's ``workload.seed``)."""
     if steps < 1 or warmup < 0:
         raise InvalidInputError("steps must be >= 1 and warmup >= 0")
-    session = ProfileSession(spec, device=device, threads=threads, seed=seed)
-    for _ in range(warmup):
-        session.step()
-    times = [session.step() for _ in range(steps)]
-    return session.document(times, measure_device(session.device, clock=session.clock) if measure else None)
+    from trainyard.runtime.step_profile import TrainerStepSession
+
+    if seed is not None:
+        spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"seed": seed})})
+    with TrainerStepSession(spec, device=device, threads=threads) as session:
+        for _ in range(warmup):
+            session.step()
+        times = [session.step() for _ in range(steps)]
+        return session.document(times, measure_device(session.device) if measure else None)
 
 
 # ---- a gang of ranks on this host (data parallel over gloo, as the local executor runs one) -------------
@@ -345,22 +356,22 @@ def _gang_rank(
 ) -> None:
     import torch.distributed as dist
 
+    from trainyard.runtime.step_profile import TrainerStepSession
     from trainyard.spec.loader import spec_from_dict
 
     with open(spec_path, encoding="utf-8") as fh:
         spec = spec_from_dict(json.load(fh))
-    gb = spec.workload.global_batch
-    local = len(range(rank, gb, ranks))  # the rank's share of the batch, as the trainer's sampler deals it
-    local_spec = spec.model_copy(
-        update={"workload": spec.workload.model_copy(update={"global_batch": local})}
-    )
+    if seed:
+        spec = spec.model_copy(update={"workload": spec.workload.model_copy(update={"seed": seed})})
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=ranks)
     try:
-        session = ProfileSession(local_spec, device="cpu", threads=threads, seed=seed + rank)
-        session.group = dist.group.WORLD
+        # the trainer deals the global batch over the ranks and all-reduces the gradients, as in a job
+        session = TrainerStepSession(
+            spec, device="cpu", threads=threads, world_size=ranks, rank=rank, process_group=dist.group.WORLD
+        )
         # Rank 0 also times the whole batch on one rank between the gang's steps, while the others wait:
         # the gang's step relative to one rank's under the same load from the rest of the machine.
-        solo = ProfileSession(spec, device="cpu", threads=threads, seed=seed) if rank == 0 else None
+        solo = TrainerStepSession(spec, device="cpu", threads=threads) if rank == 0 else None
         times, solo_times = [], []
         for i in range(warmup + steps):
             t = session.step()
@@ -374,7 +385,6 @@ def _gang_rank(
         if rank == 0:
             doc = session.document(times, {"type": "cpu", "name": platform.processor() or platform.machine()})
             doc.update(
-                spec=spec.to_document(),
                 devices=ranks,
                 host_cores=os.cpu_count() or 1,
                 plan={**doc["plan"], "data_parallel": ranks},
@@ -385,6 +395,9 @@ def _gang_rank(
             )
             with open(out_path, "w", encoding="utf-8") as fh:
                 json.dump(doc, fh)
+        session.close()
+        if solo is not None:
+            solo.close()
     finally:
         dist.destroy_process_group()
 
