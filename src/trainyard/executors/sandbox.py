@@ -152,6 +152,9 @@ class Mounts:
     ro: tuple[Path, ...] = ()
     chdir: Path | None = None
     share_net: bool = True
+    # read-only mounts at another path inside: (the server's directory, where the worker sees it), so
+    # that none of the server's own path (e.g. TRAINYARD_HOME) exists in the sandbox
+    ro_at: tuple[tuple[Path, Path], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,11 +193,15 @@ class Sandbox:
         self._python = python_paths()
         self._probed = False
 
+    def spec(self) -> SandboxSpec:
+        """The description another component (the local replica launcher) builds the same sandbox from."""
+        return SandboxSpec(bwrap=self.bwrap, uid=self.uid, gid=self.gid)
+
     def exposes(self, path: Path, mounts: Mounts) -> bool:
         """Whether ``path`` would be visible inside a sandbox with ``mounts`` (a mounted directory holds
         it, or it is one)."""
         target = path.resolve()
-        roots = [*self._python, *mounts.rw, *mounts.ro]
+        roots = [*self._python, *mounts.rw, *mounts.ro, *(src for src, _ in mounts.ro_at)]
         return any(target == r.resolve() or r.resolve() in target.parents for r in roots)
 
     # ---- command line ------------------------------------------------------------------------
@@ -236,16 +243,19 @@ class Sandbox:
             args.append("--unshare-net")
         if die_with_parent:
             args.append("--die-with-parent")
-        binds = [(p, "--ro-bind") for p in self._python]
-        binds += [(p, "--ro-bind-try") for p in mounts.ro]  # a missing dataset is the trainer's to report
-        binds += [(p, "--bind") for p in mounts.rw]
+        # (what, where inside, how)
+        binds = [(p, p, "--ro-bind") for p in self._python]
+        binds += [(p, p, "--ro-bind-try") for p in mounts.ro]  # a missing dataset is the trainer's to report
+        binds += [(src, dst, "--ro-bind") for src, dst in mounts.ro_at]
+        binds += [(p, p, "--bind") for p in mounts.rw]
+        targets = [dst for _, dst, _ in binds]
         made: set[Path] = {Path("/"), Path("/tmp"), Path("/usr"), Path("/dev"), Path("/proc")}
-        for path, flag in sorted(binds, key=lambda b: len(b[0].parts)):
-            for parent in reversed(path.parents):
-                if parent not in made and not any(parent == m or m in parent.parents for m, _ in binds):
+        for src, dst, flag in sorted(binds, key=lambda b: len(b[1].parts)):
+            for parent in reversed(dst.parents):
+                if parent not in made and not any(parent == m or m in parent.parents for m in targets):
                     args += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
-            args += [flag, str(path), str(path)]
+            args += [flag, str(src), str(dst)]
         if mounts.chdir is not None:
             args += ["--chdir", str(mounts.chdir)]
         if self.privileged:

@@ -205,6 +205,7 @@ class Platform:
             clock=clock,
             launcher=self._serving_launcher(),
             placement=self._serving_placement,
+            sandbox=self._replica_sandbox(),
         )
         self.serving_gateway = Gateway(self.serving)
         # tokens per minute drawn from the request-rate limiter's store (shared by every server process
@@ -350,6 +351,22 @@ class Platform:
 
             return RayLauncher(executor)
         return None
+
+    def _replica_sandbox(self) -> Any:
+        """The sandbox local deployment replicas run in: the local executor's (its workers' sandbox,
+        ``TRAINYARD_SANDBOX``); without an executor that has one (``--executor none``), the setting's;
+        None under ``TRAINYARD_SANDBOX=none`` (replicas run as the server's user, like workers)."""
+        executor = self.options.executor
+        if executor is not None and hasattr(executor, "sandbox"):
+            sandbox = executor.sandbox
+            if sandbox is None:
+                return None
+            from trainyard.executors.sandbox import Sandbox
+
+            return sandbox.spec() if isinstance(sandbox, Sandbox) else sandbox
+        from trainyard.server import sandbox_spec
+
+        return sandbox_spec(self.settings)
 
     def _serving_placement(self) -> dict[str, Any]:
         """Where a new replica runs and what it costs, priced like a job: this machine's local pool, or

@@ -17,18 +17,18 @@ the executor's :class:`~trainyard.executors.sandbox.SandboxSpec` (``TRAINYARD_SA
 default) the replica runs under the same policy as a training worker: the sandbox uid, an environment
 rebuilt from an allow-list (no server setting, key, database URL or Ray token), and a file system with
 only the Python installation and copies of what it serves — the model, tokenizer and adapter files are
-staged into ``<node work dir>/serving/<replica id>`` (regular files only: a symbolic link in a model
-directory is not followed), readable by the sandbox uid, and mounted read-only. It keeps the node's
-network (the gateway connects to it on the node's address); the cluster itself answers nobody without
-its token (the executor requires token authentication when it sandboxes). Adapters loaded at run time
-are staged the same way first (:meth:`RayLauncher.adapter_path`).
+staged into ``<node work dir>/serving/<replica id>`` (``serving/staging.py``, shared with the local
+launcher: regular files only, a symbolic link in a model directory is not followed), readable by the
+sandbox uid, and mounted read-only. It keeps the node's network (the gateway connects to it on the
+node's address); the cluster itself answers nobody without its token (the executor requires token
+authentication when it sandboxes). Adapters loaded at run time are staged the same way first
+(:meth:`RayLauncher.adapter_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import os
 import shutil
 import signal
@@ -37,13 +37,21 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from trainyard.errors import ServiceUnavailableError
 from trainyard.executors.ray_actor import exposed_token, node_workdir_root
 from trainyard.executors.sandbox import Mounts, Sandbox, SandboxSpec, scrubbed_env
-from trainyard.serving.replicas import SCRUBBED_ENV, LaunchedReplica, LaunchSpec, replica_command
+from trainyard.serving.replicas import (
+    REPLICA_ENV,
+    SCRUBBED_ENV,
+    LaunchedReplica,
+    LaunchSpec,
+    replica_command,
+)
+from trainyard.serving.staging import stage_adapter, stage_replica, stage_tree
+
+__all__ = ["REPLICA_ENV", "RayLauncher", "ReplicaActor", "stage_tree", "wait_gone"]
 
 PR_SET_PDEATHSIG = 1
 ACTOR_PREFIX = "serving/"
@@ -56,30 +64,6 @@ def actor_name(replica_id: str) -> str:
 
 def _die_with_parent() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-#: what a replica needs from the node's environment besides the sandbox's allow-list (Ray sets the
-#: devices of a GPU actor)
-REPLICA_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-
-
-def stage_tree(src: Path, dst: Path, sandbox: Sandbox) -> Path:
-    """A copy of the files under ``src`` at ``dst`` that the sandbox uid reads: regular files and
-    directories only (a symbolic link is neither followed nor copied), the directories the server's."""
-    dst.mkdir(parents=True, exist_ok=True)
-    sandbox.share_dir(dst)
-    if src.is_symlink() or not src.is_dir():
-        return dst
-    for entry in sorted(src.iterdir()):
-        if entry.is_symlink():
-            continue
-        if entry.is_dir():
-            stage_tree(entry, dst / entry.name, sandbox)
-        elif entry.is_file():
-            target = dst / entry.name
-            shutil.copyfile(entry, target, follow_symlinks=False)
-            sandbox.give_read(target)
-    return dst
 
 
 class ReplicaActor:
@@ -116,7 +100,7 @@ class ReplicaActor:
                 argv = replica_command(spec, self.port, python=sys.executable)
             else:
                 sandbox = self._sandbox()  # SandboxUnavailableError: never a bare replica instead
-                spec = self._stage(sandbox, spec)
+                spec = stage_replica(sandbox, spec, self.staged)
                 mounts = Mounts(ro=(self.staged,), chdir=self.staged, share_net=True)
                 exposed = exposed_token(sandbox, mounts)
                 if exposed is not None:
@@ -147,30 +131,12 @@ class ReplicaActor:
             self.sandbox = sandbox
         return self.sandbox
 
-    def _stage(self, sandbox: Sandbox, spec: LaunchSpec) -> LaunchSpec:
-        """``spec`` with the model, tokenizer and adapters replaced by the sandbox's copies."""
-        self.staged.mkdir(parents=True, exist_ok=True)
-        sandbox.share_dir(self.staged)
-        model = stage_tree(Path(spec.model_path), self.staged / "model", sandbox)
-        tokenizer = model
-        if spec.tokenizer_path and spec.tokenizer_path != spec.model_path:
-            tokenizer = stage_tree(Path(spec.tokenizer_path), self.staged / "tokenizer", sandbox)
-        adapters = {name: self.stage_adapter(name, path) for name, path in spec.adapters.items()}
-        return dataclasses.replace(
-            spec, model_path=str(model), tokenizer_path=str(tokenizer), adapters=adapters
-        )
-
     def stage_adapter(self, name: str, path: str) -> str:
         """Where the sandboxed replica reads adapter ``name`` (a staged copy of ``path``); ``path`` itself
         when the replica runs without the sandbox."""
         if self.sandbox_spec is None:
             return path
-        sandbox = self._sandbox()
-        adapters = self.staged / "adapters"
-        adapters.mkdir(parents=True, exist_ok=True)
-        sandbox.share_dir(adapters)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "adapter"
-        return str(stage_tree(Path(path), adapters / safe, sandbox))
+        return str(stage_adapter(self._sandbox(), self.staged, name, path))
 
     def where(self) -> dict[str, Any]:
         import ray

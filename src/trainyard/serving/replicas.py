@@ -1,12 +1,26 @@
 """Replica processes: start, probe, adopt and stop. A :class:`Launcher` starts and stops replicas; the
 controller (service.py) knows only this protocol. :class:`LocalLauncher` runs a replica as a separate
 process in its own session (it outlives a crashed server, which re-adopts it by id and port on restart);
-``ray_replicas.RayLauncher`` runs it on a Ray cluster when the server runs with the Ray executor."""
+``ray_replicas.RayLauncher`` runs it on a Ray cluster when the server runs with the Ray executor.
+
+Sandbox: a replica serves the tenant's own files (weights, tokenizer and its chat template, adapters),
+so with a :class:`~trainyard.executors.sandbox.SandboxSpec` (the one the local executor's workers run
+in, ``TRAINYARD_SANDBOX``, bubblewrap by default) :class:`LocalLauncher` runs it as a training worker
+runs: the sandbox uid, an environment rebuilt from the allow-list (no server setting, key, database URL
+or metrics token), and a file system with only the Python installation and copies of what it serves,
+staged into ``<serving dir>/replicas/<replica id>`` (``serving/staging.py``: regular files only, a
+symbolic link in a model directory is not followed) and mounted read-only at :data:`REPLICA_ROOT`, so
+nothing of the server's home exists inside. It shares the host's network (the gateway connects to it on
+127.0.0.1). It is not tied to the server's life (no ``--die-with-parent``): a restarted server adopts
+it by the stored pid (bubblewrap's, the leader of the replica's process group) and port. Where the
+sandbox cannot start, the start fails with ``SandboxUnavailableError``; a bare replica runs only under
+the explicit opt-out (``TRAINYARD_SANDBOX=none``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +32,16 @@ from typing import Any, Protocol
 
 import httpx
 
+from trainyard.errors import SandboxUnavailableError
+from trainyard.executors.sandbox import Mounts, Sandbox, SandboxSpec, scrubbed_env
+from trainyard.serving.staging import safe_name, seen_at, stage_adapter, stage_replica
+
 SCRUBBED_ENV = ("TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "TRAINYARD_METRICS_TOKEN")
+#: what a sandboxed replica takes from the server's (or Ray node's) environment besides the sandbox's
+#: allow-list: the devices it may use
+REPLICA_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+#: where a sandboxed local replica sees its staged copies
+REPLICA_ROOT = Path("/replica")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -94,22 +117,50 @@ def replica_command(spec: LaunchSpec, port: int, *, python: str | None = None) -
 
 
 class LocalLauncher:
-    """Replicas as local processes (``python -m trainyard.serving.replica``)."""
+    """Replicas as local processes (``python -m trainyard.serving.replica``), in the sandbox when
+    ``sandbox`` is set (None: the explicit opt-out, the server's user and file system)."""
 
     backend = "local"
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(
+        self, log_dir: Path, *, sandbox: SandboxSpec | None = None, work_dir: Path | None = None
+    ) -> None:
         self.log_dir = Path(log_dir)
+        # the sandboxed replicas' staged copies, one directory per replica
+        self.work_dir = Path(work_dir) if work_dir is not None else self.log_dir.parent / "replicas"
+        self.sandbox_spec = sandbox
+        self._sandbox: Sandbox | None = None
+
+    def staged_dir(self, replica_id: str) -> Path:
+        return self.work_dir / safe_name(replica_id, "replica")
+
+    def sandbox(self) -> Sandbox:
+        """This machine's sandbox, started once empty (``SandboxUnavailableError`` where it cannot)."""
+        if self._sandbox is None:
+            assert self.sandbox_spec is not None
+            try:
+                sandbox = self.sandbox_spec.build()
+                sandbox.probe()
+            except SandboxUnavailableError as exc:
+                raise SandboxUnavailableError(
+                    f"deployment replicas run only inside the sandbox: {exc.message}",
+                    hint=f"{exc.hint} TRAINYARD_SANDBOX=none runs replicas (and workers) unsandboxed.",
+                ) from None
+            self._sandbox = sandbox
+        return self._sandbox
 
     def start(self, spec: LaunchSpec) -> LaunchedReplica:
         """Start a replica on this machine. It is ready once :func:`probe` answers."""
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         port = free_port(spec.host)
-        cmd = replica_command(spec, port)
-        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        env["HF_HUB_OFFLINE"] = "1"
-        log_path = self.log_dir / f"{spec.replica_id}.log"
+        if self.sandbox_spec is None:
+            cmd = replica_command(spec, port)
+            env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+            env.setdefault("TOKENIZERS_PARALLELISM", "false")
+            env["HF_HUB_OFFLINE"] = "1"
+        else:
+            cmd, env = self._sandboxed(spec, port)
+        log_path = self.log_dir / f"{safe_name(spec.replica_id, 'replica')}.log"
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = subprocess.Popen(
@@ -120,10 +171,37 @@ class LocalLauncher:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        except BaseException:
+            shutil.rmtree(self.staged_dir(spec.replica_id), ignore_errors=True)
+            raise
         finally:
             os.close(fd)
         _CHILDREN[proc.pid] = proc
         return LaunchedReplica(pid=proc.pid, host=spec.host, port=port)
+
+    def _sandboxed(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
+        """The bubblewrap command line and environment of a sandboxed replica, its files staged."""
+        sandbox = self.sandbox()  # never a bare replica instead
+        staged = self.staged_dir(spec.replica_id)
+        try:
+            self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            inside = stage_replica(sandbox, spec, staged, inside=REPLICA_ROOT)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        mounts = Mounts(ro_at=((staged, REPLICA_ROOT),), chdir=REPLICA_ROOT, share_net=True)
+        extra = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        extra.update({k: os.environ[k] for k in REPLICA_ENV if k in os.environ})
+        env = scrubbed_env(os.environ, extra)
+        return sandbox.command(replica_command(inside, port), mounts), env
+
+    def adapter_path(self, replica_id: str, name: str, path: str) -> str:
+        """The path a running replica loads adapter ``name`` from: a copy staged into its sandbox first,
+        or ``path`` itself for a replica that runs without the sandbox."""
+        staged = self.staged_dir(replica_id)
+        if self.sandbox_spec is None or not staged.is_dir():
+            return path
+        return seen_at(stage_adapter(self.sandbox(), staged, name, path), staged, REPLICA_ROOT)
 
     def alive(self, replica_id: str, pid: int | None) -> bool:
         if pid is None:
@@ -145,6 +223,13 @@ class LocalLauncher:
             return True
 
     def stop(self, replica_id: str, pid: int | None, timeout_s: float = 5.0) -> None:
+        """Stop the replica's process group, then remove its staged copies (if any)."""
+        try:
+            self._stop_process(replica_id, pid, timeout_s)
+        finally:
+            self.remove_staged(replica_id)
+
+    def _stop_process(self, replica_id: str, pid: int | None, timeout_s: float) -> None:
         if pid is None:
             return
         try:
@@ -164,6 +249,9 @@ class LocalLauncher:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(2)
+
+    def remove_staged(self, replica_id: str) -> None:
+        shutil.rmtree(self.staged_dir(replica_id), ignore_errors=True)
 
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}

@@ -27,6 +27,7 @@ import structlog
 from sqlalchemy import delete, insert, select
 
 from trainyard.errors import ConflictError, InvalidInputError, NotFoundError
+from trainyard.executors.sandbox import SandboxSpec
 from trainyard.serving.autoscale import AutoscalingPolicy, ScaleState, desired_replicas, merge
 from trainyard.serving.engines import DEFAULT_ENGINE, check_engine
 from trainyard.serving.models import ModelSource, ResolvedModel
@@ -126,12 +127,16 @@ class ServingService:
         launcher: Launcher | None = None,
         placement: Callable[[], dict[str, Any]] | None = None,
         tick_s: float = 0.2,
+        sandbox: SandboxSpec | None = None,
     ) -> None:
         self.db = db
         self.models = model_source
         self.home = Path(home)
         self.clock = clock
-        local = LocalLauncher(self.home / "serving" / "logs")
+        # local replicas in the workers' sandbox (None: as the server's user, the explicit opt-out)
+        local = LocalLauncher(
+            self.home / "serving" / "logs", sandbox=sandbox, work_dir=self.home / "serving" / "replicas"
+        )
         self.launcher: Launcher = launcher or local
         # replicas a server with another backend started are still checked and stopped by their own
         self._launchers: dict[str, Launcher] = {local.backend: local, self.launcher.backend: self.launcher}

@@ -1,0 +1,83 @@
+"""What a sandboxed replica serves: copies of the tenant's model, tokenizer and adapter files, shared by
+both launchers (``replicas.LocalLauncher`` and ``ray_replicas.ReplicaActor``).
+
+A model directory is the tenant's (a job it ran wrote it), so it may hold symbolic links to the
+server's key or database, and the server's own files stay 0600 in 0700 directories (DESIGN §3.6),
+which the sandbox uid cannot read anyway. The replica therefore reads a per-replica copy: regular files
+and directories only (a link is neither followed nor copied), the directories ``root:<sandbox gid>
+0750`` and the files the sandbox uid's (:meth:`Sandbox.share_dir`, :meth:`Sandbox.give_read`), mounted
+read-only into its sandbox. The layout under a replica's directory is ``model/``, ``tokenizer/`` (when
+it is not the model's) and ``adapters/<name>/``."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainyard.executors.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from trainyard.serving.replicas import LaunchSpec
+
+
+def stage_tree(src: Path, dst: Path, sandbox: Sandbox) -> Path:
+    """A copy of the files under ``src`` at ``dst`` that the sandbox uid reads: regular files and
+    directories only (a symbolic link is neither followed nor copied), the directories the server's."""
+    dst.mkdir(parents=True, exist_ok=True)
+    sandbox.share_dir(dst)
+    if src.is_symlink() or not src.is_dir():
+        return dst
+    for entry in sorted(src.iterdir()):
+        if entry.is_symlink():
+            continue
+        if entry.is_dir():
+            stage_tree(entry, dst / entry.name, sandbox)
+        elif entry.is_file():
+            target = dst / entry.name
+            shutil.copyfile(entry, target, follow_symlinks=False)
+            sandbox.give_read(target)
+    return dst
+
+
+def safe_name(name: str, default: str = "adapter") -> str:
+    """``name`` as one path component (no separator, no leading dot)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or default
+
+
+def stage_adapter(sandbox: Sandbox, staged: Path, name: str, path: str) -> Path:
+    """A copy of adapter ``name`` (the directory ``path``) under ``staged/adapters``; where it is."""
+    adapters = staged / "adapters"
+    adapters.mkdir(parents=True, exist_ok=True)
+    sandbox.share_dir(adapters)
+    return stage_tree(Path(path), adapters / safe_name(name), sandbox)
+
+
+def seen_at(path: Path, staged: Path, inside: Path | None) -> str:
+    """Where the sandbox sees ``path`` (under ``staged``) when ``staged`` is mounted at ``inside``
+    (None: at its own path)."""
+    return str(path if inside is None else inside / path.relative_to(staged))
+
+
+def stage_replica(
+    sandbox: Sandbox, spec: LaunchSpec, staged: Path, *, inside: Path | None = None
+) -> LaunchSpec:
+    """``spec`` with the model, tokenizer and adapters replaced by copies under ``staged``, named as the
+    sandbox sees them when ``staged`` is mounted at ``inside`` (None: at its own path)."""
+    staged.mkdir(parents=True, exist_ok=True)
+    sandbox.share_dir(staged)
+    model = stage_tree(Path(spec.model_path), staged / "model", sandbox)
+    tokenizer = model
+    if spec.tokenizer_path and spec.tokenizer_path != spec.model_path:
+        tokenizer = stage_tree(Path(spec.tokenizer_path), staged / "tokenizer", sandbox)
+    adapters = {
+        name: seen_at(stage_adapter(sandbox, staged, name, path), staged, inside)
+        for name, path in spec.adapters.items()
+    }
+    return dataclasses.replace(
+        spec,
+        model_path=seen_at(model, staged, inside),
+        tokenizer_path=seen_at(tokenizer, staged, inside),
+        adapters=adapters,
+    )
