@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,21 @@ def examples_dir() -> Path:
     return EXAMPLES
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _every_trace_sampled() -> Iterator[None]:
+    """Every trace is sampled: the tests read the spans of the requests they make, and the default
+    sampler keeps a share of traces. Session-scoped, so that module- and session-scoped fixtures that
+    build a platform (and its tracer provider) before any function-scoped fixture runs see it too; the
+    tests of sampling itself set or remove ``OTEL_TRACES_SAMPLER`` with their own ``monkeypatch``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never touch the user's ~/.trainyard from a test. Every trace is sampled (the tests read the spans
-    of the requests they make; the default sampler keeps a share of traces, and the tests of sampling
-    itself set or remove ``OTEL_TRACES_SAMPLER`` themselves)."""
+    """Never touch the user's ~/.trainyard from a test."""
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path_factory.mktemp("home")))
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
 
 
 @pytest.fixture(scope="session", autouse=True)
