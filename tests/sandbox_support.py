@@ -1,10 +1,11 @@
 """Shared parts of the sandbox attack tests (the local executor's in test_sandbox.py, the Ray executor's
 in test_ray_executor.py): a server home with a key and a database to steal, the first attacks of the
-user's script, and the checks on what it printed."""
+user's script, and the checks on what it printed; a deployment replica seen from outside its sandbox."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,23 @@ def assert_not_a_ray_client(
     answered = {where for where, status in http.items() if isinstance(status, int) and status < 400}
     assert answered <= metrics, (sorted(answered - metrics), http)
     assert 401 in http.values(), http  # the agents' HTTP servers were reached, and refused it
+
+
+def sandboxed_replica(pids: list[int], cmdline: Callable[[int], str]) -> tuple[int, str]:
+    """The replica process among ``pids`` (the one in a pid namespace other than ours) and its
+    environment; as root, asserts it runs as the sandbox uid without capabilities."""
+    ours = os.readlink("/proc/self/ns/pid")
+    inside = [
+        p
+        for p in pids
+        if "trainyard.serving.replica" in cmdline(p) and os.readlink(f"/proc/{p}/ns/pid") != ours
+    ]
+    assert inside, f"no replica process in a pid namespace of its own among {pids}"
+    replica = inside[-1]
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{replica}/status").read_text().splitlines() if ":" in line
+    )
+    if os.geteuid() == 0:
+        assert status["Uid"].split()[0] == str(SANDBOX_UID), status["Uid"]
+        assert status["CapEff"].strip() == "0000000000000000", status["CapEff"]
+    return replica, Path(f"/proc/{replica}/environ").read_bytes().decode(errors="replace")

@@ -10,7 +10,6 @@ start fails the test (never skips it)."""
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,12 +17,12 @@ from pathlib import Path
 import openai
 import pytest
 from tests.controlplane_support import ServerProcess
+from tests.sandbox_support import sandboxed_replica
 from tests.tiny_models import build_tiny_llama, place_model_version
 
 from trainyard.client import TrainyardClient
 from trainyard.executors.ray import pool_resource
 from trainyard.executors.ray_cluster import LOOPBACK_ENV, LoopbackRayCluster, _descendants
-from trainyard.executors.sandbox import SANDBOX_UID
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -127,21 +126,7 @@ def _assert_walled_in(
     pid: int, home: Path, version_dir: Path, cluster: LoopbackRayCluster, api_key: str
 ) -> None:
     """The replica process under ``pid`` (its sandbox's launcher) seen from outside."""
-    ours = os.readlink("/proc/self/ns/pid")
-    inside = [
-        p
-        for p in sorted(_descendants(pid))
-        if "trainyard.serving.replica" in _cmdline(p) and os.readlink(f"/proc/{p}/ns/pid") != ours
-    ]
-    assert inside, f"no replica process in a pid namespace of its own under {pid}"
-    replica = inside[-1]
-    status = dict(
-        line.split(":", 1) for line in Path(f"/proc/{replica}/status").read_text().splitlines() if ":" in line
-    )
-    if os.geteuid() == 0:
-        assert status["Uid"].split()[0] == str(SANDBOX_UID), status["Uid"]
-        assert status["CapEff"].strip() == "0000000000000000", status["CapEff"]
-    environ = Path(f"/proc/{replica}/environ").read_bytes().decode(errors="replace")
+    replica, environ = sandboxed_replica(sorted(_descendants(pid)), _cmdline)
     for name in ("TRAINYARD_HOME", "TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "RAY_AUTH"):
         assert name not in environ, (name, environ)
     assert api_key not in environ and cluster.token_path.read_text() not in environ

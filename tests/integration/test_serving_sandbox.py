@@ -20,10 +20,11 @@ import openai
 import psutil
 import pytest
 from tests.controlplane_support import ServerProcess
+from tests.sandbox_support import sandboxed_replica
 from tests.tiny_models import build_lora_adapter, build_tiny_llama, place_model_version
 
 from trainyard.client import TrainyardClient
-from trainyard.executors.sandbox import SANDBOX_UID, Sandbox
+from trainyard.executors.sandbox import Sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -113,22 +114,8 @@ def _alive(pid: int) -> bool:
 
 def _assert_walled_in(pid: int, home: Path, api_key: str) -> int:
     """The replica process under ``pid`` (its sandbox's launcher) seen from outside; its pid."""
-    ours = os.readlink("/proc/self/ns/pid")
-    inside = [
-        p.pid
-        for p in psutil.Process(pid).children(recursive=True)
-        if "trainyard.serving.replica" in " ".join(p.cmdline())
-        and os.readlink(f"/proc/{p.pid}/ns/pid") != ours
-    ]
-    assert inside, f"no replica process in a pid namespace of its own under {pid}"
-    replica = inside[-1]
-    status = dict(
-        line.split(":", 1) for line in Path(f"/proc/{replica}/status").read_text().splitlines() if ":" in line
-    )
-    if os.geteuid() == 0:
-        assert status["Uid"].split()[0] == str(SANDBOX_UID), status["Uid"]
-        assert status["CapEff"].strip() == "0000000000000000", status["CapEff"]
-    environ = Path(f"/proc/{replica}/environ").read_bytes().decode(errors="replace")
+    children = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    replica, environ = sandboxed_replica(children, lambda p: " ".join(psutil.Process(p).cmdline()))
     names = [kv.split("=", 1)[0] for kv in environ.split("\0") if kv]
     assert not [n for n in names if n.startswith("TRAINYARD_") and n != "TRAINYARD_NUM_THREADS"], names
     for secret in (api_key, "metrics-secret-token", str(home)):
