@@ -11,7 +11,7 @@ import pytest
 from trainyard.executors.ray import unauthenticated_cluster
 from trainyard.executors.ray_actor import exposed_token
 from trainyard.executors.sandbox import SANDBOX_UID, Mounts, Sandbox
-from trainyard.serving.ray_replicas import stage_tree
+from trainyard.serving.staging import stage_tree
 
 
 def test_a_staged_model_holds_its_regular_files_and_no_link(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from trainyard.errors import SandboxUnavailableError
 from trainyard.executors.sandbox import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Mounts, Sandbox, SandboxSpec
 from trainyard.serving.replicas import REPLICA_ROOT, LaunchSpec, LocalLauncher
-from trainyard.serving.staging import safe_name, stage_replica
+from trainyard.serving.staging import adapter_dir_name, safe_name, stage_replica
 
 
 def _model(root: Path, secret: Path) -> Path:
@@ -52,12 +52,14 @@ def test_a_staged_replica_holds_regular_copies_named_as_the_sandbox_sees_them(tm
     out = stage_replica(Sandbox(), spec, staged, inside=REPLICA_ROOT)
 
     assert out.model_path == "/replica/model" and out.tokenizer_path == "/replica/tokenizer"
-    assert out.adapters == {"../evil/a": "/replica/adapters/_evil_a"}  # one path component, no '..'
+    evil = adapter_dir_name("../evil/a")  # one path component, no '..'
+    assert evil.startswith("_evil_a-") and "/" not in evil
+    assert out.adapters == {"../evil/a": f"/replica/adapters/{evil}"}
     files = sorted(str(p.relative_to(staged)) for p in staged.rglob("*"))
     assert files == [
         "adapters",
-        "adapters/_evil_a",
-        "adapters/_evil_a/adapter_config.json",
+        f"adapters/{evil}",
+        f"adapters/{evil}/adapter_config.json",
         "model",
         "model/config.json",
         "model/sub",
@@ -87,6 +89,26 @@ def test_a_staged_replica_holds_regular_copies_named_as_the_sandbox_sees_them(tm
     same = stage_replica(Sandbox(), LaunchSpec("r", str(model), str(model), {}, "m"), tmp_path / "s3")
     assert same.tokenizer_path == same.model_path
     assert safe_name("..") == "adapter" and safe_name("a/b") == "a_b"
+
+
+def test_adapters_whose_names_have_one_safe_form_get_copies_of_their_own(tmp_path: Path) -> None:
+    """``a/b`` and ``a_b`` reduce to the same path component; each must still serve its own files."""
+    spec_adapters = {}
+    for i, name in enumerate(("a/b", "a_b")):
+        d = tmp_path / f"adapter{i}"
+        d.mkdir()
+        (d / "adapter_config.json").write_text(f'{{"which": {i}}}')
+        spec_adapters[name] = str(d)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = LaunchSpec("rep-1", str(model), str(model), spec_adapters, "tiny@1")
+    staged = tmp_path / "staged"
+    out = stage_replica(Sandbox(), spec, staged, inside=REPLICA_ROOT)
+    assert len(set(out.adapters.values())) == 2
+    for i, name in enumerate(("a/b", "a_b")):
+        copy = staged / Path(out.adapters[name]).relative_to(REPLICA_ROOT) / "adapter_config.json"
+        assert copy.read_text() == f'{{"which": {i}}}'
 
 
 def test_a_model_path_that_is_a_link_stages_nothing(tmp_path: Path) -> None:
@@ -135,8 +157,10 @@ def test_the_local_launcher_stages_adapters_and_removes_its_copies_on_stop(tmp_p
     # a replica without staged copies (started unsandboxed) reads the original
     assert launcher.adapter_path("rep-1", "a", str(adapter)) == str(adapter)
     launcher.staged_dir("rep-1").mkdir(parents=True)
-    assert launcher.adapter_path("rep-1", "a", str(adapter)) == "/replica/adapters/a"
-    assert (tmp_path / "replicas" / "rep-1" / "adapters" / "a" / "adapter_config.json").is_file()
+    assert launcher.adapter_path("rep-1", "a", str(adapter)) == f"/replica/adapters/{adapter_dir_name('a')}"
+    assert (
+        tmp_path / "replicas" / "rep-1" / "adapters" / adapter_dir_name("a") / "adapter_config.json"
+    ).is_file()
     launcher.stop("rep-1", None)
     assert not (tmp_path / "replicas" / "rep-1").exists()
     assert launcher.staged_dir("../x") == tmp_path / "replicas" / "_x"

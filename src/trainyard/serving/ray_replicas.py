@@ -49,9 +49,7 @@ from trainyard.serving.replicas import (
     LaunchSpec,
     replica_command,
 )
-from trainyard.serving.staging import stage_adapter, stage_replica, stage_tree
-
-__all__ = ["REPLICA_ENV", "RayLauncher", "ReplicaActor", "stage_tree", "wait_gone"]
+from trainyard.serving.staging import stage_adapter, stage_replica
 
 PR_SET_PDEATHSIG = 1
 ACTOR_PREFIX = "serving/"

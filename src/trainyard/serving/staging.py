@@ -12,6 +12,7 @@ it is not the model's) and ``adapters/<name>/``."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,12 +47,18 @@ def safe_name(name: str, default: str = "adapter") -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or default
 
 
+def adapter_dir_name(name: str) -> str:
+    """The directory adapter ``name`` is staged into: its :func:`safe_name` and a digest of the name
+    itself, so that two names with the same safe form (``a/b`` and ``a_b``) never share a copy."""
+    return f"{safe_name(name)}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+
+
 def stage_adapter(sandbox: Sandbox, staged: Path, name: str, path: str) -> Path:
     """A copy of adapter ``name`` (the directory ``path``) under ``staged/adapters``; where it is."""
     adapters = staged / "adapters"
     adapters.mkdir(parents=True, exist_ok=True)
     sandbox.share_dir(adapters)
-    return stage_tree(Path(path), adapters / safe_name(name), sandbox)
+    return stage_tree(Path(path), adapters / adapter_dir_name(name), sandbox)
 
 
 def seen_at(path: Path, staged: Path, inside: Path | None) -> str:
