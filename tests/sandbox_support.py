@@ -56,7 +56,7 @@ def assert_walled_in(log: str, other: Path) -> str:
 _RAY_CLIENT_ATTACK = r"""
 import glob, json, os, socket, subprocess, sys, urllib.error, urllib.request
 import grpc
-GCS, TOKEN_FILES, HOSTS = __ARGS__
+GCS, TOKEN_FILES, HOSTS, EXPORTERS = __ARGS__
 out = {"env": sorted(k for k in os.environ if k.startswith("RAY_")), "files": {}, "environ": []}
 for p in [*TOKEN_FILES, os.path.expanduser("~/.ray/auth_token"), "/root/.ray/auth_token"]:
     try:
@@ -131,6 +131,15 @@ for host, port in (listening() if os.environ.get("RANK", "0") == "0" else []):  
         out["http"][f"{host}:{port}"] = exc.code
     except Exception as exc:
         out["http"][f"{host}:{port}"] = type(exc).__name__
+out["exporters"] = {}
+for where in EXPORTERS:  # where Ray's Prometheus exporters listen when they run (no token needed)
+    try:
+        with urllib.request.urlopen(f"http://{where}/metrics", timeout=3) as resp:
+            out["exporters"][where] = [resp.status, resp.read(200).decode(errors="replace")]
+    except urllib.error.HTTPError as exc:
+        out["exporters"][where] = [exc.code, ""]
+    except Exception as exc:
+        out["exporters"][where] = [type(getattr(exc, "reason", exc)).__name__, ""]
 print("RAY-ATTACK " + json.dumps(out), flush=True)
 """
 
@@ -138,9 +147,10 @@ print("RAY-ATTACK " + json.dumps(out), flush=True)
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
-def ray_client_attack(gcs: str, token_files: list[str], hosts: list[str]) -> str:
-    """Python source of the attack on the Ray cluster (see above)."""
-    return _RAY_CLIENT_ATTACK.replace("__ARGS__", repr((gcs, token_files, hosts)))
+def ray_client_attack(gcs: str, token_files: list[str], hosts: list[str], exporters: list[str]) -> str:
+    """Python source of the attack on the Ray cluster (see above); it also reads ``/metrics`` at every
+    ``host:port`` of ``exporters``."""
+    return _RAY_CLIENT_ATTACK.replace("__ARGS__", repr((gcs, token_files, hosts, exporters)))
 
 
 def ray_attack_report(log: str) -> list[dict[str, Any]]:
@@ -150,23 +160,21 @@ def ray_attack_report(log: str) -> list[dict[str, Any]]:
     return [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("RAY-ATTACK ")]
 
 
-def assert_not_a_ray_client(
-    report: dict[str, Any],
-    token: str,
-    gcs: str,
-    scanned: bool = True,
-    metrics: frozenset[str] = frozenset(),
-) -> None:
-    """The attack got nothing: no token anywhere, no driver connection, no RPC answered without a
-    token (every gRPC service refused it as unauthenticated), no HTTP server of the cluster answered
-    but the nodes' metrics exporters (``metrics``: read-only Prometheus text, not covered by Ray's
-    token), and it did reach the GCS's port."""
+def assert_not_a_ray_client(report: dict[str, Any], token: str, gcs: str, scanned: bool = True) -> None:
+    """The attack got nothing: no token anywhere, no driver connection, no metrics from any address a
+    Ray exporter would listen on (nothing listens there), no RPC answered without a token (every gRPC
+    service refused it as unauthenticated), no HTTP server of the cluster answered, and it did reach
+    the GCS's port."""
     blob = repr(report)
     assert token not in blob, report
     assert not [k for k in report["env"] if k.startswith("RAY_AUTH")], report["env"]
     assert not report["environ"], report["environ"]
     for mode, r in report["ray_init"].items():
         assert not r["connected"], (mode, r)
+    exporters: dict[str, list[Any]] = report["exporters"]
+    assert exporters, report  # it tried them
+    read = {where: got for where, got in exporters.items() if got[0] != "ConnectionRefusedError"}
+    assert not read, read
     ports: dict[str, dict[str, Any]] = report["ports"]
     if not scanned:
         return
@@ -181,7 +189,7 @@ def assert_not_a_ray_client(
         )
     http: dict[str, Any] = report["http"]
     answered = {where for where, status in http.items() if isinstance(status, int) and status < 400}
-    assert answered <= metrics, (sorted(answered - metrics), http)
+    assert not answered, (sorted(answered), http)
     assert 401 in http.values(), http  # the agents' HTTP servers were reached, and refused it
 
 

@@ -433,6 +433,23 @@ def _cluster_ports(cluster: LoopbackRayCluster) -> set[str]:
     return ports
 
 
+def _exporter_addresses(cluster: LoopbackRayCluster) -> list[str]:
+    """Every ``host:port`` where one of Ray's Prometheus exporters listens when it runs (they answer
+    without the token): each node's metrics export port (the one it was started with and the one the
+    GCS records) and the head's autoscaler and dashboard metrics ports, on every node address and on
+    127.0.0.1 (they bind the wildcard address)."""
+    import ray
+    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
+    from ray.dashboard.consts import DASHBOARD_METRIC_PORT
+
+    recorded = {int(n.get("MetricsExportPort") or 0) for n in ray.nodes()}
+    ports = {n.ports[3] for n in cluster.nodes} | {AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT} | recorded
+    ports.discard(0)
+    assert AUTOSCALER_METRIC_PORT > 0 and DASHBOARD_METRIC_PORT > 0  # this process reads Ray's defaults
+    hosts = ["127.0.0.1", *(n.ip for n in cluster.nodes)]
+    return [f"{h}:{p}" for h in hosts for p in sorted(ports)]
+
+
 def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: RayWorld) -> None:
     """Two sandboxed ranks (pool ray-b: both on the head node, which outlives the node-loss test) share
     the host's network for their collectives, so they reach every port of the Ray cluster; tenant code
@@ -444,7 +461,8 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     cluster = world.cluster
     token = cluster.token_path.read_text()
     hosts = [n.ip for n in cluster.nodes]
-    attack = ray_client_attack(cluster.address, [str(cluster.token_path)], hosts)
+    exporters = _exporter_addresses(cluster)
+    attack = ray_client_attack(cluster.address, [str(cluster.token_path)], hosts, exporters)
     script = f"{attack}\n{GANG_TRAINING}"
     spec = {**SPEC, "name": "gang-attack", "entrypoint": {"command": ["python", "-c", script]}}
     req = _request(world, "gang-attack", 0, "ray-b", world_size=2, spec=spec)
@@ -466,17 +484,10 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     (end,) = _terminal(events)
     assert end.kind == "succeeded", (end.data, logs)
     reports = {r: ray_attack_report(logs[r]) for r in (0, 1)}
-    # the metrics exporters answer anyone (read-only Prometheus text, not covered by Ray's token): each
-    # node's metrics export port, and the head's autoscaler and dashboard metrics ports (wildcard-bound)
-    from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
-    from ray.dashboard.consts import DASHBOARD_METRIC_PORT
-
-    exporters = [n.ports[3] for n in cluster.nodes] + [AUTOSCALER_METRIC_PORT, DASHBOARD_METRIC_PORT]
-    metrics = frozenset(f"{ip}:{port}" for port in exporters for ip in hosts)
     assert all(len(v) == 1 for v in reports.values()), logs
     for r in (0, 1):
         assert token not in logs[r], logs[r]
-        assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0, metrics=metrics)
+        assert_not_a_ray_client(reports[r][0], token, cluster.address, scanned=r == 0)
     # rank 0 tried every socket the cluster listened on while the gang ran (the GCS, the raylets and
     # object managers, the agents, every actor's worker): none answered without the token
     probed = set(reports[0][0]["ports"])
@@ -490,6 +501,73 @@ def test_a_gang_shares_the_network_but_is_no_client_of_the_ray_cluster(world: Ra
     ]
     assert sorted(t["rank"] for t in trained) == [0, 1], logs
     assert trained[0]["weights"] == trained[1]["weights"], trained
+
+
+def test_the_clusters_metrics_are_read_only_through_the_api_servers_credentials(
+    world: RayWorld, tmp_path: Path
+) -> None:
+    """No exporter of the cluster answers a plain local process (nothing listens where Ray's would,
+    and no socket the cluster listens on serves metrics without the token); the API server's
+    ``/metrics`` re-exports the cluster's nodes and resources, read over its driver connection, to the
+    metrics token only."""
+    import urllib.error
+    import urllib.request
+
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainyard.api.app import create_app
+    from trainyard.services.platform import Platform, PlatformOptions
+
+    cluster = world.cluster
+    exporters = _exporter_addresses(cluster)
+    listening = sorted(_cluster_ports(cluster))
+    answered: dict[str, Any] = {}
+    for where in [*exporters, *listening]:
+        try:
+            with urllib.request.urlopen(f"http://{where}/metrics", timeout=3) as resp:
+                answered[where] = (resp.status, resp.read(200))
+        except urllib.error.HTTPError as exc:
+            assert exc.code >= 400  # the agents' HTTP servers: 401 without the token
+        except Exception as exc:  # not an HTTP server (gRPC), or nothing listening
+            reason = getattr(exc, "reason", exc)
+            if where in exporters:  # nothing listens where an exporter would
+                assert isinstance(reason, ConnectionRefusedError), (where, exc)
+    assert not answered, answered
+
+    platform = Platform.open(
+        Settings(
+            home=tmp_path / "home",
+            database_url=f"sqlite:///{tmp_path / 'trainyard.db'}",
+            metrics_token="ray-metrics-token",
+        ),
+        PlatformOptions(executor=_executor(cluster.address, world.shared), with_catalog=False),
+    )
+    try:
+        client = TestClient(create_app(platform, access_log=False), base_url="http://127.0.0.1")
+        assert client.get("/metrics").status_code == 401
+        r = client.get("/metrics", headers={"Authorization": "Bearer ray-metrics-token"})
+        assert r.status_code == 200, r.text
+    finally:
+        platform.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(r.text)
+        for s in f.samples
+        if s.name.startswith("trainyard_ray_")
+    }
+    assert samples[("trainyard_ray_cluster_up", ())] == 1
+    alive = samples[("trainyard_ray_nodes", (("state", "alive"),))]
+    assert alive >= 1
+    head = {
+        dict(labels)["resource"]: value
+        for (name, labels), value in samples.items()
+        if name == "trainyard_ray_node_resource" and dict(labels)["ip"] == world.head.ip
+    }
+    assert head[pool_resource("ray-b")] == 2 and head[pool_resource("ray-a")] == 1 and head["CPU"] == 2
+    pool_b = (("resource", pool_resource("ray-b")),)
+    assert samples[("trainyard_ray_resource_total", pool_b)] == 2
+    assert 0 <= samples[("trainyard_ray_resource_available", pool_b)] <= 2
 
 
 def test_a_cluster_without_token_authentication_is_refused(world: RayWorld) -> None:

@@ -395,6 +395,25 @@ class RayExecutor:
             if n.get("Alive")
         ]
 
+    def cluster_state(self) -> dict[str, Any]:
+        """What the cluster holds, read over this driver's authenticated connection: every node the GCS
+        knows (``{node_id, ip, alive, resources}``, total resources of each) and the resources free
+        across the cluster now. The API server re-exports it behind its ``/metrics`` credentials
+        (``observability.ray_metrics``), in place of Ray's own exporters, which answer anyone."""
+        import ray
+
+        nodes = [
+            {
+                "node_id": str(n["NodeID"]),
+                "ip": str(n["NodeManagerAddress"]),
+                "alive": bool(n.get("Alive")),
+                "resources": {str(k): float(v) for k, v in (n.get("Resources") or {}).items()},
+            }
+            for n in ray.nodes()
+        ]
+        available = {str(k): float(v) for k, v in ray.available_resources().items()}
+        return {"nodes": nodes, "available": available}
+
     # ---- launch -------------------------------------------------------------------------------------
     def check_storage(self, checkpoint_url: str) -> None:
         """Raise :class:`StorageError` unless every node of the cluster reaches ``checkpoint_url``."""

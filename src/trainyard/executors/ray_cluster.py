@@ -11,6 +11,11 @@ cluster's token is generated when it is created and kept in a file only its user
 process reaches the GCS, a raylet or a worker of the cluster, which is what keeps a sandboxed rank that
 shares the host's network (a gang's collectives) from submitting tasks, reading objects or killing actors.
 
+Ray's Prometheus exporters are not covered by the token (they answer anyone who connects), so a loopback
+cluster runs none (``NO_EXPORTERS_ENV``): no node's metrics export port, no autoscaler or dashboard
+metrics server. What the cluster holds is read through the driver's authenticated connection instead
+and re-exported by the API server's ``/metrics``, behind its credentials (``observability.ray_metrics``).
+
 Production clusters are started by the operator (docs/ray.md); this module is not used there.
 """
 
@@ -46,6 +51,15 @@ LOOPBACK_ENV: dict[str, str] = {
     "RAY_BACKEND_LOG_LEVEL": "warning",
     "RAY_num_prestart_python_workers": "0",
     "RAY_prestart_worker_first_driver": "0",
+}
+#: Environment of a loopback cluster's processes that starts none of Ray's Prometheus exporters, which
+#: answer without the cluster's token: the dashboard agent collects and exports no metrics (the raylet
+#: starts it with ``--disable-metrics-collection``), and the head's autoscaler and dashboard metrics
+#: servers get a port no socket can bind, so each logs one exception at start-up and goes on without.
+NO_EXPORTERS_ENV: dict[str, str] = {
+    "RAY_enable_metrics_collection": "0",
+    "AUTOSCALER_METRIC_PORT": "-1",
+    "DASHBOARD_METRIC_PORT": "-1",
 }
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 START_TIMEOUT_S = 120.0
@@ -155,7 +169,7 @@ class LoopbackRayCluster:
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(32))
         base = {k: v for k, v in os.environ.items() if k != AUTH_TOKEN_ENV}  # the token comes from the file
-        self.env = {**base, **LOOPBACK_ENV, **self.client_env, **(env or {})}
+        self.env = {**base, **LOOPBACK_ENV, **NO_EXPORTERS_ENV, **self.client_env, **(env or {})}
         self.port: int | None = None
         self.head_ip = "127.0.0.2"
         self.nodes: list[LoopbackNode] = []
@@ -214,7 +228,7 @@ class LoopbackRayCluster:
             f"--dashboard-agent-listen-port={ports[0]}",
             f"--dashboard-agent-grpc-port={ports[1]}",
             f"--runtime-env-agent-port={ports[2]}",
-            f"--metrics-export-port={ports[3]}",
+            f"--metrics-export-port={ports[3]}",  # nothing listens there (NO_EXPORTERS_ENV)
             "--include-log-monitor=false",
             "--disable-usage-stats",
         ]

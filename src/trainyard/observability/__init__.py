@@ -70,6 +70,11 @@ def install_observability(
             max_job_series=platform.settings.metrics_max_job_series,
         )
     )
+    executor = platform.options.executor
+    if executor is not None and hasattr(executor, "cluster_state"):  # the Ray executor's cluster
+        from trainyard.observability.ray_metrics import RayClusterCollector
+
+        registry.register(RayClusterCollector(executor))
     loop_metrics = ControlLoopMetrics(registry)
     serving = ServingMetrics(registry)
     app.state.tracer_provider = provider
