@@ -4,6 +4,7 @@ and the local launcher's mount of those copies at /replica, checked in a real bu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from trainyard.errors import SandboxUnavailableError
 from trainyard.executors.sandbox import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Mounts, Sandbox, SandboxSpec
 from trainyard.serving.replicas import REPLICA_ROOT, LaunchSpec, LocalLauncher
-from trainyard.serving.staging import adapter_dir_name, safe_name, stage_replica
+from trainyard.serving.staging import adapter_dir_name, safe_name, stage_adapter, stage_replica
 
 
 def _model(root: Path, secret: Path) -> Path:
@@ -109,6 +110,37 @@ def test_adapters_whose_names_have_one_safe_form_get_copies_of_their_own(tmp_pat
     for i, name in enumerate(("a/b", "a_b")):
         copy = staged / Path(out.adapters[name]).relative_to(REPLICA_ROOT) / "adapter_config.json"
         assert copy.read_text() == f'{{"which": {i}}}'
+
+
+def test_re_staging_an_adapter_leaves_exactly_the_new_versions_files(tmp_path: Path) -> None:
+    """A new version of an adapter staged over the copy of the old one: the copy holds the new files
+    only (none the new version dropped, no staging leftovers), the new contents, the same place."""
+    staged = tmp_path / "staged"
+    old = tmp_path / "v1"
+    (old / "extra").mkdir(parents=True)
+    (old / "adapter_config.json").write_text('{"version": 1}')
+    (old / "adapter_model.safetensors").write_bytes(b"v1-weights")
+    (old / "extra" / "notes.txt").write_text("only in v1")
+    new = tmp_path / "v2"
+    new.mkdir()
+    (new / "adapter_config.json").write_text('{"version": 2}')
+    (new / "adapter_model.bin").write_bytes(b"v2-weights")
+    first = stage_adapter(Sandbox(), staged, "tiny-a", str(old))
+    assert (first / "extra" / "notes.txt").is_file()
+    again = stage_adapter(Sandbox(), staged, "tiny-a", str(new))
+    assert again == first
+    files = sorted(str(p.relative_to(again)) for p in again.rglob("*"))
+    assert files == ["adapter_config.json", "adapter_model.bin"], files
+    assert (again / "adapter_config.json").read_text() == '{"version": 2}'
+    assert sorted(p.name for p in (staged / "adapters").iterdir()) == [again.name]  # nothing left beside it
+    st = again.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o750
+    # a re-staged replica's model is exactly the new model's files too
+    spec = LaunchSpec("rep-1", str(old), str(old), {}, "m")
+    stage_replica(Sandbox(), spec, staged)
+    stage_replica(Sandbox(), dataclasses.replace(spec, model_path=str(new), tokenizer_path=str(new)), staged)
+    model = sorted(p.name for p in (staged / "model").iterdir())
+    assert model == ["adapter_config.json", "adapter_model.bin"], model
 
 
 def test_a_model_path_that_is_a_link_stages_nothing(tmp_path: Path) -> None:

@@ -7,13 +7,21 @@ which the sandbox uid cannot read anyway. The replica therefore reads a per-repl
 and directories only (a link is neither followed nor copied), the directories ``root:<sandbox gid>
 0750`` and the files the sandbox uid's (:meth:`Sandbox.share_dir`, :meth:`Sandbox.give_read`), mounted
 read-only into its sandbox. The layout under a replica's directory is ``model/``, ``tokenizer/`` (when
-it is not the model's) and ``adapters/<name>/``."""
+it is not the model's) and ``adapters/<name>/``.
+
+Each of those is staged into a fresh directory beside it and then renamed into its place
+(:func:`replace_tree`), so a copy holds exactly the files of what was staged last: re-staging an
+adapter whose new version lacks a file of the old one leaves no trace of that file, and a copy is never
+seen half-written."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import secrets
 import shutil
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +50,37 @@ def stage_tree(src: Path, dst: Path, sandbox: Sandbox) -> Path:
     return dst
 
 
+_REPLACING = threading.Lock()  # one swap at a time: two stagings of one name must not interleave
+
+
+def replace_tree(src: Path, dst: Path, sandbox: Sandbox) -> Path:
+    """:func:`stage_tree` of ``src`` into a new directory beside ``dst``, renamed into ``dst``'s place
+    (the previous copy, if any, is removed): ``dst`` ends up with exactly ``src``'s regular files.
+    The staging directory's name starts with a dot, which no staged name (:func:`safe_name`) does."""
+    parent = dst.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fresh = parent / f".{dst.name}.new-{secrets.token_hex(6)}"
+    old = parent / f".{dst.name}.old-{secrets.token_hex(6)}"
+    moved = False
+    try:
+        stage_tree(src, fresh, sandbox)
+        with _REPLACING:
+            if dst.exists() or dst.is_symlink():
+                os.rename(dst, old)
+                moved = True
+            try:
+                os.rename(fresh, dst)
+            except BaseException:
+                if moved:
+                    os.rename(old, dst)
+                raise
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)
+    return dst
+
+
 def safe_name(name: str, default: str = "adapter") -> str:
     """``name`` as one path component (no separator, no leading dot)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or default
@@ -58,7 +97,7 @@ def stage_adapter(sandbox: Sandbox, staged: Path, name: str, path: str) -> Path:
     adapters = staged / "adapters"
     adapters.mkdir(parents=True, exist_ok=True)
     sandbox.share_dir(adapters)
-    return stage_tree(Path(path), adapters / adapter_dir_name(name), sandbox)
+    return replace_tree(Path(path), adapters / adapter_dir_name(name), sandbox)
 
 
 def seen_at(path: Path, staged: Path, inside: Path | None) -> str:
@@ -74,10 +113,10 @@ def stage_replica(
     sandbox sees them when ``staged`` is mounted at ``inside`` (None: at its own path)."""
     staged.mkdir(parents=True, exist_ok=True)
     sandbox.share_dir(staged)
-    model = stage_tree(Path(spec.model_path), staged / "model", sandbox)
+    model = replace_tree(Path(spec.model_path), staged / "model", sandbox)
     tokenizer = model
     if spec.tokenizer_path and spec.tokenizer_path != spec.model_path:
-        tokenizer = stage_tree(Path(spec.tokenizer_path), staged / "tokenizer", sandbox)
+        tokenizer = replace_tree(Path(spec.tokenizer_path), staged / "tokenizer", sandbox)
     adapters = {
         name: seen_at(stage_adapter(sandbox, staged, name, path), staged, inside)
         for name, path in spec.adapters.items()
