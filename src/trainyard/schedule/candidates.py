@@ -145,6 +145,8 @@ class CandidateCache:
     _pool_keys: dict[int, tuple[Pool, tuple[Any, ...]]] = field(default_factory=dict)
     _pool_classes: dict[int, tuple[Pool, tuple[Any, tuple[Any, ...]]]] = field(default_factory=dict)
     _pool_topologies: dict[int, tuple[Pool, Any]] = field(default_factory=dict)
+    # ``grid._pool_infos`` of the last pools priced on: (those pools, their infos)
+    _pool_infos: tuple[list[Pool], list[Any]] | None = None
     # ``cost.quote.AllocationTimes`` per (base key, pool class, device count): every length, progress and
     # price of pools of that class is priced from it (``cost.quote.priced_option``)
     times: dict[tuple[Any, ...], AllocationTimes] = field(default_factory=dict)

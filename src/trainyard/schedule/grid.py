@@ -4,14 +4,17 @@
 pool, one ``price_option`` and ``to_candidate`` per (pool, device count), then the job's objective): the
 same candidates, field for field, in the same order. What it does differently is how the last step of a
 quote is computed. The expensive middle step, ``cost.quote.AllocationTimes`` (predictions, checkpoint
-stall and interval, restart, interruptions), is still memoised per (spec base, pool class, device count) in
-the :class:`~trainyard.schedule.candidates.CandidateCache`; the predictions behind it are filled with one
-``predict_many`` call per accelerator and topology, as before. The pricing of the remaining work (``cost.
-quote.price_work``: checkpoint and preemption fractions, expected and pessimistic wall time, dollars) and
-the scheduler's own fields (``to_candidate``: p90 finish, capacity, the objective with reserved capacity at
-its marginal cost and the time value) are then one numpy expression over every priced (pool, device count)
-of the spec, written in the scalar code's operation order so that every number is the same IEEE double.
-No ``QuoteOption`` is built on this path.
+stall and interval, restart, interruptions), is memoised per (spec base, pool class, device count) in
+the :class:`~trainyard.schedule.candidates.CandidateCache` as the numbers pricing reads of it
+(:func:`time_row`); the rows a spec misses are computed together as arrays from the memoised predictions
+(``schedule.times.time_rows_many``), and only the ones that do not fit (or have no prediction) go
+through the scalar ``allocation_times``, whose reasons are in words. The predictions behind them are
+filled with one ``predict_many`` call per accelerator and topology, as before. The pricing of the
+remaining work (``cost.quote.price_work``: checkpoint and preemption fractions, expected and pessimistic
+wall time, dollars) and the scheduler's own fields (``to_candidate``: p90 finish, capacity, the objective
+with reserved capacity at its marginal cost and the time value) are then one numpy expression over every
+priced (pool, device count) of the spec, written in the scalar code's operation order so that every
+number is the same IEEE double. No ``QuoteOption`` is built on this path.
 
 Rows the cost model or the scheduler rejects for a reason that needs words (the predictor cannot model the
 combination, the model does not fit, a budget, device-hour limit, interconnect or preemption reason, a pool
@@ -46,6 +49,7 @@ from trainyard.schedule.candidates import (
     price_option,
     to_candidate,
 )
+from trainyard.schedule.times import TimeKey, time_rows_many
 from trainyard.schedule.types import Candidate, SchedulerConfig
 from trainyard.spec.models import JobSpec, Minimize
 
@@ -336,60 +340,89 @@ def spec_grid(
     # the vectorised rows' inputs, one entry per row
     vec_slots: list[int] = []
     rows_pool: list[int] = []
-    rows: list[tuple[int, float, AllocationTimes]] = []  # (devices, price per device-hour, times)
+    rows_dev: list[int] = []
+    rows_price: list[float] = []
     scalar_rows: list[tuple[int, Pool, int]] = []  # (slot, pool, devices) priced the reference way
     interconnect = spec.resources.min_interconnect_gbps is not None
     times, base, time_rows = cache.times, cache.base(spec), cache.time_rows
-    facts = None  # ``cache.facts(spec)``, when a row's times are not memoised
     vecs: list[tuple[float, ...]] = []  # ``time_row`` of each vectorised row
+    # rows whose allocation times are not memoised: (slot, pool index, devices, memo key), and the keys
+    # ``times.time_rows_many`` computes them from (one per memo key)
+    pending: list[tuple[int, int, int, tuple[Any, ...]]] = []
+    wanted: dict[tuple[Any, ...], int] = {}
+    keys: list[TimeKey] = []
+    infos = _pool_infos(pools, cache)
     for pi, (pool, counts, why) in enumerate(screened):
         if why or not counts:
             slot_pool.append(pi)
             made.append(_never_memo(spec, pool, counts, why, cache))
             continue
-        try:
-            # counts lie inside the spec's device range and the pool's shape (``candidate_device_counts``),
-            # so ``screen_option`` passes them all and returns this price
-            price = price_usd_per_device_hour_for(pool, reserved_discount=_PARAMS.reserved_discount)
-        except PoolsFileError:
-            price = None
-        acc, pclass = cache.pool_class(pool)
-        pf = None  # the pool's memoised predictor, made when the first of its rows is not memoised
+        # counts lie inside the spec's device range and the pool's shape (``candidate_device_counts``), so
+        # ``screen_option`` passes them all and returns the pool's price (None: the pool has none)
+        acc, pclass, gk, price = infos[pi]
         for devices in counts:
             slot_pool.append(pi)
-            t = None
-            if price is not None and not interconnect:
-                tk = (base, pclass, devices)
-                t = times.get(tk)
-                if t is None:
-                    if pf is None:
-                        pf = _predict_fn(cache, spec, pool)
-                        if facts is None:
-                            facts = cache.facts(spec)
-                    t = _times(spec, pool, devices, acc, pclass, cache, pf, facts, base)
-            if t is None:
+            if price is None or interconnect:
                 scalar_rows.append((len(made), pool, devices))
                 made.append(None)
                 continue
-            if t.prediction is None or t.reason:
-                made.append(_rejected(pool, devices, t, price if price is not None else 0.0))
-                continue
-            vec_slots.append(len(made))
-            rows_pool.append(pi)
-            rows.append((devices, price if price is not None else 0.0, t))
+            tk = (base, pclass, devices)
             vec = time_rows.get(tk)
             if vec is None:
+                t = times.get(tk)
+                if t is None:
+                    if tk not in wanted:
+                        wanted[tk] = len(keys)
+                        keys.append((acc, gk, pool.devices_per_node, pclass[4], devices))
+                    pending.append((len(made), pi, devices, tk))
+                    made.append(None)
+                    continue
+                if t.prediction is None or t.reason:
+                    made.append(_rejected(pool, devices, t, price))
+                    continue
                 vec = time_rows[tk] = time_row(t)
+            vec_slots.append(len(made))
+            rows_pool.append(pi)
+            rows_dev.append(devices)
+            rows_price.append(price)
             vecs.append(vec)
             made.append(None)
+    if pending:
+        facts = cache.facts(spec)
+        got = time_rows_many(spec, keys, cache.shape(spec), cache.predictions, facts.checkpoint_bytes)
+        pfs: dict[int, Any] = {}  # the pools' memoised predictors, for rows priced the scalar way
+        for slot, pi, devices, tk in pending:
+            vec = got[wanted[tk]]
+            pool = pools[pi]
+            acc, pclass, _gk, price = infos[pi]
+            assert price is not None  # rows of pools without a price are priced the scalar way
+            if vec is None:
+                vec = time_rows.get(tk)
+            if vec is None:
+                pf = pfs.get(pi)
+                if pf is None:
+                    pf = pfs[pi] = _predict_fn(cache, spec, pool)
+                t = _times(spec, pool, devices, acc, pclass, cache, pf, facts, base)
+                if t.prediction is None or t.reason:
+                    made[slot] = _rejected(pool, devices, t, price)
+                    continue
+                vec = time_row(t)
+            time_rows[tk] = vec
+            vec_slots.append(slot)
+            rows_pool.append(pi)
+            rows_dev.append(devices)
+            rows_price.append(price)
+            vecs.append(vec)
     progress = elapsed_fraction
     for slot, pool, devices in scalar_rows:
         c = _scalar(spec, pool, devices, progress, config, cache)
         made[slot] = _with_time_value(c, time_value) if time_value is not None else c
     g = CandidateGrid(pools, len(made), markets)
     g.pool[:] = slot_pool
-    if rows:
-        cols = _price_rows(spec, pools, rows_pool, rows, vecs, markets, progress, config, cache, time_value)
+    if vecs:
+        cols = _price_rows(
+            spec, pools, rows_pool, rows_dev, rows_price, vecs, markets, progress, config, cache, time_value
+        )
         words = cols.pop("words")
         at = np.asarray(vec_slots, dtype=np.int64)
         ok = ~words
@@ -398,7 +431,7 @@ def spec_grid(
         for name, col in cols.items():
             getattr(g, name)[sel] = col[ok]
         for k in np.flatnonzero(words).tolist():
-            pool, (d, _price, _t) = pools[rows_pool[k]], rows[k]
+            pool, d = pools[rows_pool[k]], rows_dev[k]
             c = _scalar(spec, pool, d, progress, config, cache)
             made[vec_slots[k]] = _with_time_value(c, time_value) if time_value is not None else c
     for i, m in enumerate(made):
@@ -407,6 +440,31 @@ def spec_grid(
             if m.feasible:
                 g._set(i, m)
     return g
+
+
+_PoolInfo = tuple[Any, tuple[Any, ...], tuple[Any, ...], float | None]
+
+
+def _pool_info(pool: Pool, cache: CandidateCache) -> _PoolInfo:
+    acc, pclass = cache.pool_class(pool)
+    try:
+        price = price_usd_per_device_hour_for(pool, reserved_discount=_PARAMS.reserved_discount)
+    except PoolsFileError:
+        price = None
+    return acc, pclass, cache.pool_topology(pool)[2], price
+
+
+def _pool_infos(pools: Sequence[Pool], cache: CandidateCache) -> list[_PoolInfo]:
+    """Per pool: its accelerator and class (``CandidateCache.pool_class``), its prediction group key
+    (``CandidateCache.pool_topology``) and its price per device-hour (None: it has none), memoised for
+    the last sequence of pools seen (a round's specs are priced on one), checked object by object."""
+    hit = cache._pool_infos
+    same = hit is not None and len(hit[0]) == len(pools)
+    if hit is not None and same and all(a is b for a, b in zip(hit[0], pools, strict=True)):
+        return hit[1]
+    infos = [_pool_info(p, cache) for p in pools]
+    cache._pool_infos = (list(pools), infos)
+    return infos
 
 
 def _never_memo(spec: JobSpec, pool: Pool, counts: list[int], why: str, cache: CandidateCache) -> Candidate:
@@ -484,7 +542,8 @@ def _price_rows(
     spec: JobSpec,
     pools: Sequence[Pool],
     rows_pool: list[int],
-    rows: list[tuple[int, float, AllocationTimes]],
+    rows_dev: list[int],
+    rows_price: list[float],
     vecs: list[tuple[float, ...]],
     markets: Sequence[str],
     progress: float,
@@ -496,9 +555,8 @@ def _price_rows(
     ``words``, the rows whose reason needs words (priced again the scalar way)."""
     facts = cache.facts(spec)
     params = _PARAMS
-    n = len(rows)
-    devices = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-    price_dev_h = np.fromiter((r[1] for r in rows), dtype=float, count=n)
+    devices = np.asarray(rows_dev, dtype=np.int64)
+    price_dev_h = np.asarray(rows_price, dtype=float)
     cols_t = np.array(vecs, dtype=float).T.copy()  # one row per ``time_row`` field
     step_s, step_p90_s, interval_s, stall_s, rate_h, restart_s, compile_s = cols_t[:7]
     nodes_t = cols_t[7].astype(np.int64)
