@@ -392,12 +392,15 @@ def spec_grid(
         got = time_rows_many(spec, keys, cache.shape(spec), cache.predictions, facts.checkpoint_bytes)
         pfs: dict[int, Any] = {}  # the pools' memoised predictors, for rows priced the scalar way
         for slot, pi, devices, tk in pending:
-            vec = got[wanted[tk]]
+            res = got[wanted[tk]]
             pool = pools[pi]
             acc, pclass, _gk, price = infos[pi]
             assert price is not None  # rows of pools without a price are priced the scalar way
-            if vec is None:
-                vec = time_rows.get(tk)
+            if isinstance(res, AllocationTimes):
+                times[tk] = res
+                made[slot] = _rejected(pool, devices, res, price)
+                continue
+            vec = res if res is not None else time_rows.get(tk)
             if vec is None:
                 pf = pfs.get(pi)
                 if pf is None:

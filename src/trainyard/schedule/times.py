@@ -5,22 +5,23 @@ one spec in one numpy pass.
 pricing reads of its ``AllocationTimes`` (``grid.time_row``'s tuple: step, p90 step, interval, stall,
 interruption rate, restart, compile, nodes, provisioning), computed with the scalar code's operations in
 its order (measured step times and their scaling, the checkpoint stall and load, the restart, the
-Young/Daly grid interval), so every number is the same IEEE double. A row it cannot answer that way (no
-memoised prediction, a missing reference prediction, a prediction that does not fit or has no finite step
-time) is None: the caller prices it the scalar way, whose reasons are in words.
+Young/Daly grid interval), so every number is the same IEEE double. A row that does not fit (or has no
+finite step time) gets ``allocation_times``' own ``AllocationTimes``, its reason in the same words; a row
+without a memoised prediction (or reference prediction) is None: the caller prices it the scalar way.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from trainyard.cost import model as cm
-from trainyard.cost.quote import MEASURED_P90_FACTOR
+from trainyard.cost.quote import MEASURED_P90_FACTOR, AllocationTimes
 from trainyard.spec.models import JobSpec
 
 #: One row: the pool's accelerator (``cost.quote.pool_accelerator``'s), the pool's prediction group key
@@ -41,12 +42,13 @@ def time_rows_many(
     predictions: dict[tuple[Any, ...], Any],
     checkpoint_bytes: float,
     params: cm.CostParams = cm.DEFAULT_PARAMS,
-) -> list[tuple[float, ...] | None]:
+) -> list[tuple[float, ...] | AllocationTimes | None]:
     """``grid.time_row(allocation_times(...))`` of every row of ``keys`` whose allocation fits, from the
     memoised predictions (``shape``: the spec's ``CandidateCache.shape``; ``checkpoint_bytes``: its
-    ``SpecFacts``'); None for a row to price the scalar way (see the module docstring)."""
+    ``SpecFacts``'); for a row that does not fit, ``allocation_times``' own answer (its reason); None for a
+    row without a memoised prediction, to price the scalar way."""
     n = len(keys)
-    out: list[tuple[float, ...] | None] = [None] * n
+    out: list[tuple[float, ...] | AllocationTimes | None] = [None] * n
     if n == 0:
         return out
     measured = spec.measured.step_time_s
@@ -64,6 +66,7 @@ def time_rows_many(
     dpn_l: list[int] = []
     rate_l: list[float] = []
     dev_l: list[int] = []
+    preds: list[Any] = []
     nan = float("nan")
     for k, (acc, gk, dpn, rate, d) in enumerate(keys):
         name, mem, rest = gk[0], gk[1], gk[2:]
@@ -77,8 +80,9 @@ def time_rows_many(
             if rp is None:
                 continue
             ref = rp.step_time_s
-        elif m is None and not p.fits:
-            continue  # rejected: the reason in words comes from the scalar path
+        elif m is None and (not p.fits or not _positive(p.step_time_s)):
+            out[k] = _rejected(acc, d, dpn, p, p.reason, p.step_time_s, p.step_time_p90_s, p.source)
+            continue
         if acc.compile_required:
             c = p.compile_time_s if p.compile_time_s > 0 else acc.first_compile_s
         else:
@@ -95,6 +99,7 @@ def time_rows_many(
         dpn_l.append(dpn)
         rate_l.append(rate)
         dev_l.append(d)
+        preds.append(p)
     if not at:
         return out
     with np.errstate(all="ignore"):
@@ -104,11 +109,36 @@ def time_rows_many(
             np.array(prov_l), np.array(dpn_l, dtype=np.int64), np.array(rate_l),
             np.array(dev_l, dtype=np.int64), checkpoint_bytes, params,
         )  # fmt: skip
-    ok, table = cols
+    ok, table, step_s, step_p90_s = cols
     rows = table.tolist()
     for j in np.flatnonzero(ok).tolist():
         out[at[j]] = tuple(rows[j])
+    for j in np.flatnonzero(~ok).tolist():
+        # only measured step times get here: on their reference count with the measurement, elsewhere
+        # scaled from it with the prediction's fit
+        acc, _gk, dpn, _rate, d = keys[at[j]]
+        p = preds[j]
+        at0 = d == d0
+        out[at[j]] = _rejected(
+            acc, d, dpn, p, "" if at0 else p.reason, float(step_s[j]), float(step_p90_s[j]),
+            "measured" if at0 else "measured-scaled",
+        )  # fmt: skip
     return out
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _rejected(
+    acc: Any, devices: int, dpn: int, p: Any, fit_reason: str, step_s: float, step_p90_s: float, source: str
+) -> AllocationTimes:
+    """``allocation_times`` of an allocation whose plan does not fit (or has no finite step time)."""
+    reason = fit_reason or f"does not fit in memory on {devices} x {acc.name}"
+    nodes = -(-devices // dpn)  # math.ceil(devices / devices_per_node)
+    return AllocationTimes(
+        acc, devices, nodes, p, reason, step_s=step_s, step_p90_s=step_p90_s, source=source
+    )
 
 
 def _times_columns(
@@ -127,9 +157,10 @@ def _times_columns(
     devices: np.ndarray,
     ckpt_bytes: float,
     params: cm.CostParams,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``allocation_times`` of every row, operation for operation: whether it fits (with a finite step
-    time), and the ``time_row`` columns (one row each)."""
+    time), the ``time_row`` columns (one row each), and the step time and its p90 as a row that does not
+    fit reports them."""
     at0 = meas & (devices == d0)
     # Step time: measured where the spec names this accelerator (scaled by the predictor from the
     # reference count, linearly where it has no usable scaling), else the predictor's.
@@ -142,6 +173,7 @@ def _times_columns(
     step_p90_s = np.where(at0, m_step * MEASURED_P90_FACTOR, np.where(meas, scaled_p90, p_p90))
     fits = at0 | p_fits
     ok = fits & _finite_positive(step_s)
+    reported_p90_s = step_p90_s
     step_p90_s = np.where(~_finite_positive(step_p90_s) | (step_p90_s < step_s), step_s, step_p90_s)
     # Checkpoint and preemption.
     nodes = -(-devices // dpn)  # math.ceil(devices / devices_per_node)
@@ -160,7 +192,7 @@ def _times_columns(
         (step_s, step_p90_s, interval_s, stall_s, rate_h, restart_s, compile_s, nodes.astype(float),
          provisioning_s)
     )  # fmt: skip
-    return ok, table
+    return ok, table, step_s, reported_p90_s
 
 
 def choose_intervals_s(
