@@ -217,3 +217,34 @@ def test_lazy_predictions_in_a_round_are_built_only_when_read() -> None:
     want = predict(spec, get_accelerator("a100-80gb"), 8, devices_per_node=8, inter_node_gbps=None)
     got = next(p for p in preds if p.accelerator == "a100-80gb" and p.devices == 8)
     _close(got.to_dict(), want.to_dict(), "a100-80gb/8")
+
+
+def test_the_batched_fit_search_finds_the_scalar_smallest_fitting_count() -> None:
+    """``predict_grouped`` searches the smallest fitting device count of all its predictions that do not
+    fit at once (``model.prefill_min_devices``); every answer and reason is the scalar predictor's."""
+    specs = [
+        _spec(4, 8, 8, seq, batch, prec, method, size)
+        for size in (30.0, 120.0, 400.0, 1500.0, 6000.0)
+        for batch in (1, 16, 512)
+        for seq, prec, method in (
+            (2048, "bf16-mixed", "full"), (8192, "fp32", "full"), (512, "bf16-mixed", "lora")
+        )
+    ]  # fmt: skip
+    specs.append(_spec(48, 64, 32, 8192, 64, "bf16-mixed", "full", None))  # a dense model of its own shape
+    counts = [1, 2, 3, 8, 12]
+    found = unbounded = 0
+    for acc in ("t4", "l4", "a100-80gb", "tpu-v5e"):
+        a = get_accelerator(acc)
+        grouped = predict_grouped([(s, counts) for s in specs], a, devices_per_node=8, lazy=True)
+        for s, got in zip(specs, grouped, strict=True):
+            for g, n in zip(got, counts, strict=True):
+                want = predict(s, a, n, devices_per_node=8)
+                assert (g.fits, g.min_devices_to_fit, g.reason) == (
+                    want.fits,
+                    want.min_devices_to_fit,
+                    want.reason,
+                ), (acc, s.model, s.workload.global_batch, n)
+                if not want.fits:
+                    found += want.min_devices_to_fit is not None
+                    unbounded += want.min_devices_to_fit is None
+    assert found > 100 and unbounded > 10

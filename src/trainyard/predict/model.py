@@ -258,6 +258,80 @@ def _min_devices(ctx: _Context, start: int) -> int | None:
     return hi
 
 
+def prefill_min_devices(requests: Sequence[tuple[_Context, int, Any]]) -> None:
+    """Run :func:`_min_devices` of every ``(context, start, batch key)`` at once, so that the searches the
+    predictions then make find every probe in their context's ``fits_memo``.
+
+    The searches advance in lockstep, each through the probes :func:`_min_devices` makes (powers of two
+    upwards, then bisection); at each step the device counts not yet memoised are checked together, one
+    vectorised memory evaluation per batch key (``predict_grouped``'s groups: contexts of one key share
+    their pins, hardware and efficiency parameters and have workloads ``engine.workload_rows`` can stack;
+    a key ``("alone", ...)`` is evaluated context by context), instead of one evaluation per probe."""
+    # per search: [context, key, phase (0: up, 1: bisect, 2: done), lo, n or hi]
+    states = [[ctx, key, 0, start, start + 1] for ctx, start, key in requests]
+    while True:
+        probes: dict[tuple[int, int], tuple[_Context, int, Any]] = {}
+        for st in states:
+            ctx, key = st[0], st[1]
+            memo = ctx.fits_memo
+            while st[2] != 2:
+                if st[2] == 0:
+                    n = st[4]
+                    if n > MAX_SEARCH_DEVICES:
+                        st[2] = 2
+                        break
+                    hit = memo.get(n)
+                    if hit is None:
+                        probes[(id(ctx), n)] = (ctx, n, key)
+                        break
+                    if hit:
+                        st[2] = 1
+                    else:
+                        st[3], st[4] = n, 1 << n.bit_length()
+                else:
+                    lo, hi = st[3], st[4]
+                    if hi - lo <= 1:
+                        st[2] = 2
+                        break
+                    mid = (lo + hi) // 2
+                    hit = memo.get(mid)
+                    if hit is None:
+                        probes[(id(ctx), mid)] = (ctx, mid, key)
+                        break
+                    if hit:
+                        st[4] = mid
+                    else:
+                        st[3] = mid
+        if not probes:
+            return
+        _fits_many(list(probes.values()))
+
+
+def _fits_many(probes: list[tuple[_Context, int, Any]]) -> None:
+    """:func:`_fits_at` of every ``(context, device count, batch key)``, into the contexts' memos, with one
+    memory evaluation per batch key."""
+    by_key: dict[Any, list[tuple[_Context, int, dict[str, np.ndarray]]]] = {}
+    for ctx, n, key in probes:
+        _topo, cand = _candidates(ctx, n)
+        if not cand:
+            ctx.fits_memo[n] = False
+        elif key is None or key[0] == "alone":
+            mem = engine.memory_bytes(ctx.w, cand, ctx.pins)
+            ctx.fits_memo[n] = bool((mem <= ctx.hw.memory_bytes).any())
+        else:
+            by_key.setdefault(key, []).append((ctx, n, cand))
+    for members in by_key.values():
+        rows = [len(c["tp"]) for _, _, c in members]
+        cand_all = {k: np.concatenate([c[k] for _, _, c in members]) for k in members[0][2]}
+        w: Any = engine.workload_rows([ctx.w for ctx, _, _ in members], rows)
+        ctx0 = members[0][0]
+        mem = engine.memory_bytes(w, cand_all, ctx0.pins)
+        starts = np.cumsum([0, *rows[:-1]])
+        fits = np.logical_or.reduceat(mem <= ctx0.hw.memory_bytes, starts).tolist()
+        for (ctx, n, _c), ok in zip(members, fits, strict=True):
+            ctx.fits_memo[n] = bool(ok)
+
+
 def _context(
     spec: JobSpec,
     accelerator: Accelerator,
@@ -882,6 +956,8 @@ def predict_grouped(
             key = (*key, pins, ctx.hw, ctx.params)
         groups.setdefault(key, []).append(i)
     out: list[list[Prediction]] = [[] for _ in items]
+    passes = []
+    requests: list[tuple[_Context, int, Any]] = []
     for key, members in groups.items():
         lives = [[c for _, _, c in prepared[i][6] if c] for i in members]
         flat = [c for live in lives for c in live]
@@ -908,12 +984,30 @@ def predict_grouped(
             if ev_all is not None
             else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
         )
+        if search:
+            # the device counts without a fitting plan, whose predictions search for the smallest count
+            # that fits
+            fit_list = fits.tolist()
+            seg = 0
+            for i in members:
+                ctx = prepared[i][1]
+                for n, _topo, cand in prepared[i][6]:
+                    if cand:
+                        seg += 1
+                        if fit_list[seg - 1]:
+                            continue
+                    requests.append((ctx, n, key))
         # the chosen plans' rows alone, for the lazy predictions to build from (not the whole evaluation)
         chosen_rows = (
             engine.Evaluation(*(getattr(ev_all, f)[idx] for f in engine.Evaluation.__dataclass_fields__))
             if lazy and ev_all is not None
             else None
         )
+        passes.append((members, lives, ev_all, idx, fits, chosen_rows))
+    if requests:
+        # all of those searches at once (``_finalize`` then finds every probe memoised)
+        prefill_min_devices(requests)
+    for members, lives, ev_all, idx, fits, chosen_rows in passes:
         start, k = 0, 0
         for i, live in zip(members, lives, strict=True):
             spec, ctx, notes, source, st, dtype, parts = prepared[i]
