@@ -4,8 +4,10 @@ and database (as a model directory a tenant's job wrote could). The replica must
 and, inspected from outside, run as the sandbox uid without capabilities, with no server setting, key or
 database URL in its environment, and in a file system where the server's home does not exist and the
 staged model holds no link or copy of the key. An adapter loaded at run time is staged into the
-sandbox first, the replica is adopted again after the server is killed, and deleting the deployments
-stops it and removes its staged copies. Bubblewrap that cannot start fails the test (never skips it)."""
+sandbox first, the replica is adopted again after the server is killed, by a server run with
+TRAINYARD_SANDBOX=none that still stages the next adapter into the replica's /replica, and deleting the
+deployments stops it and removes its staged copies. Bubblewrap that cannot start fails the test (never
+skips it)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ def test_a_local_replica_serves_from_the_sandbox_and_sees_none_of_the_server(tmp
     adapter = build_lora_adapter(base, tmp_path / "models" / "a", seed=1)
     version_dir = place_model_version(home / "storage", "default", "tiny", 1, base)
     adapter_dir = place_model_version(home / "storage", "default", "tiny-a", 1, adapter, base="tiny@1")
+    later = build_lora_adapter(base, tmp_path / "models" / "b", seed=2)
+    later_dir = place_model_version(home / "storage", "default", "tiny-b", 1, later, base="tiny@1")
     # the tenant's model directory points at the server's secrets
     (version_dir / "stolen-key").symlink_to(home / "api_key")
     (version_dir / "extra").mkdir()
@@ -76,15 +80,27 @@ def test_a_local_replica_serves_from_the_sandbox_and_sees_none_of_the_server(tmp
             assert len(adapters) == 1 and (adapters[0] / "adapter_config.json").is_file()
             assert not (adapters[0] / "stolen-key").exists() and not (adapters[0] / "stolen-key").is_symlink()
 
-            # the server dies; the sandboxed replica keeps running and is adopted again
+            # the server dies; the sandboxed replica keeps running and is adopted again, by a server
+            # that now runs without the sandbox: it still stages what it loads into that replica
             srv.kill9()
             assert _alive(rep["pid"])
+            srv.env["TRAINYARD_SANDBOX"] = "none"
             srv.start(timeout_s=READY_TIMEOUT_S)
             again = tc.wait_deployment("chat", timeout_s=READY_TIMEOUT_S)
             assert [(x["id"], x["pid"]) for x in again["replica_set"]] == [(rep["id"], rep["pid"])]
             oai = openai.OpenAI(base_url=f"{srv.url}/openai/v1", api_key=api_key, max_retries=0, timeout=120)
             assert _chat(oai, "chat") == text
+            (later_dir / "stolen-key").symlink_to(home / "api_key")
+            tc.create_deployment("fb", "tiny-b@1")
+            fb = tc.wait_deployment("fb", timeout_s=READY_TIMEOUT_S)
+            assert [x["id"] for x in fb["replica_set"]] == [rep["id"]]  # loaded into the adopted replica
+            assert _chat(oai, "fb")
+            adapters = sorted((root / "replica" / "adapters").iterdir())
+            assert len(adapters) == 2, adapters  # the new one staged into its /replica as well
+            for a in adapters:
+                assert not (a / "stolen-key").exists() and not (a / "stolen-key").is_symlink()
 
+            tc.delete_deployment("fb")
             tc.delete_deployment("fa")
             tc.delete_deployment("chat")
             deadline = time.monotonic() + 60

@@ -15,7 +15,7 @@ import pytest
 
 from trainyard.errors import SandboxUnavailableError
 from trainyard.executors.sandbox import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Mounts, Sandbox, SandboxSpec
-from trainyard.serving.replicas import REPLICA_ROOT, LaunchSpec, LocalLauncher
+from trainyard.serving.replicas import REPLICA_ROOT, SANDBOX_RECORD, LaunchSpec, LocalLauncher
 from trainyard.serving.staging import adapter_dir_name, safe_name, stage_adapter, stage_replica
 
 
@@ -196,6 +196,35 @@ def test_the_local_launcher_stages_adapters_and_removes_its_copies_on_stop(tmp_p
     launcher.stop("rep-1", None)
     assert not (tmp_path / "replicas" / "rep-1").exists()
     assert launcher.staged_dir("../x") == tmp_path / "replicas" / "_x"
+
+
+def test_a_launcher_without_the_sandbox_stages_adapters_for_a_replica_started_in_it(tmp_path: Path) -> None:
+    """A server restarted with TRAINYARD_SANDBOX=none adopts a replica a sandboxed server started: the
+    replica's record says how it runs, so its adapters are still staged into /replica, for its uid."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "stolen").symlink_to(_secret(tmp_path))
+    uid = 12345 if os.geteuid() == 0 else None  # a sandbox uid other than the default one
+    started_by = LocalLauncher(
+        tmp_path / "logs", sandbox=SandboxSpec(uid=uid, gid=uid), work_dir=tmp_path / "replicas"
+    )
+    staged = started_by.staged_dir("rep-1")
+    staged.mkdir(parents=True)
+    started_by._record_sandbox(staged)
+    assert stat.S_IMODE((staged / SANDBOX_RECORD).stat().st_mode) == 0o600
+    adopter = LocalLauncher(tmp_path / "logs", sandbox=None, work_dir=tmp_path / "replicas")
+    path = adopter.adapter_path("rep-1", "a", str(adapter))
+    assert path == f"/replica/adapters/{adapter_dir_name('a')}"
+    copy = staged / "adapters" / adapter_dir_name("a")
+    assert sorted(p.name for p in copy.iterdir()) == ["adapter_config.json"]
+    if uid is not None:
+        assert (copy / "adapter_config.json").stat().st_uid == uid
+    # a replica started bare (no staging directory) still gets the original path
+    assert adopter.adapter_path("rep-2", "a", str(adapter)) == str(adapter)
+    # one whose record is missing or unreadable (started before records existed) is staged all the same
+    (staged / SANDBOX_RECORD).write_text("[]")
+    assert adopter.adapter_path("rep-1", "b", str(adapter)) == f"/replica/adapters/{adapter_dir_name('b')}"
 
 
 def test_a_launcher_whose_sandbox_cannot_start_fails_clearly_and_starts_nothing(tmp_path: Path) -> None:

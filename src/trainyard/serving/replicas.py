@@ -14,11 +14,18 @@ nothing of the server's home exists inside. It shares the host's network (the ga
 127.0.0.1). It is not tied to the server's life (no ``--die-with-parent``): a restarted server adopts
 it by the stored pid (bubblewrap's, the leader of the replica's process group) and port. Where the
 sandbox cannot start, the start fails with ``SandboxUnavailableError``; a bare replica runs only under
-the explicit opt-out (``TRAINYARD_SANDBOX=none``)."""
+the explicit opt-out (``TRAINYARD_SANDBOX=none``).
+
+A sandboxed replica's start records the sandbox it runs in (:data:`SANDBOX_RECORD` in its staging
+directory: bubblewrap, uid, gid), so whichever server adopts it later — one run with another
+``TRAINYARD_SANDBOX``, ``none`` included — stages every adapter it loads into that replica's
+``/replica`` for that uid, and hands an unstaged path only to a replica that was started bare."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -42,6 +49,9 @@ SCRUBBED_ENV = ("TRAINYARD_DATABASE_URL", "TRAINYARD_API_KEY", "TRAINYARD_METRIC
 REPLICA_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 #: where a sandboxed local replica sees its staged copies
 REPLICA_ROOT = Path("/replica")
+#: in a sandboxed replica's staging directory: the sandbox it was started in (``SandboxSpec`` fields);
+#: a dot name, which no staged copy has
+SANDBOX_RECORD = ".sandbox.json"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -130,6 +140,7 @@ class LocalLauncher:
         self.work_dir = Path(work_dir) if work_dir is not None else self.log_dir.parent / "replicas"
         self.sandbox_spec = sandbox
         self._sandbox: Sandbox | None = None
+        self._recorded: dict[SandboxSpec, Sandbox] = {}  # sandboxes adopted replicas were started in
 
     def staged_dir(self, replica_id: str) -> Path:
         return self.work_dir / safe_name(replica_id, "replica")
@@ -186,6 +197,7 @@ class LocalLauncher:
         try:
             self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             inside = stage_replica(sandbox, spec, staged, inside=REPLICA_ROOT)
+            self._record_sandbox(staged)
         except BaseException:
             shutil.rmtree(staged, ignore_errors=True)
             raise
@@ -195,13 +207,44 @@ class LocalLauncher:
         env = scrubbed_env(os.environ, extra)
         return sandbox.command(replica_command(inside, port), mounts), env
 
-    def adapter_path(self, replica_id: str, name: str, path: str) -> str:
-        """The path a running replica loads adapter ``name`` from: a copy staged into its sandbox first,
-        or ``path`` itself for a replica that runs without the sandbox."""
+    def _record_sandbox(self, staged: Path) -> None:
+        """Write :data:`SANDBOX_RECORD` (the server's file, 0600) into a replica's staging directory."""
+        assert self.sandbox_spec is not None
+        fd = os.open(staged / SANDBOX_RECORD, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(dataclasses.asdict(self.sandbox_spec), fh)
+
+    def replica_sandbox(self, replica_id: str) -> Sandbox | None:
+        """The sandbox replica ``replica_id`` runs in, whichever server started it: the one its start
+        recorded, else (a staging directory without a record) this launcher's or the default one; None
+        for a replica that runs without the sandbox (it has no staging directory)."""
         staged = self.staged_dir(replica_id)
-        if self.sandbox_spec is None or not staged.is_dir():
+        if not staged.is_dir():
+            return None
+        try:
+            with open(staged / SANDBOX_RECORD) as fh:
+                doc = json.load(fh)
+            fields = {f.name for f in dataclasses.fields(SandboxSpec)}
+            recorded: SandboxSpec | None = SandboxSpec(**{k: v for k, v in doc.items() if k in fields})
+        except (OSError, ValueError, TypeError, AttributeError):  # none (started before records existed)
+            recorded = None
+        if recorded is None or recorded == self.sandbox_spec:
+            if self.sandbox_spec is not None:
+                return self.sandbox()
+            recorded = recorded or SandboxSpec()
+        if recorded not in self._recorded:  # only its uid and gid are used: the files are staged for it
+            self._recorded[recorded] = recorded.build()
+        return self._recorded[recorded]
+
+    def adapter_path(self, replica_id: str, name: str, path: str) -> str:
+        """The path a running replica loads adapter ``name`` from: a copy staged into its sandbox first
+        (the sandbox it was started in, even when this server runs without one), or ``path`` itself for
+        a replica that runs without the sandbox."""
+        sandbox = self.replica_sandbox(replica_id)
+        if sandbox is None:
             return path
-        return seen_at(stage_adapter(self.sandbox(), staged, name, path), staged, REPLICA_ROOT)
+        staged = self.staged_dir(replica_id)
+        return seen_at(stage_adapter(sandbox, staged, name, path), staged, REPLICA_ROOT)
 
     def alive(self, replica_id: str, pid: int | None) -> bool:
         if pid is None:
