@@ -117,7 +117,10 @@ def enumerate_candidates(
     Memoised on what the enumeration reads of the model: without a pipeline pin only ``min(n_layers,
     16)`` (pipeline degrees are powers of two up to 16 and the layer count), and without a tensor pin only
     the largest power of two up to 64 that divides ``n_heads`` (tensor degrees are powers of two dividing
-    the heads), so models of different depth or width share their plans."""
+    the heads), so models of different depth or width share their plans; and on only the topology's device
+    count, fast domain and tensor-parallel limit (what the enumeration reads of it), so topologies that
+    differ in bandwidths or node size share them too."""
+    topo = Topology(topo.devices, 0, topo.fast_domain, 0.0, 0.0, topo.tp_limit)
     if pins.pipeline is None:
         n_layers = min(n_layers, 16)
     if pins.tensor is None:

@@ -743,6 +743,7 @@ def _predictions(
     search: bool,
     choice: tuple[np.ndarray, np.ndarray, int] | None = None,
     lazy: engine.Evaluation | None = None,
+    corrections: dict[tuple[str, str, int], float] | None = None,
 ) -> list[Prediction]:
     """The predictions of ``parts`` (device count, topology, plans) from their evaluation: rows ``start``
     onwards of ``ev_all``, the parts' plans one after the other. ``choice``: ``engine.chosen_plans`` of
@@ -773,8 +774,19 @@ def _predictions(
         else:
             choice = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0)
     idx_all, fits_all, k = choice
-    # feedback corrections by device count (``Calibration.correction``)
-    corr = {n: cal.correction(acc.family, st, dtype, acc.name, n) for n, _t, c in parts if c}
+    # feedback corrections by device count (``Calibration.correction``; ``corrections``: those already
+    # looked up in this call's calibration, by stack, precision and device count)
+    if corrections is None:
+        corr = {n: cal.correction(acc.family, st, dtype, acc.name, n) for n, _t, c in parts if c}
+    else:
+        corr = {}
+        for n, _t, c in parts:
+            if c:
+                ck = (st, dtype, n)
+                f = corrections.get(ck)
+                if f is None:
+                    f = corrections[ck] = cal.correction(acc.family, st, dtype, acc.name, n)
+                corr[n] = f
     chosen: list[tuple[int, bool, float] | None] = []
     if live_starts:
         assert ev_all is not None
@@ -806,19 +818,32 @@ def _predictions(
     flops = training_flops_per_step(spec)
     out: list[Prediction] = []
     pos = k  # the part's row in ``choice`` and ``lazy``
+    tail = (opts, search, ref_step_s)
+    hi_f = _p90_factor(ctx)
     for (n, _topo, cand), bd, ch in zip(parts, bounds, chosen, strict=True):
         lean = ch is not None and ch[1] and bd is not None and (not measured or ref_step_s is not None)
         if bd is not None:
             pos += 1
-        head = (spec, acc, n, ctx, cal, list(notes), source, st, cand)
-        tail = (opts, search, ref_step_s)
         if lazy is not None and lean:
             assert ch is not None
-            out.append(_LazyPrediction.of(*head, lazy, pos - 1, *tail, ch, flops, dtype))
+            # the notes are shared until the prediction is built in full (``_materialise`` copies them)
+            head = (spec, acc, n, ctx, cal, notes, source, st, cand)
+            out.append(_LazyPrediction.of(*head, lazy, pos - 1, *tail, ch, flops, dtype, hi_f))
             continue
+        head = (spec, acc, n, ctx, cal, list(notes), source, st, cand)
         ev = engine.slice_evaluation(ev_all, *bd) if bd is not None and ev_all is not None else None
         out.append(_finalize(*head, ev, *tail, ch, flops, dtype))
     return out
+
+
+def _p90_factor(ctx: _Context) -> float:
+    """The factor from a calibrated step time to its p90 (``_finalize``'s ``hi_f`` before any measured
+    step time replaces it)."""
+    params = ctx.params
+    hi_f = math.exp(params.log_resid_p90)
+    if ctx.w.shape.is_moe:
+        hi_f = max(hi_f, math.exp(params.moe_log_resid_p90))
+    return hi_f
 
 
 class _LazyPrediction(Prediction):
@@ -852,19 +877,19 @@ class _LazyPrediction(Prediction):
         chosen: tuple[int, bool, float],
         model_flops: float,
         dtype: str,
+        hi_f: float | None = None,
     ) -> _LazyPrediction:
         """``_finalize``'s fields for a fitting chosen plan, in its arithmetic (``chosen[1]`` is True;
         with a measured step time on ``accelerator``, ``ref_step_s`` is given or ``devices`` is the
-        reference count)."""
+        reference count). ``notes`` may be shared with other predictions (copied when built in full);
+        ``hi_f``: :func:`_p90_factor` of ``ctx``, when the caller has it."""
         i, _fits, step = chosen
         make = (
             spec, accelerator, devices, ctx, cal, notes, source, st, cand, chosen_rows, row, opts, search,
             ref_step_s, chosen, model_flops, dtype,
         )  # fmt: skip
-        params = ctx.params
-        hi_f = math.exp(params.log_resid_p90)
-        if ctx.w.shape.is_moe:
-            hi_f = max(hi_f, math.exp(params.moe_log_resid_p90))
+        if hi_f is None:
+            hi_f = _p90_factor(ctx)
         measured = spec.measured.step_time_s.get(accelerator.name)
         if measured is not None:
             if (spec.resources.min_devices or 1) == devices:
@@ -875,7 +900,12 @@ class _LazyPrediction(Prediction):
             step = measured * scale
             hi_f = 1.05
             source = "measured"
-        plan = {"tensor": int(cand["tp"][i]), "pipeline": int(cand["pp"][i])}
+        # ``builtin_trainer_gap`` of the plan (its tensor and pipeline degrees are all it reads)
+        if spec.entrypoint is not None:
+            gap = ""
+        else:
+            tp, pp = int(cand["tp"][i]) or 1, int(cand["pp"][i]) or 1
+            gap = "" if tp <= 1 and pp <= 1 else f"{PLAN_NOT_EXECUTABLE} (tensor {tp}, pipeline {pp})"
         self = object.__new__(cls)
         d = self.__dict__
         d["accelerator"] = accelerator.name
@@ -883,7 +913,7 @@ class _LazyPrediction(Prediction):
         d["step_time_s"] = step
         d["step_time_p90_s"] = step * hi_f
         d["fits"] = True
-        d["reason"] = builtin_trainer_gap(spec, plan)
+        d["reason"] = gap
         d["source"] = source
         d["compile_time_s"] = accelerator.first_compile_s
         d["_make"] = make
@@ -898,7 +928,7 @@ class _LazyPrediction(Prediction):
         # the chosen plan alone: row ``ch[0]`` of the part's plans, row ``row`` of the chosen rows
         i, fits, step = ch
         full = _finalize(
-            spec, acc, n, ctx, cal, notes, source, st, engine.slice_candidates(cand, i, i + 1),
+            spec, acc, n, ctx, cal, list(notes), source, st, engine.slice_candidates(cand, i, i + 1),
             engine.slice_evaluation(rows, row, row + 1), opts, search, ref, (0, fits, step), flops, dtype,
         )  # fmt: skip
         d.update(full.__dict__)
@@ -1007,6 +1037,7 @@ def predict_grouped(
     if requests:
         # all of those searches at once (``_finalize`` then finds every probe memoised)
         prefill_min_devices(requests)
+    corrections: dict[tuple[str, str, int], float] = {}  # one accelerator and calibration here
     for members, lives, ev_all, idx, fits, chosen_rows in passes:
         start, k = 0, 0
         for i, live in zip(members, lives, strict=True):
@@ -1027,6 +1058,7 @@ def predict_grouped(
                 search,
                 (idx, fits, k),
                 chosen_rows,
+                corrections,
             )
             start += sum(len(c["tp"]) for c in live)
             k += len(live)
