@@ -43,7 +43,12 @@ from trainyard.executors.base import (
     LaunchRequest,
     WorkerInfo,
 )
-from trainyard.executors.ray import RayExecutor, pool_resource, unauthenticated_cluster
+from trainyard.executors.ray import (
+    RayExecutor,
+    metrics_exporter_addresses,
+    pool_resource,
+    unauthenticated_cluster,
+)
 from trainyard.executors.ray_cluster import (
     AUTH_MODE_ENV,
     AUTH_TOKEN_PATH_ENV,
@@ -534,6 +539,14 @@ def test_the_clusters_metrics_are_read_only_through_the_api_servers_credentials(
             if where in exporters:  # nothing listens where an exporter would
                 assert isinstance(reason, ConnectionRefusedError), (where, exc)
     assert not answered, answered
+    # the executor's own check at connect looked where the GCS says they are and found none answering
+    executor = _executor(cluster.address, world.shared)
+    advertised = metrics_exporter_addresses()
+    assert {a.rsplit(":", 1)[0] for a in advertised} >= {n.ip for n in cluster.nodes if n.alive}, advertised
+    assert set(advertised) - {f"{n.ip}:{n.ports[3]}" for n in cluster.nodes} <= {
+        f"{world.head.ip}:-1"  # the head's autoscaler and dashboard metrics servers, which cannot bind
+    }, advertised
+    assert executor.open_exporters == []
 
     platform = Platform.open(
         Settings(
@@ -541,7 +554,7 @@ def test_the_clusters_metrics_are_read_only_through_the_api_servers_credentials(
             database_url=f"sqlite:///{tmp_path / 'trainyard.db'}",
             metrics_token="ray-metrics-token",
         ),
-        PlatformOptions(executor=_executor(cluster.address, world.shared), with_catalog=False),
+        PlatformOptions(executor=executor, with_catalog=False),
     )
     try:
         client = TestClient(create_app(platform, access_log=False), base_url="http://127.0.0.1")

@@ -1,5 +1,6 @@
 """The pieces of the Ray walls that need no cluster: what a sandboxed replica's staged model holds, when a
-node's Ray token file would be inside a sandbox, and the token mode the executor requires of itself."""
+node's Ray token file would be inside a sandbox, the token mode the executor requires of itself, and
+its check for metrics exporters that answer without credentials."""
 
 from __future__ import annotations
 
@@ -60,3 +61,42 @@ def test_the_executor_requires_token_mode_of_its_own_process(monkeypatch: pytest
     # nothing listens there: said as such (the executor reports an unreachable cluster before this)
     assert unauthenticated_cluster("127.0.0.1:1", timeout_s=2) == "its GCS did not answer (UNAVAILABLE)"
     assert unauthenticated_cluster("ray://head:10001") is None  # a Ray Client address: the mode only
+
+
+def test_exporters_that_answer_without_credentials_are_found_and_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Prometheus exporter on loopback (as Ray's answer: no credential asked) is reported, a closed
+    port and an exporter that is off (port -1, as NO_EXPORTERS_ENV leaves the head's) are not; the
+    executor warns at connect about the cluster's open ones."""
+    import logging
+    import socket
+
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    from trainyard.executors import ray as ray_executor
+    from trainyard.executors.ray import RayExecutor, open_metrics_exporters
+    from trainyard.executors.sandbox import SandboxSpec
+
+    registry = CollectorRegistry()
+    Gauge("ray_actors", "actors", ["name"], registry=registry).labels("other-tenant/job").set(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{closed}", "127.0.0.2:-1"]
+        assert open_metrics_exporters(addresses, timeout_s=2.0) == [f"127.0.0.1:{port}"]
+        monkeypatch.setattr(ray_executor, "metrics_exporter_addresses", lambda: addresses)
+        ex = RayExecutor("127.0.0.1:1", connect=False, sandbox=SandboxSpec())
+        with caplog.at_level(logging.WARNING, logger="trainyard.executors.ray"):
+            ex._check_exporters()
+        assert ex.open_exporters == [f"127.0.0.1:{port}"]
+        assert f"127.0.0.1:{port} answer without credentials" in caplog.text, caplog.text
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -316,6 +316,7 @@ class RayExecutor:
         self._lock = threading.RLock()
         self._owns_connection = False
         self._actor_cls: Any = None
+        self.open_exporters: list[str] = []  # Ray exporters that answered without credentials at connect
         if connect:
             self._connect()
 
@@ -345,22 +346,40 @@ class RayExecutor:
                     "token in RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (docs/ray.md), or run without "
                     "the sandbox (TRAINYARD_SANDBOX=none) on a cluster no tenant code reaches.",
                 )
-        if ray.is_initialized():  # this process is already a driver (embedding application, tests)
-            return
+        if not ray.is_initialized():  # else this process is already a driver (embedding application, tests)
+            try:
+                ray.init(
+                    address=self.address,
+                    namespace=self.namespace,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=False,
+                )
+            except Exception as exc:  # ConnectionError, RuntimeError, TimeoutError, ValueError, ...
+                raise ServiceUnavailableError(
+                    f"cannot connect to the Ray cluster at {self.address}: {exc}",
+                    hint="Start the cluster with `ray start --head` (docs/ray.md) and check the address.",
+                ) from exc
+            self._owns_connection = True
+        if self.sandbox is not None and "://" not in self.address:
+            self._check_exporters()
+
+    def _check_exporters(self) -> None:
+        """Warn when the cluster runs Ray's Prometheus exporters where they answer without credentials:
+        sandboxed ranks share the nodes' network and could read them (docs/ray.md, "Metrics")."""
         try:
-            ray.init(
-                address=self.address,
-                namespace=self.namespace,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                configure_logging=False,
+            self.open_exporters = open_metrics_exporters(metrics_exporter_addresses())
+        except Exception as exc:  # never a reason not to start
+            log.warning("could not check the Ray cluster's metrics exporters: %s", _short(exc))
+            return
+        if self.open_exporters:
+            log.warning(
+                "the Ray cluster's metrics exporters at %s answer without credentials, so tenant code on "
+                "its nodes can read every tenant's Ray metrics; start the nodes without them "
+                "(RAY_enable_metrics_collection=0 AUTOSCALER_METRIC_PORT=-1 DASHBOARD_METRIC_PORT=-1) or "
+                "firewall them from the sandbox uid (docs/ray.md, Metrics)",
+                ", ".join(self.open_exporters),
             )
-        except Exception as exc:  # ConnectionError, RuntimeError, TimeoutError, ValueError, ...
-            raise ServiceUnavailableError(
-                f"cannot connect to the Ray cluster at {self.address}: {exc}",
-                hint="Start the cluster with `ray start --head` (docs/ray.md) and check the address.",
-            ) from exc
-        self._owns_connection = True
 
     def _actor_class(self) -> Any:
         if self._actor_cls is None:
@@ -1074,6 +1093,45 @@ def unauthenticated_cluster(address: str, timeout_s: float = 5.0) -> str | None:
                 return f"its GCS did not answer ({code.name})"
             return f"its GCS answered a call without a token with {code.name}"
     return "its GCS answers calls that carry no token"
+
+
+#: where the head keeps the addresses of its autoscaler's and dashboard's metrics servers (GCS key-value)
+EXPORTER_KV_KEYS = (b"AutoscalerMetricsAddress", b"DashboardMetricsAddress")
+
+
+def metrics_exporter_addresses() -> list[str]:
+    """``host:port`` of every Prometheus exporter the connected cluster advertises: each alive node's
+    metrics export port (as the GCS records it) and the head's autoscaler and dashboard metrics
+    servers (their addresses in the GCS's key-value store)."""
+    import ray
+    from ray.experimental import internal_kv
+
+    out = {
+        f"{n['NodeManagerAddress']}:{int(n['MetricsExportPort'])}"
+        for n in ray.nodes()
+        if n.get("Alive") and int(n.get("MetricsExportPort") or 0) > 0
+    }
+    for key in EXPORTER_KV_KEYS:
+        with contextlib.suppress(Exception):
+            value = internal_kv._internal_kv_get(key)
+            if value:
+                out.add(value.decode())
+    return sorted(out)
+
+
+def open_metrics_exporters(addresses: list[str], timeout_s: float = 2.0) -> list[str]:
+    """Those of ``addresses`` (``host:port``) where ``GET /metrics`` without credentials is answered."""
+    import urllib.request
+
+    answered = []
+    for where in addresses:
+        try:
+            with urllib.request.urlopen(f"http://{where}/metrics", timeout=timeout_s) as resp:
+                if resp.status < 400:
+                    answered.append(where)
+        except Exception:  # refused, unreachable, an error status, no valid port (off), not HTTP
+            continue
+    return answered
 
 
 def _node_refusal(hellos: list[dict[str, Any]], checkpoint_url: str) -> dict[str, Any] | None:
