@@ -332,6 +332,58 @@ def _fits_many(probes: list[tuple[_Context, int, Any]]) -> None:
             ctx.fits_memo[n] = bool(ok)
 
 
+# ``_accelerator_part`` and ``_spec_pins`` by the identities of what they read (each entry keeps those
+# objects, so an id is never reused while its entry lives)
+_ACC_PARTS: dict[tuple[Any, ...], tuple[Accelerator, Calibration, Any]] = {}
+_SPEC_PINS: dict[tuple[int, bool], tuple[JobSpec, Pins]] = {}
+
+
+def _accelerator_part(
+    accelerator: Accelerator, dtype: str, calibration: Calibration, stack: str | None
+) -> tuple[tuple[str, ...], str, EfficiencyParams, str, Hardware, PlanSpace]:
+    """What a context takes from the accelerator, precision, calibration and stack alone: its first notes,
+    the stack, the efficiency parameters and their source, the hardware and the plan space (memoised on
+    those objects: specs of one precision on one accelerator share them)."""
+    key = (id(accelerator), id(calibration), dtype, stack)
+    hit = _ACC_PARTS.get(key)
+    if hit is not None and hit[0] is accelerator and hit[1] is calibration:
+        out: tuple[tuple[str, ...], str, EfficiencyParams, str, Hardware, PlanSpace] = hit[2]
+        return out
+    notes: list[str] = []
+    if not accelerator.supports_dtype(dtype):
+        notes.append(f"{accelerator.name} has no {dtype} speed-up; timed at its fallback precision peak")
+    st = stack_of(accelerator, stack)
+    params, note = calibration.lookup(accelerator.family, st, dtype, accelerator.name)
+    if note:
+        notes.append(note)
+    source = "calibrated" if not note else ("prior" if params.key.startswith("prior") else "family-fallback")
+    hw = _hardware(accelerator, dtype, calibration, params)
+    out = (tuple(notes), st, params, source, hw, plan_space_of(st))
+    if len(_ACC_PARTS) >= 4096:
+        _ACC_PARTS.clear()
+    _ACC_PARTS[key] = (accelerator, calibration, out)
+    return out
+
+
+def _spec_pins(spec: JobSpec, plan: dict[str, Any] | None, space: PlanSpace) -> Pins:
+    """The context's pins: the spec's (and ``plan``'s), with ZeRO-1 where the stack's data parallelism
+    shards the optimizer states (memoised per spec object without ``plan``)."""
+    key = (id(spec), space.zero1)
+    if plan is None:
+        hit = _SPEC_PINS.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+    pins = _pins_from_spec(spec, plan)
+    if space.zero1 and "distributed_optimizer" not in (plan or {}):
+        # the stack's data parallelism shards master weights and optimizer moments (ZeRO-1)
+        pins = dataclasses.replace(pins, distributed_optimizer=True)
+    if plan is None:
+        if len(_SPEC_PINS) >= 65536:
+            _SPEC_PINS.clear()
+        _SPEC_PINS[key] = (spec, pins)
+    return pins
+
+
 def _context(
     spec: JobSpec,
     accelerator: Accelerator,
@@ -345,25 +397,14 @@ def _context(
 ) -> tuple[_Context, list[str], str, str]:
     w = workload_of(spec)
     dtype = compute_dtype(spec.workload.precision)
-    notes: list[str] = []
-    if not accelerator.supports_dtype(dtype):
-        notes.append(f"{accelerator.name} has no {dtype} speed-up; timed at its fallback precision peak")
-    st = stack_of(accelerator, stack)
-    params, note = calibration.lookup(accelerator.family, st, dtype, accelerator.name)
-    if note:
-        notes.append(note)
-    source = "calibrated" if not note else ("prior" if params.key.startswith("prior") else "family-fallback")
+    first_notes, st, params, source, hw, space = _accelerator_part(accelerator, dtype, calibration, stack)
+    notes = list(first_notes)
     node = devices_per_node or accelerator.max_devices_per_node
     fast = fast_domain_devices or max(node, FAST_DOMAIN_DEVICES.get(accelerator.name, node))
     tp_cap = 16 if accelerator.family == "google-tpu" else node
     if accelerator.family == "aws-trainium":
         tp_cap = min(node, 16)
-    hw = _hardware(accelerator, dtype, calibration, params)
-    space = plan_space_of(st)
-    pins = _pins_from_spec(spec, plan)
-    if space.zero1 and "distributed_optimizer" not in (plan or {}):
-        # the stack's data parallelism shards master weights and optimizer moments (ZeRO-1)
-        pins = dataclasses.replace(pins, distributed_optimizer=True)
+    pins = _spec_pins(spec, plan, space)
     ctx = _Context(
         w=w,
         acc=accelerator,
