@@ -162,7 +162,16 @@ def _insert_first_event(new_job: Any) -> Any:
     )
 
 
-_RESERVE_AND_INSERT_JOB = _reserve_and_insert_job()
+# statements built on first use and kept (they are compiled once per process either way)
+_BUILT: dict[str, Any] = {}
+
+
+def _built(name: str, build: Any) -> Any:
+    """The statement (or statements) ``build()`` returns, built once per process under ``name``."""
+    stmt = _BUILT.get(name)
+    if stmt is None:
+        stmt = _BUILT[name] = build()
+    return stmt
 
 
 def _reserve_and_insert_jobs(n: int) -> Any:
@@ -298,7 +307,6 @@ def _insert_ungoverned_job() -> tuple[Any, Any]:
     return sqlite, _insert_first_event(new_job)
 
 
-_INSERT_UNGOVERNED_JOB, _INSERT_UNGOVERNED_JOB_WITH_EVENT = _insert_ungoverned_job()
 _INSERT_EVENT = insert(cast(Table, JobEventRow.__table__))
 
 
@@ -311,9 +319,10 @@ def insert_job_unless_governed(
     kind, data, time_s = first_event
     if conn.dialect.name == "postgresql":
         params.update(event_kind=kind, event_data=data, event_time_s=time_s)
-        seq = conn.execute(_INSERT_UNGOVERNED_JOB_WITH_EVENT, params).scalar()
+        with_event = _built("insert_ungoverned_job", _insert_ungoverned_job)[1]
+        seq = conn.execute(with_event, params).scalar()
         return None if seq is None else int(seq)
-    seq = conn.execute(_INSERT_UNGOVERNED_JOB, params).scalar()
+    seq = conn.execute(_built("insert_ungoverned_job", _insert_ungoverned_job)[0], params).scalar()
     if seq is None:
         return None
     conn.execute(_INSERT_EVENT, {"job_id": job.id, "kind": kind, "data": data, "time_s": time_s})
@@ -416,16 +425,18 @@ def tenant_budgets(conn: Connection, tenant_id: str) -> list[Budget]:
 
 
 def _insert_ignore(conn: Connection, table: Table, values: dict[str, Any]) -> int:
-    """INSERT … ON CONFLICT DO NOTHING (SQLite and PostgreSQL); returns the number of rows inserted."""
+    """INSERT … ON CONFLICT DO NOTHING (SQLite and PostgreSQL); returns the number of rows inserted.
+
+    On PostgreSQL the rows inserted are counted from RETURNING: for a table with an autoincrement key
+    (the ledger) the driver reports a rowcount of -1 for this statement, inserted or not."""
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing()
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        stmt = pg_insert(table).values(**values).on_conflict_do_nothing()
+        return len(conn.execute(stmt.returning(*table.primary_key.columns)).all())
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
-    return int(conn.execute(stmt).rowcount or 0)
+    return int(conn.execute(sqlite_insert(table).values(**values).on_conflict_do_nothing()).rowcount or 0)
 
 
 def _ensure_period(conn: Connection, b: Budget, key: str, *, exclude_source_key: str | None = None) -> None:
@@ -635,7 +646,7 @@ def reserve_one_and_insert_job(
         event_data=data,
         event_time_s=time_s,
     )
-    seq = conn.execute(_RESERVE_AND_INSERT_JOB, params).scalar()
+    seq = conn.execute(_built("reserve_and_insert_job", _reserve_and_insert_job), params).scalar()
     return None if seq is None else int(seq)
 
 
