@@ -148,7 +148,8 @@ class CandidateGrid:
         self.pools = pools
         self.n = n
         self._markets = markets  # per pool
-        self.made: list[Candidate | None] = [None] * n
+        # a row's candidate once made; a tuple: ``_rejected``'s arguments, made when first read
+        self.made: list[Candidate | tuple[Any, ...] | None] = [None] * n
         self.pool = np.zeros(n, dtype=np.int64)
         self.feasible = np.zeros(n, dtype=bool)
         self.devices = np.zeros(n, dtype=np.int64)
@@ -192,7 +193,9 @@ class CandidateGrid:
     def candidate(self, i: int) -> Candidate:
         """Row ``i`` as a candidate (the same object every time)."""
         c = self.made[i]
-        if c is None:
+        if isinstance(c, tuple):
+            c = self.made[i] = _rejected(*c)
+        elif c is None:
             pool = self.pools[int(self.pool[i])]
             dpn = pool.devices_per_node
             nodes = int(self.nodes[i])
@@ -335,7 +338,8 @@ def spec_grid(
             spec, [(pool, counts) for pool, counts, why in screened if counts and not why], cache
         )
     time_value = config.time_value_usd_per_hour if spec.objective.minimize == Minimize.TIME else None
-    made: list[Candidate | None] = []  # in output order; None: a vectorised row
+    # in output order; None: a vectorised row; a tuple: a rejected row's ``_rejected`` arguments
+    made: list[Candidate | tuple[Any, ...] | None] = []
     slot_pool: list[int] = []
     # the vectorised rows' inputs, one entry per row
     vec_slots: list[int] = []
@@ -378,7 +382,7 @@ def spec_grid(
                     made.append(None)
                     continue
                 if t.prediction is None or t.reason:
-                    made.append(_rejected(pool, devices, t, price))
+                    made.append((pool, devices, t, price))
                     continue
                 vec = time_rows[tk] = time_row(t)
             vec_slots.append(len(made))
@@ -398,7 +402,7 @@ def spec_grid(
             assert price is not None  # rows of pools without a price are priced the scalar way
             if isinstance(res, AllocationTimes):
                 times[tk] = res
-                made[slot] = _rejected(pool, devices, res, price)
+                made[slot] = (pool, devices, res, price)
                 continue
             vec = res if res is not None else time_rows.get(tk)
             if vec is None:
@@ -407,7 +411,7 @@ def spec_grid(
                     pf = pfs[pi] = _predict_fn(cache, spec, pool)
                 t = _times(spec, pool, devices, acc, pclass, cache, pf, facts, base)
                 if t.prediction is None or t.reason:
-                    made[slot] = _rejected(pool, devices, t, price)
+                    made[slot] = (pool, devices, t, price)
                     continue
                 vec = time_row(t)
             time_rows[tk] = vec
@@ -440,7 +444,7 @@ def spec_grid(
     for i, m in enumerate(made):
         if m is not None:
             g.made[i] = m
-            if m.feasible:
+            if not isinstance(m, tuple) and m.feasible:
                 g._set(i, m)
     return g
 
