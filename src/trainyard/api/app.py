@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from trainyard import __version__
 from trainyard.api.errors import install_error_handlers
+from trainyard.api.fastpath import install_fast_path
 from trainyard.api.middleware import MAX_BODY_BYTES, Metrics, ServiceMiddleware
 from trainyard.api.operation_ids import operation_id
 from trainyard.api.routers import (
@@ -117,6 +118,7 @@ def create_app(
         # dataset uploads stream to disk under their own (configurable) limit
         upload_paths={"/v1/datasets": platform.settings.dataset_max_bytes},
     )
+    install_fast_path(app, platform)  # the completion routes, in front of the framework (api.fastpath)
     return app
 
 

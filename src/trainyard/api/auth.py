@@ -40,20 +40,30 @@ async def authenticate_request(request: Request, key: str | None) -> Principal:
     """Authentication, the request rate limit and the viewer role's read-only rule for the bearer
     ``key`` of ``request``: what :func:`current_principal` does as a dependency, callable directly by a
     route that does without dependency solving (the OpenAI-compatible gateway's hot routes)."""
+    return await authenticate_scope(
+        request.app.state.platform,
+        request.scope,
+        key,
+        malformed=bool(request.headers.get("authorization")),
+    )
+
+
+async def authenticate_scope(platform: Any, scope: Any, key: str | None, *, malformed: bool) -> Principal:
+    """:func:`authenticate_request` on a raw ASGI ``scope`` (``malformed``: an Authorization header was
+    sent but carried no bearer key); the rate limit's headers go to ``scope["trainyard.headers"]``."""
     if key is None:
-        if request.headers.get("authorization"):
+        if malformed:
             raise AuthenticationError("malformed Authorization header (expected: Bearer <api key>)")
         raise AuthenticationError("missing API key (send Authorization: Bearer <key>)")
-    platform = request.app.state.platform
     tenants = platform.tenants
     principal = tenants.cached_principal(key)
     if principal is None:
         principal = await run_in_threadpool(tenants.authenticate, key)
-    request.state.tenant = principal.tenant_name
+    scope.setdefault("state", {})["tenant"] = principal.tenant_name
     trace.get_current_span().set_attribute("trainyard.tenant", principal.tenant_name)
     if principal.tenant_rps_or_key_rps:
-        await _rate_limit(request, platform, principal)
-    if principal.effective_role == "viewer" and request.method not in READ_METHODS:
+        await _rate_limit(scope, platform, principal)
+    if principal.effective_role == "viewer" and scope.get("method") not in READ_METHODS:
         raise PermissionDeniedError(
             "this API key has the viewer role: it can read, not change anything",
             hint="Use a member or admin key (`trainyard tenants keys create NAME --role member`).",
@@ -61,7 +71,7 @@ async def authenticate_request(request: Request, key: str | None) -> Principal:
     return principal
 
 
-async def _rate_limit(request: Request, platform: Any, principal: Principal) -> None:
+async def _rate_limit(scope: Any, platform: Any, principal: Principal) -> None:
     limiter = platform.rate_limiter
     args = {
         "tenant_id": principal.tenant_id,
@@ -77,7 +87,7 @@ async def _rate_limit(request: Request, platform: Any, principal: Principal) -> 
     if decision is None:
         return
     headers = decision.headers()
-    request.scope.setdefault("trainyard.headers", {}).update(headers)
+    scope.setdefault("trainyard.headers", {}).update(headers)
     if not decision.allowed:
         raise RateLimitedError(
             f"rate limit of {headers['X-RateLimit-Limit']} requests/s for tenant "

@@ -129,18 +129,35 @@ def allowed_methods(app: Any, path: str) -> list[str]:
     return min(matching)[1] if matching else []
 
 
+def trainyard_error_response(exc: TrainyardError, path: str) -> JSONResponse:
+    """The answer to a :class:`TrainyardError` raised while serving ``path`` (OpenAI's shape under
+    /openai): what the app's handler sends, callable by the gateway's hot routes directly."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    if isinstance(exc, RateLimitedError):
+        headers = dict(exc.headers)
+    if exc.http_status >= 500:
+        log.error("request_failed", code=exc.code, message=exc.message)
+    resp = envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)
+    if path.startswith("/openai/"):
+        return _openai_style(resp, exc.http_status)
+    return resp
+
+
+def unexpected_error_response(exc: BaseException) -> JSONResponse:
+    """The 500 envelope for an exception nothing handled (logged with its traceback)."""
+    log.exception("unhandled_error", error_type=type(exc).__name__)
+    return envelope(
+        500,
+        "internal",
+        "internal server error",
+        "This is a bug in trainyard; the server log has the details.",
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TrainyardError)
     async def _trainyard(req: Request, exc: TrainyardError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
-        if isinstance(exc, RateLimitedError):
-            headers = dict(exc.headers)
-        if exc.http_status >= 500:
-            log.error("request_failed", code=exc.code, message=exc.message)
-        resp = envelope(exc.http_status, exc.code, exc.message, exc.hint, exc.details, headers)
-        if req.url.path.startswith("/openai/"):
-            return _openai_style(resp, exc.http_status)
-        return resp
+        return trainyard_error_response(exc, req.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -166,10 +183,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled_error", error_type=type(exc).__name__)
-        return envelope(
-            500,
-            "internal",
-            "internal server error",
-            "This is a bug in trainyard; the server log has the details.",
-        )
+        return unexpected_error_response(exc)

@@ -54,7 +54,7 @@ def _too_large() -> tuple[dict[str, Any], dict[str, Any]]:
     return start, {"type": "http.response.body", "body": body}
 
 
-class _BodyTooLarge(HTTPException):
+class BodyTooLarge(HTTPException):
     """Raised while the body streams in; rendered as the 413 envelope by the error handlers."""
 
     def __init__(self, max_bytes: int) -> None:
@@ -107,7 +107,7 @@ class ServiceMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
-                    raise _BodyTooLarge(self.max_body_bytes)
+                    raise BodyTooLarge(self.max_body_bytes)
             return message
 
         async def tracking_send(message: dict[str, Any]) -> None:
@@ -132,7 +132,7 @@ class ServiceMiddleware:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
+        except BodyTooLarge:
             if not status_holder["sent"]:
                 start, body = _too_large()
                 await send(start)

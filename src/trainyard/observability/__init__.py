@@ -25,6 +25,7 @@ from trainyard.observability.metrics import (
 )
 from trainyard.observability.tracing import (
     ObservabilitySettings,
+    drops_children_of_unsampled,
     instrument_app,
     instrument_engine,
     instrument_httpx,
@@ -94,6 +95,7 @@ def install_observability(
     gateway = getattr(platform, "serving_gateway", None)
     if gateway is not None:
         gateway.tracer = tracer
+        gateway.skip_unsampled = drops_children_of_unsampled(provider)
         gateway.observe = serving.observe
     sup = getattr(platform, "supervisor", None)
     if sup is not None:

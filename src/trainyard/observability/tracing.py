@@ -186,6 +186,19 @@ class NoOrphanClientSpans(Sampler):
         return f"NoOrphanClientSpans{{{self.delegate.get_description()}}}"
 
 
+def drops_children_of_unsampled(provider: Any) -> bool:
+    """Whether ``provider``'s sampler drops every span whose local parent was not sampled (a parent-based
+    sampler with the default answer for an unsampled local parent, or ``always_off``): then the spans an
+    unsampled request would start are known to be dropped before any is made (the gateway skips them)."""
+    sampler = getattr(provider, "sampler", None)
+    if isinstance(sampler, NoOrphanClientSpans):
+        sampler = sampler.delegate
+    if sampler is ALWAYS_OFF:
+        return True
+    unsampled_parent = getattr(sampler, "_local_parent_not_sampled", None)
+    return isinstance(sampler, ParentBased) and unsampled_parent is ALWAYS_OFF
+
+
 def make_sampler(name: str | None, arg: str | None) -> Sampler:
     """The sampler ``OTEL_TRACES_SAMPLER`` names; without one, ``parentbased_traceidratio`` at
     ``OTEL_TRACES_SAMPLER_ARG`` or else :data:`DEFAULT_SAMPLE_RATIO`. A ratio sampler named without an

@@ -164,6 +164,8 @@ class Gateway:
         self._workers: list[asyncio.Task[None]] = []
         # set by observability.install_observability: GenAI and forwarding spans, serving metrics
         self.tracer: Any = None
+        # the tracer provider drops the children of an unsampled span: an unsampled request starts none
+        self.skip_unsampled = False
         self.observe: Callable[[dict[str, Any]], None] | None = None
         self.token_buckets = TokenBuckets()  # the platform gives it the rate limiter's store
         # the platform's InferenceBudgetGate: inference refused once a hard budget has nothing left
@@ -193,6 +195,9 @@ class Gateway:
         """A CLIENT span for one forward (HTTP semantic conventions) whose context goes to the replica
         as ``traceparent``; None without tracing."""
         if self.tracer is None:
+            return None
+        if parent is None and self.skip_unsampled and _unsampled():
+            propagate.inject(headers)  # the unsampled request's context, as its dropped span would send
             return None
         ctx = trace.set_span_in_context(parent) if parent is not None else None
         rest = url.split("://", 1)[-1]
@@ -372,7 +377,7 @@ class Gateway:
         client, shadow_q = self._ensure()
         span = (
             genai.start_span(self.tracer, endpoint, req, dep.name, rv.resolved.version_id)
-            if self.tracer is not None
+            if self.tracer is not None and not (self.skip_unsampled and _unsampled())
             else None
         )
         try:
@@ -653,6 +658,12 @@ class Gateway:
                 "created_at_s": self.service.clock(),
             }
         )
+
+
+def _unsampled() -> bool:
+    """Whether the current span is a request's span the sampler dropped (valid, not sampled)."""
+    ctx = trace.get_current_span().get_span_context()
+    return ctx.is_valid and not ctx.trace_flags.sampled
 
 
 def _scan(

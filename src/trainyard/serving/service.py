@@ -49,6 +49,7 @@ log = structlog.get_logger("trainyard.serving")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 RESOLVE_EVERY_S = 1.0
+_REQUESTS_INSERT = insert(ServingRequestRow.__table__)  # type: ignore[arg-type]
 HEALTH_EVERY_S = 1.0
 START_TIMEOUT_S = 300.0
 
@@ -156,6 +157,9 @@ class ServingService:
         self._tick_lock = threading.Lock()
         self._quotes: dict[tuple[Any, ...], ServingQuote] = {}
         self._weight_bytes: dict[str, int] = {}
+        # replica id -> (placement, model path): what a metered request's price needs of its replica row
+        # (fixed for a replica's life), read from the database once per replica instead of every flush
+        self._replica_pricing: dict[str, tuple[dict[str, Any], str | None]] = {}
         self.shadow_dropped: dict[str, int] = {}
         self.shadow_sent: dict[str, int] = {}
 
@@ -459,24 +463,36 @@ class ServingService:
         return self._launchers.get(row.backend, self._launchers["local"])
 
     def flush(self) -> None:
+        """Write the buffered metering records (with their ledger charges, in one transaction) and shadow
+        pairs. A flush that fails puts its records back in front of the buffer, so the next one writes
+        them: a record is dropped only with the process (docs/serving.md, Metering)."""
         with self._lock:
             meter, self._pending_meter = self._pending_meter, []
             pairs, self._pending_pairs = self._pending_pairs, []
         if not meter and not pairs:
             return
-        with self.db.session() as s:
-            if meter:
-                s.execute(insert(ServingRequestRow), meter)
-                # the inference-token charges, in the same transaction as the requests they bill
-                ledger.charge_batch(s.connection(), self._token_charges(s, meter))
-            if pairs:
-                known = set(s.scalars(select(DeploymentRow.id)))
-                rows = [p for p in pairs if p["deployment_id"] in known]
-                if rows:
-                    s.execute(insert(ShadowPairRow), rows)
+        try:
+            # priced before the write transaction opens: a replica row or the pool's price read inside
+            # it would wait on the transaction's own lock (SQLite)
+            charges = self._token_charges(meter) if meter else []
+            with self.db.session() as s:
+                if meter:
+                    s.execute(_REQUESTS_INSERT, meter)  # a Core executemany: no ORM bookkeeping per row
+                    # the inference-token charges, in the same transaction as the requests they bill
+                    ledger.charge_batch(s.connection(), charges)
+                if pairs:
+                    known = set(s.scalars(select(DeploymentRow.id)))
+                    rows = [p for p in pairs if p["deployment_id"] in known]
+                    if rows:
+                        s.execute(insert(ShadowPairRow), rows)
+        except BaseException:
+            with self._lock:
+                self._pending_meter[:0] = meter
+                self._pending_pairs[:0] = pairs
+            raise
 
     def _token_charges(
-        self, s: Any, meter: builtins.list[dict[str, Any]]
+        self, meter: builtins.list[dict[str, Any]]
     ) -> builtins.list[tuple[ledger.Charge, str]]:
         """One ``inference_tokens`` ledger charge per answered request that used tokens, priced at the
         serving quote of the replica pool that answered ($/1k tokens from the predicted decode speed
@@ -484,16 +500,24 @@ class ServingService:
         billed = [r for r in meter if r["status"] < 400 and r["prompt_tokens"] + r["completion_tokens"] > 0]
         if not billed:
             return []
-        replica_ids = {r["replica_id"] for r in billed if r.get("replica_id")}
-        rows = {
-            row.id: row
-            for row in s.scalars(select(ServingReplicaRow).where(ServingReplicaRow.id.in_(replica_ids)))
-        }
+        pricing = self._replica_pricing
+        missing = {r["replica_id"] for r in billed if r.get("replica_id") and r["replica_id"] not in pricing}
+        if missing:
+            if len(pricing) > 10_000:
+                pricing.clear()
+            with self.db.session() as s:
+                for row in s.scalars(select(ServingReplicaRow).where(ServingReplicaRow.id.in_(missing))):
+                    pricing[row.id] = (dict(row.placement or {}), row.model_path)
+        fallback: dict[str, Any] | None = None  # the pool's placement, for a replica without a row
         out: builtins.list[tuple[ledger.Charge, str]] = []
         for r in billed:
-            row = rows.get(r.get("replica_id") or "")
-            placement = dict(row.placement or {}) if row is not None else self.placement()
-            model_path = row.model_path if row is not None else None
+            known = pricing.get(r.get("replica_id") or "")
+            if known is not None:
+                placement, model_path = dict(known[0]), known[1]
+            else:
+                if fallback is None:
+                    fallback = self.placement()
+                placement, model_path = dict(fallback), None
             q = self._quote(placement, model_path)
             tokens = int(r["prompt_tokens"]) + int(r["completion_tokens"])
             unit_price = q.usd_per_1k_tokens / 1000.0 if q is not None else 0.0
