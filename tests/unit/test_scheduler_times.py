@@ -185,3 +185,24 @@ def test_intervals_equal_the_scalar_choice() -> None:
         pairs = zip(stall.tolist(), rate.tolist(), strict=True)
         want = [cm.choose_interval_s(pinned, c, r, params) for c, r in pairs]
         assert got.tolist() == want
+
+
+def test_a_pool_list_changed_in_place_is_priced_on_its_new_pools() -> None:
+    """The grid memoises its pools' accelerators, classes and prices per list of pools, object by object:
+    a list changed in place (a pool repriced) is priced on the new pool."""
+    from trainyard.schedule import SchedulerConfig
+    from trainyard.schedule.grid import spec_candidates
+
+    spec = bench_scheduler_distinct.make_distinct_jobs(3, random.Random(3))[2].spec
+    pools = [p for p in bench_scheduler.make_pools(100, random.Random(4)) if p.price_usd_per_device_hour]
+    cfg = SchedulerConfig()
+    cache = CandidateCache()
+    before = spec_candidates(spec, pools, cfg, cache)
+    k = next(i for i, c in enumerate(before) if c.feasible)
+    at = next(i for i, p in enumerate(pools) if p.name == before[k].pool)
+    pools[at] = pools[at].model_copy(
+        update={"price_usd_per_device_hour": pools[at].price_usd_per_device_hour * 2}
+    )
+    after = spec_candidates(spec, pools, cfg, cache)
+    assert after[k].price_usd_per_hour == 2 * before[k].price_usd_per_hour
+    assert after == spec_candidates(spec, pools, cfg, CandidateCache())

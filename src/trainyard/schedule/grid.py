@@ -26,6 +26,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 from statistics import NormalDist
@@ -466,8 +467,7 @@ def _pool_infos(pools: Sequence[Pool], cache: CandidateCache) -> list[_PoolInfo]
     (``CandidateCache.pool_topology``) and its price per device-hour (None: it has none), memoised for
     the last sequence of pools seen (a round's specs are priced on one), checked object by object."""
     hit = cache._pool_infos
-    same = hit is not None and len(hit[0]) == len(pools)
-    if hit is not None and same and all(a is b for a, b in zip(hit[0], pools, strict=True)):
+    if hit is not None and len(hit[0]) == len(pools) and all(map(operator.is_, hit[0], pools)):
         return hit[1]
     infos = [_pool_info(p, cache) for p in pools]
     cache._pool_infos = (list(pools), infos)
