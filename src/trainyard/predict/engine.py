@@ -767,10 +767,23 @@ def concat_candidates(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     hit = _CONCAT_CACHE.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], parts, strict=True)):
         return hit[1]
-    out = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+    out = concat_columns(parts)
     if len(_CONCAT_CACHE) >= 4096:
         _CONCAT_CACHE.clear()
     _CONCAT_CACHE[key] = (list(parts), out)
+    return out
+
+
+def concat_columns(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The candidate sets' columns one after the other (not memoised): the integer columns concatenated,
+    each ``<name>_f`` float column converted from its integer one, as :func:`enumerate_candidates` makes
+    them (the conversion is exact)."""
+    out: dict[str, np.ndarray] = {}
+    for k in parts[0]:
+        if k.endswith("_f") and k[:-2] in out:
+            out[k] = out[k[:-2]].astype(float)
+        else:
+            out[k] = np.concatenate([c[k] for c in parts])
     return out
 
 

@@ -322,7 +322,7 @@ def _fits_many(probes: list[tuple[_Context, int, Any]]) -> None:
             by_key.setdefault(key, []).append((ctx, n, cand))
     for members in by_key.values():
         rows = [len(c["tp"]) for _, _, c in members]
-        cand_all = {k: np.concatenate([c[k] for _, _, c in members]) for k in members[0][2]}
+        cand_all = engine.concat_columns([c for _, _, c in members])
         w: Any = engine.workload_rows([ctx.w for ctx, _, _ in members], rows)
         ctx0 = members[0][0]
         mem = engine.memory_bytes(w, cand_all, ctx0.pins)
@@ -785,13 +785,15 @@ def _predictions(
     choice: tuple[np.ndarray, np.ndarray, int] | None = None,
     lazy: engine.Evaluation | None = None,
     corrections: dict[tuple[str, str, int], float] | None = None,
+    choice_lists: tuple[list[int], list[float], list[bool]] | None = None,
 ) -> list[Prediction]:
     """The predictions of ``parts`` (device count, topology, plans) from their evaluation: rows ``start``
     onwards of ``ev_all``, the parts' plans one after the other. ``choice``: ``engine.chosen_plans`` of
     ``ev_all`` (global row indices and fits, one per non-empty part of every caller in row order) and the
     position of this call's first non-empty part in it; computed here when None. ``lazy``: the rows of
     ``ev_all`` at ``choice``'s indices (in their order), given when a part whose chosen plan fits is to
-    get a :class:`_LazyPrediction` (see :func:`predict_grouped`)."""
+    get a :class:`_LazyPrediction` (see :func:`predict_grouped`). ``choice_lists``: the whole pass's chosen
+    row indices, their step times and fits as lists (``choice``'s, sliced here), when the caller has them."""
     live_starts: list[int] = []
     bounds: list[tuple[int, int] | None] = []  # each part's rows in ``ev_all``
     for _n, _topo, cand in parts:
@@ -831,9 +833,16 @@ def _predictions(
     chosen: list[tuple[int, bool, float] | None] = []
     if live_starts:
         assert ev_all is not None
-        glob = idx_all[k : k + len(live_starts)].tolist()
-        steps = ev_all.step_time_s[glob].tolist()
-        fl = fits_all[k : k + len(live_starts)].tolist()
+        m = len(live_starts)
+        if choice_lists is not None:
+            # the whole pass's chosen rows, step times and fits as lists, sliced to this call's parts
+            glob = choice_lists[0][k : k + m]
+            steps = choice_lists[1][k : k + m]
+            fl = choice_lists[2][k : k + m]
+        else:
+            glob = idx_all[k : k + m].tolist()
+            steps = ev_all.step_time_s[glob].tolist()
+            fl = fits_all[k : k + m].tolist()
         j = 0
         for n, _topo, cand in parts:
             if cand:
@@ -1080,6 +1089,9 @@ def predict_grouped(
         prefill_min_devices(requests)
     corrections: dict[tuple[str, str, int], float] = {}  # one accelerator and calibration here
     for members, lives, ev_all, idx, fits, chosen_rows in passes:
+        lists = None
+        if ev_all is not None:
+            lists = (idx.tolist(), ev_all.step_time_s[idx].tolist(), fits.tolist())
         start, k = 0, 0
         for i, live in zip(members, lives, strict=True):
             spec, ctx, notes, source, st, dtype, parts = prepared[i]
@@ -1100,6 +1112,7 @@ def predict_grouped(
                 (idx, fits, k),
                 chosen_rows,
                 corrections,
+                lists,
             )
             start += sum(len(c["tp"]) for c in live)
             k += len(live)
