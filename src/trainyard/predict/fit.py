@@ -200,8 +200,14 @@ def fit_calibration(
     for g in order:
         grows = by_group[g]
         family, stack, _prec = g.split("/")
+        # Another precision on one accelerator (the FP8 and FP16 rows) starts from that accelerator's bf16
+        # parameters: FP8 recipes keep attention (and the output layer) in bf16, so their attention runs
+        # as that accelerator's bf16 attention does, not as the family's average.
+        accs = {r.accelerator for r in grows}
+        own = params.get(f"{family}/{stack}/bf16/{next(iter(accs))}") if len(accs) == 1 else None
         prior = (
-            params.get(f"{family}/{stack}/bf16")
+            own
+            or params.get(f"{family}/{stack}/bf16")
             or next((v for k, v in params.items() if k.startswith(f"{family}/") and k.count("/") == 2), None)
             or PRIORS.get(family, PRIORS["nvidia"])
         )
