@@ -225,7 +225,7 @@ def fit_calibration(
                         params[g],
                         ("mm_max", "attn_ratio", "layer_overhead_s"),
                         key=f"{g}/{acc}",
-                        prior_scale=0.6,
+                        prior_scale=1.0,
                     )
     cal = Calibration(params=params, version=version)
     return _fit_moe(cal, moe_rows, prep)
