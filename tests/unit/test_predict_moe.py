@@ -364,3 +364,28 @@ def test_megatron_bridge_rows_replay_tensor_parallel_overlap() -> None:
     a = predict(dense, h100, 8, plan={"tensor": 1, "tp_overlap": True})
     b = predict(dense, h100, 8, plan={"tensor": 1})
     assert a.step_time_s == b.step_time_s
+
+
+def test_automodel_pipeline_replay_fills_and_drains_once_per_accumulation_step() -> None:
+    # DeepSeek-V3 on 1024 H100 (Automodel): PP 4, GA 4 -> four pipeline schedules per optimizer step, so
+    # four bubbles, not one bubble of a 32-micro-batch schedule.
+    rows, _ = packaged_rows()
+    row = next(r for r in rows if r.model_name == "DeepSeek-V3-671B")
+    assert row.plan["pipeline"] == 4 and row.plan["pipeline_flushes"] == 4
+
+    def run(plan: dict[str, Any]) -> Any:
+        return predict(
+            row.spec,
+            get_accelerator(row.accelerator),
+            row.devices,
+            plan=plan,
+            stack=row.stack,
+            fast_domain_devices=row.fast_domain_devices,
+            inter_node_gbps=row.inter_node_gbps,
+            search_min_devices=False,
+        )
+
+    four = run(row.plan)
+    one = run({**row.plan, "pipeline_flushes": 1})
+    assert four.breakdown["bubble_s"] == pytest.approx(4 * one.breakdown["bubble_s"], rel=1e-9)
+    assert four.step_time_s == pytest.approx(one.step_time_s + 3 * one.breakdown["bubble_s"], rel=1e-9)

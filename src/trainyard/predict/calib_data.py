@@ -135,8 +135,8 @@ AUTOMODEL_CONFIG: dict[str, dict[str, Any]] = {
         activation_checkpointing="full",
         note=(
             "deepseek_v3_te_deepep_1024.yaml: ep_size 64, pp 4 interleaved, pp_microbatch_size 1, "
-            "activation_checkpointing true; local batch 8 x GA 4 = 4 pipeline flushes per step, modelled "
-            "as one flush of 32 micro-batches"
+            "activation_checkpointing true; local batch 8 x GA 4: 4 pipeline schedules (fill and drain) "
+            "of 8 micro-batches per step"
         ),
     ),
 }
@@ -355,6 +355,10 @@ def _row(idx: int, r: dict[str, str]) -> CalibrationRow:
             "micro_batch": mb or 1,
             "activation_checkpointing": cfg.get("activation_checkpointing", ck),
         }
+        ga_m = re.search(r"GA(\d+)", par)
+        if plan["pipeline"] > 1 and ga_m:
+            # Automodel runs one pipeline schedule per gradient-accumulation step: GA fills and drains.
+            plan["pipeline_flushes"] = int(ga_m.group(1))
         if ep_m or "expert" in cfg:
             plan["expert"] = int(ep_m.group(1)) if ep_m else int(cfg["expert"])
         if "note" in cfg:

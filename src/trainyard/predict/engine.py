@@ -68,6 +68,9 @@ class Pins:
     # assign them: t·k ... t·k + k - 1); only replays of published runs set it.
     routing: str = "uniform"
     tp_overlap: bool = False  # tensor-parallel communication overlapped with the GEMMs (replays only)
+    # Pipeline schedules run per optimizer step, each filling and draining the pipeline once (replays only:
+    # NeMo Automodel runs one schedule per gradient-accumulation step).
+    pipeline_flushes: int = 1
     # How a replayed run holds its model states (replays of published runs only; see ``memory_terms``):
     # Megatron's distributed optimizer (fp32 master weights and optimizer moments sharded over the
     # data-parallel ranks, ZeRO-1), FP8 working weights (Transformer Engine fp8 parameters), or the whole
@@ -618,7 +621,7 @@ def evaluate(
         t_one = tokens_mb * d * ab / tp * (c_in / intra + c_out / inter)
         t_a2a = np.where(ep > 1, (4.0 + 2.0 * full) * (L / pp) * t_one, 0.0)
         t_mb_total = t_mb_total + t_a2a
-    bubble = (pp - 1.0) / vp * t_mb_total
+    bubble = float(pins.pipeline_flushes) * (pp - 1.0) / vp * t_mb_total
     t_pipe = n_micro * t_mb_total + bubble
 
     # Data-parallel traffic. Routed-expert weights (MoE) are split by expert parallelism: a rank holds

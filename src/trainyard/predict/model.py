@@ -141,6 +141,7 @@ def _pins_from_spec(spec: JobSpec, override: dict[str, Any] | None) -> Pins:
             expert=override.get("expert", pins.expert),
             routing=str(override.get("routing", "uniform")),
             tp_overlap=bool(override.get("tp_overlap", False)),
+            pipeline_flushes=int(override.get("pipeline_flushes", 1)),
             distributed_optimizer=bool(override.get("distributed_optimizer", False)),
             fp8_params=bool(override.get("fp8_params", False)),
             bf16_states=bool(override.get("bf16_states", False)),
@@ -516,7 +517,8 @@ def predict(
     ``calibration`` replaces the packaged one (e.g. after feedback or local profiles); ``stack`` names a
     non-default software stack (e.g. ``xla`` on NVIDIA); ``plan`` fixes plan fields beyond the spec's pins
     (``tensor``, ``pipeline``, ``expert``, ``fsdp``, ``fsdp_scope``, ``micro_batch``,
-    ``activation_checkpointing``, ``virtual_stages``, ``context``) — used to replay published configurations;
+    ``activation_checkpointing``, ``virtual_stages``, ``context``, ``pipeline_flushes``) — used to replay
+    published configurations;
     ``fast_domain_devices`` sets how many devices share the fast interconnect (e.g. one TPU slice).
     """
     if devices < 1:
