@@ -13,6 +13,13 @@ from hypothesis import settings
 settings.register_profile("mutation", derandomize=True, deadline=None, print_blob=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# Ray fixes a process's authentication mode when it first loads ``ray._raylet`` (RayConfig reads
+# RAY_AUTH_MODE once), and trainyard's Ray executor only drives clusters in token mode. So the test process
+# is a token-mode driver from the start, as `trainyard up --executor ray` must be: otherwise whether the Ray
+# tests could connect depended on whether an earlier test had imported ray (under pytest-xdist, another
+# order of files). The tests of the mode check set or remove it with their own ``monkeypatch``.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

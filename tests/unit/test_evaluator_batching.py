@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hf_models import WORDS, build_tiny_llama, completion_rows
-from trainyard.evaluation.evaluator import _batches, score_model
+from trainyard.evaluation.evaluator import _batches, evaluate_pair, score_model, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,35 @@ def test_batches_hold_at_most_so_many_rows_and_padded_tokens() -> None:
         assert len(c) <= 3
         assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 100
     assert chunks == [[0, 1, 2], [3, 4], [5], [6], [7]]
+
+
+def test_the_pair_runs_its_batches_in_alternating_turns() -> None:
+    assert list(side_by_side(3, 2)) == [
+        (0, ("model", "baseline")),
+        (1, ("baseline", "model")),
+        (2, ("model",)),
+    ]
+    assert list(side_by_side(1, 2)) == [(0, ("model", "baseline")), (1, ("baseline",))]
+    assert list(side_by_side(0, 0)) == []
+
+
+def test_the_pair_is_scored_side_by_side_with_the_scores_of_each_alone(
+    tiny: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The model and the baseline take turns a batch at a time (the progress after each round counts a
+    batch of both), and each one's scores are those it gets scored alone."""
+    other = build_tiny_llama(tmp_path_factory.mktemp("hf") / "other", seed=5)
+    rows = _mixed_rows()  # 20 rows: batches of 8, 8 and 4 for each
+    seen: list[int] = []
+    pair = evaluate_pair(
+        tiny, other, rows, fmt="completion", max_new_tokens=6, batch_size=8, progress=seen.append
+    )
+    assert seen == [0, 16, 32, 40]
+    assert pair["n"] == 20 and pair["format"] == "completion"
+    for key, path in (("model", tiny), ("baseline", other)):
+        alone = score_model(path, rows, "completion", max_new_tokens=6, batch_size=8)
+        assert pair[key]["loss"] == pytest.approx(alone["loss"], abs=1e-6)
+        assert pair[key]["outputs"] == alone["outputs"]
+        assert pair[key]["exact_match"] == alone["exact_match"]
+        assert pair[key]["latency_s_per_token"] > 0
+    assert pair["model"]["loss"] != pytest.approx(pair["baseline"]["loss"], abs=1e-3)

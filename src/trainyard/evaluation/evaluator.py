@@ -99,6 +99,141 @@ def _batches(order: list[int], lengths: list[int], size: int, max_tokens: int) -
         yield chunk
 
 
+class _Scorer:
+    """One model's scores on one split, a batch at a time (see :func:`score_model`): loading and
+    tokenising happen at construction, :meth:`score` runs one batch of ``chunks``, :meth:`document`
+    gives the scores once every batch has run."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        rows: list[dict[str, Any]],
+        fmt: str,
+        *,
+        max_new_tokens: int,
+        max_len: int,
+        generate: bool | None,
+        batch_size: int,
+        max_batch_tokens: int,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(0)
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), local_files_only=True, dtype=torch.float32
+        )
+        model.eval()
+        self.tok, self.model = tok, model
+        self.gen = (fmt != "text") if generate is None else generate
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        self.eos = _eos_ids(model, tok)
+        self.size = max(1, int(batch_size))
+        n = self.n = len(rows)
+        self.refs: list[str] = []
+        self.prompts: list[list[int]] = []
+        self.seqs: list[list[int]] = []
+        self.n_refs: list[int] = []
+        self.budgets: list[int] = []
+        for row in rows:
+            prompt, ref = split_example(row, fmt, tok)
+            p_ids = tok(prompt, add_special_tokens=False).input_ids if prompt else []
+            if not p_ids and tok.bos_token_id is not None:
+                p_ids = [tok.bos_token_id]
+            r_ids = tok(ref, add_special_tokens=False).input_ids or [self.pad_id]
+            ids = (p_ids + r_ids)[-max_len:]
+            self.refs.append(ref)
+            self.prompts.append(p_ids[-max_len:])
+            self.seqs.append(ids)
+            self.n_refs.append(min(len(r_ids), len(ids) - 1))
+            self.budgets.append(min(max_new_tokens, len(r_ids)))
+        self.losses: list[float] = [0.0] * n
+        self.outputs: list[str] = [""] * n
+        self.em: list[float] = [0.0] * n
+        self.extra: dict[str, list[float]] = {k: [0.0] * n for k in METRICS}
+        self.gen_s = 0.0
+        self.gen_steps = 0
+        self.gen_tokens = 0
+        self.done = 0
+        order = sorted(range(n), key=lambda i: (len(self.seqs[i]), len(self.prompts[i])))
+        lengths = [max(len(self.seqs[i]), len(self.prompts[i])) for i in range(n)]
+        self.chunks = list(_batches(order, lengths, self.size, max(1, int(max_batch_tokens))))
+
+    def score(self, chunk: list[int]) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        seqs, prompts, pad_id = self.seqs, self.prompts, self.pad_id
+        with torch.inference_mode():
+            # loss: right-padded, the reference tokens' cross-entropy given everything before them
+            width = max(len(seqs[i]) for i in chunk)
+            x = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for j, i in enumerate(chunk):
+                x[j, : len(seqs[i])] = torch.tensor(seqs[i])
+                mask[j, : len(seqs[i])] = 1
+            logits = self.model(input_ids=x, attention_mask=mask).logits
+            for j, i in enumerate(chunk):
+                length, k = len(seqs[i]), self.n_refs[i]
+                if k <= 0:
+                    self.losses[i] = 1e4
+                    continue
+                pred = logits[j, length - k - 1 : length - 1].float()
+                loss = float(F.cross_entropy(pred, x[j, length - k : length]))
+                self.losses[i] = loss if math.isfinite(loss) else 1e4
+            if self.gen:
+                # greedy generation: left-padded prompts, each cut to its own budget and first EOS
+                p_width = max(len(prompts[i]) for i in chunk)
+                px = torch.full((len(chunk), p_width), pad_id, dtype=torch.long)
+                pmask = torch.zeros((len(chunk), p_width), dtype=torch.long)
+                for j, i in enumerate(chunk):
+                    px[j, p_width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                    pmask[j, p_width - len(prompts[i]) :] = 1
+                t0 = time.perf_counter()
+                g = self.model.generate(
+                    px,
+                    attention_mask=pmask,
+                    max_new_tokens=max(self.budgets[i] for i in chunk),
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )
+                self.gen_s += time.perf_counter() - t0
+                self.gen_steps += int(g.shape[1] - p_width)
+                for j, i in enumerate(chunk):
+                    new = g[j, p_width : p_width + self.budgets[i]].tolist()
+                    for pos, t in enumerate(new):
+                        if t in self.eos:
+                            new = new[: pos + 1]
+                            break
+                    self.gen_tokens += len(new)
+                    text = _truncate_like(str(self.tok.decode(new, skip_special_tokens=True)), self.refs[i])
+                    self.outputs[i] = text
+                    self.em[i] = exact_match(text, self.refs[i])
+                    for name, fn in METRICS.items():
+                        self.extra[name][i] = float(fn(text, self.refs[i]))
+        self.done += len(chunk)
+
+    def document(self) -> dict[str, Any]:
+        n_refs = self.n_refs
+        total_tokens = max(1, sum(n_refs))
+        mean_loss = sum(loss * k for loss, k in zip(self.losses, n_refs, strict=True)) / total_tokens
+        doc: dict[str, Any] = {
+            "loss": self.losses,
+            "tokens": n_refs,
+            "mean_loss": mean_loss,
+            "perplexity": math.exp(min(mean_loss, 50.0)),
+            "generated_tokens": self.gen_tokens,
+            "latency_s_per_token": self.gen_s / self.gen_steps if self.gen_steps else None,
+            "batch_size": self.size,
+        }
+        if self.gen:
+            doc["outputs"] = self.outputs
+            doc["exact_match"] = self.em
+            doc.update(self.extra)
+        return doc
+
+
 def score_model(
     model_dir: str | Path,
     rows: list[dict[str, Any]],
@@ -122,121 +257,39 @@ def score_model(
     alone would stop. Scores agree with ``batch_size=1`` to float rounding (checked by the unit tests).
     ``latency_s_per_token`` is the generation wall time over the decoding steps: the time per token
     that each sequence of a batch waits."""
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
-    model.eval()
+    scorer = _Scorer(
+        model_dir,
+        rows,
+        fmt,
+        max_new_tokens=max_new_tokens,
+        max_len=max_len,
+        generate=generate,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+    )
     if progress is not None:
         progress(0)  # loaded (a worker's heartbeat between loading and the first batch)
-    gen = (fmt != "text") if generate is None else generate
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    eos = _eos_ids(model, tok)
-    size = max(1, int(batch_size))
-    n = len(rows)
-    refs: list[str] = []
-    prompts: list[list[int]] = []
-    seqs: list[list[int]] = []
-    n_refs: list[int] = []
-    budgets: list[int] = []
-    for row in rows:
-        prompt, ref = split_example(row, fmt, tok)
-        p_ids = tok(prompt, add_special_tokens=False).input_ids if prompt else []
-        if not p_ids and tok.bos_token_id is not None:
-            p_ids = [tok.bos_token_id]
-        r_ids = tok(ref, add_special_tokens=False).input_ids or [pad_id]
-        ids = (p_ids + r_ids)[-max_len:]
-        refs.append(ref)
-        prompts.append(p_ids[-max_len:])
-        seqs.append(ids)
-        n_refs.append(min(len(r_ids), len(ids) - 1))
-        budgets.append(min(max_new_tokens, len(r_ids)))
-    losses: list[float] = [0.0] * n
-    outputs: list[str] = [""] * n
-    em: list[float] = [0.0] * n
-    extra: dict[str, list[float]] = {k: [0.0] * n for k in METRICS}
-    gen_s = 0.0
-    gen_steps = 0
-    gen_tokens = 0
-    done = 0
-    order = sorted(range(n), key=lambda i: (len(seqs[i]), len(prompts[i])))
-    with torch.inference_mode():
-        lengths = [max(len(seqs[i]), len(prompts[i])) for i in range(n)]
-        for chunk in _batches(order, lengths, size, max(1, int(max_batch_tokens))):
-            # loss: right-padded, the reference tokens' cross-entropy given everything before them
-            width = max(len(seqs[i]) for i in chunk)
-            x = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, i in enumerate(chunk):
-                x[j, : len(seqs[i])] = torch.tensor(seqs[i])
-                mask[j, : len(seqs[i])] = 1
-            logits = model(input_ids=x, attention_mask=mask).logits
-            for j, i in enumerate(chunk):
-                length, k = len(seqs[i]), n_refs[i]
-                if k <= 0:
-                    losses[i] = 1e4
-                    continue
-                pred = logits[j, length - k - 1 : length - 1].float()
-                loss = float(F.cross_entropy(pred, x[j, length - k : length]))
-                losses[i] = loss if math.isfinite(loss) else 1e4
-            if gen:
-                # greedy generation: left-padded prompts, each cut to its own budget and first EOS
-                p_width = max(len(prompts[i]) for i in chunk)
-                px = torch.full((len(chunk), p_width), pad_id, dtype=torch.long)
-                pmask = torch.zeros((len(chunk), p_width), dtype=torch.long)
-                for j, i in enumerate(chunk):
-                    px[j, p_width - len(prompts[i]) :] = torch.tensor(prompts[i])
-                    pmask[j, p_width - len(prompts[i]) :] = 1
-                t0 = time.perf_counter()
-                g = model.generate(
-                    px,
-                    attention_mask=pmask,
-                    max_new_tokens=max(budgets[i] for i in chunk),
-                    do_sample=False,
-                    pad_token_id=pad_id,
-                )
-                gen_s += time.perf_counter() - t0
-                gen_steps += int(g.shape[1] - p_width)
-                for j, i in enumerate(chunk):
-                    new = g[j, p_width : p_width + budgets[i]].tolist()
-                    for pos, t in enumerate(new):
-                        if t in eos:
-                            new = new[: pos + 1]
-                            break
-                    gen_tokens += len(new)
-                    text = _truncate_like(str(tok.decode(new, skip_special_tokens=True)), refs[i])
-                    outputs[i] = text
-                    em[i] = exact_match(text, refs[i])
-                    for name, fn in METRICS.items():
-                        extra[name][i] = float(fn(text, refs[i]))
-            done += len(chunk)
-            if progress is not None:
-                progress(done)
-    total_tokens = max(1, sum(n_refs))
-    mean_loss = sum(loss * k for loss, k in zip(losses, n_refs, strict=True)) / total_tokens
-    doc: dict[str, Any] = {
-        "loss": losses,
-        "tokens": n_refs,
-        "mean_loss": mean_loss,
-        "perplexity": math.exp(min(mean_loss, 50.0)),
-        "generated_tokens": gen_tokens,
-        "latency_s_per_token": gen_s / gen_steps if gen_steps else None,
-        "batch_size": size,
-    }
-    if gen:
-        doc["outputs"] = outputs
-        doc["exact_match"] = em
-        doc.update(extra)
-    return doc
+    for chunk in scorer.chunks:
+        scorer.score(chunk)
+        if progress is not None:
+            progress(scorer.done)
+    return scorer.document()
 
 
 def _truncate_like(output: str, reference: str) -> str:
     """Greedy generation runs past the answer; keep as many lines as the reference has."""
     lines = output.split("\n")
     return "\n".join(lines[: max(1, reference.count("\n") + 1)])
+
+
+def side_by_side(model_batches: int, baseline_batches: int) -> Iterable[tuple[int, tuple[str, ...]]]:
+    """The order in which :func:`evaluate_pair` runs the two models' batches: round ``k`` runs batch
+    ``k`` of each that has one, the model first in even rounds and the baseline first in odd ones (a
+    load that rises or falls across a round weighs on both alike)."""
+    for k in range(max(model_batches, baseline_batches)):
+        first, second = ("model", "baseline") if k % 2 == 0 else ("baseline", "model")
+        counts = {"model": model_batches, "baseline": baseline_batches}
+        yield k, tuple(w for w in (first, second) if k < counts[w])
 
 
 def evaluate_pair(
@@ -249,21 +302,36 @@ def evaluate_pair(
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Scores of the model and the baseline on the same rows, in the same order."""
+    """Scores of the model and the baseline on the same rows, in the same order.
+
+    The two are scored side by side, a batch of each in turn (the model first in even rounds, the
+    baseline first in odd ones), so that their generation latencies, which the latency guardrail
+    compares, are measured over the same stretch of time: on a shared machine a model scored alone
+    after the other would carry whatever load came and went in between. The scores themselves do not
+    depend on the order. Both models are in memory together: inference holds a model's weights only,
+    and an evaluation job is placed with the memory of a training job on the model (weights,
+    gradients and optimizer state). ``progress`` gets the rows scored so far by both (0 to twice the
+    rows)."""
     f = fmt or detect_format(rows)
     n = len(rows)
-    model = score_model(
-        model_dir, rows, f, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
-    )
-    base = score_model(
-        baseline_dir,
-        rows,
-        f,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=(lambda i: progress(n + i)) if progress else None,
-    )
-    return {"format": f, "n": n, "model": model, "baseline": base}
+    opts: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "max_len": 512,
+        "generate": None,
+        "batch_size": batch_size,
+        "max_batch_tokens": DEFAULT_MAX_BATCH_TOKENS,
+    }
+    model = _Scorer(model_dir, rows, f, **opts)
+    base = _Scorer(baseline_dir, rows, f, **opts)
+    if progress is not None:
+        progress(0)  # both loaded
+    scorers = {"model": model, "baseline": base}
+    for k, turns in side_by_side(len(model.chunks), len(base.chunks)):
+        for which in turns:
+            scorers[which].score(scorers[which].chunks[k])
+        if progress is not None:
+            progress(model.done + base.done)
+    return {"format": f, "n": n, "model": model.document(), "baseline": base.document()}
 
 
 def examples_of(rows: Iterable[dict[str, Any]], fmt: str) -> list[tuple[str, str]]:
