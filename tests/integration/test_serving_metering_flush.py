@@ -109,3 +109,30 @@ def test_a_replicas_pricing_is_read_once(env: ScriptedPlatform, monkeypatch: pyt
     assert opened == 3  # the write transaction of each flush, no read of the replica's row
     monkeypatch.setattr(env.p.db, "session", session)
     assert len(usage_records(env.p.db)) == 3 and len(_token_entries(env)) == 3
+
+
+def test_the_tick_flushes_once_a_second_or_when_a_batch_is_waiting(
+    env: ScriptedPlatform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainyard.serving import service as service_module
+
+    svc = env.p.serving
+    svc.flush()  # the last flush is now
+    assert not svc.flush_due()  # nothing waiting
+    svc.meter(_record(env, "req-a", None))
+    assert not svc.flush_due()  # waiting, but the last flush was just now
+    svc.tick()
+    assert usage_records(env.p.db) == []
+    monkeypatch.setattr(service_module, "METER_FLUSH_EVERY_S", 0.05)
+    time.sleep(0.06)
+    assert svc.flush_due()
+    svc.tick()
+    assert [r["request_id"] for r in usage_records(env.p.db)] == ["req-a"]
+    monkeypatch.setattr(service_module, "METER_FLUSH_EVERY_S", 3600.0)
+    monkeypatch.setattr(service_module, "METER_FLUSH_BATCH", 3)
+    for i in range(3):
+        assert not svc.flush_due()
+        svc.meter(_record(env, f"req-b{i}", None))
+    assert svc.flush_due()  # a full batch does not wait for the second
+    svc.tick()
+    assert len(usage_records(env.p.db)) == 4
