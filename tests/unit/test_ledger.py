@@ -41,6 +41,13 @@ BUDGETS = cast(Table, BudgetRow.__table__)
 JOBS = cast(Table, JobRow.__table__)
 
 
+@pytest.fixture(autouse=True)
+def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger keeps the statements it builds per process; each test builds its own."""
+    monkeypatch.setattr(ledger, "_BUILT", {})
+    monkeypatch.setattr(ledger, "_BATCH_STATEMENTS", {})
+
+
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ledger") / "template.sqlite"
@@ -1100,9 +1107,11 @@ def test_reconcile_reports_to_the_micro_dollar_and_ignores_device_entries_of_no_
     _budget(conn, "b1", 100.0, hard=False)
     _job(conn, "j1", 1.0 / 3.0)  # ledger 0.3
     _job(conn, "j0", 0.0)  # ledger 0.25
+    _job(conn, "j7", 1.0)  # ledger 2/3
     device = {"kind": ledger.KIND_DEVICE}
     ledger.charge(conn, _fact("d1", 0.3, job_id="j1", **device))
     ledger.charge(conn, _fact("d0", 0.25, job_id="j0", **device))
+    ledger.charge(conn, _fact("d7", 2.0 / 3.0, job_id="j7", **device))
     ledger.charge(conn, _fact("nojob", 0.25, **device))  # device-seconds of no job: not a job's cost
     ledger.charge(conn, _fact("g1", 1.0 / 3.0, job_id="gone", **device))
     ledger.charge(conn, _fact("g2+", 0.25, job_id="net-zero", **device))  # a job gone, its entries sum to 0
@@ -1112,8 +1121,9 @@ def test_reconcile_reports_to_the_micro_dollar_and_ignores_device_entries_of_no_
     assert ledger.reconcile(conn)["mismatches"] == [
         {"job_id": "j1", "cost_usd": 0.333333, "ledger_usd": 0.3},
         {"job_id": "j0", "cost_usd": 0.0, "ledger_usd": 0.25},
+        {"job_id": "j7", "cost_usd": 1.0, "ledger_usd": 0.666667},
         {"job_id": "gone", "cost_usd": None, "ledger_usd": 0.333333},
-        {"budget_id": "b1", "period_key": "2026-12", "spent_usd": 3.333333, "ledger_usd": 1.388333},
+        {"budget_id": "b1", "period_key": "2026-12", "spent_usd": 3.333333, "ledger_usd": 2.055},
     ]
 
 
@@ -1209,3 +1219,22 @@ def test_periods_are_utc_whatever_the_servers_time_zone(monkeypatch: pytest.Monk
 def test_the_period_of_an_instant_before_1970_is_the_day_that_holds_it() -> None:
     assert ledger.period_key("day", -1.0) == "1969-12-31"
     assert ledger.period_key("month", -1.0) == "1969-12"
+
+
+def test_release_gives_back_only_in_the_period_the_job_reserved_in(conn: Connection) -> None:
+    _budget(conn, "b1", 10.0)
+    ledger.reserve(
+        conn, tenant_id="t1", tenant_name="acme", job_id="dec", tags={}, amount_usd=2.0, basis="q", now_s=MID
+    )
+    ledger.reserve(
+        conn, tenant_id="t1", tenant_name="acme", job_id="jan", tags={}, amount_usd=3.0, basis="q", now_s=JAN
+    )
+    ledger.release(conn, ["dec"])
+    assert _periods(conn) == {("b1", "2026-12"): (0.0, 0.0, 0), ("b1", "2027-01"): (0.0, 3.0, 0)}
+
+
+def test_a_free_fact_in_a_batch_opens_no_period_even_beside_a_paid_one(conn: Connection) -> None:
+    _budget(conn, "b1", 10.0)
+    batch = [(_fact("paid", 1.0, MID), "acme"), (_fact("free", 0.0, JAN), "acme")]
+    assert ledger.charge_batch(conn, batch) == 2
+    assert _periods(conn) == {("b1", "2026-12"): (1.0, 0.0, 0)}

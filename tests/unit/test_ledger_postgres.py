@@ -22,11 +22,19 @@ from trainyard.tenancy import ledger
 pytestmark = pytest.mark.postgres
 
 MID = 1797292800.0  # 2026-12-15T00:00:00Z
+JAN = 1798761600.0  # 2027-01-01T00:00:00Z
 PERIODS = cast(Table, BudgetPeriodRow.__table__)
 RESERVATIONS = cast(Table, BudgetReservationRow.__table__)
 BUDGETS = cast(Table, BudgetRow.__table__)
 JOBS = cast(Table, JobRow.__table__)
 EVENTS = cast(Table, JobEventRow.__table__)
+
+
+@pytest.fixture(autouse=True)
+def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger keeps the statements it builds per process; each test builds its own."""
+    monkeypatch.setattr(ledger, "_BUILT", {})
+    monkeypatch.setattr(ledger, "_BATCH_STATEMENTS", {})
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +260,43 @@ def test_release_and_charges_on_postgresql(pg: Database, tenant: str) -> None:
         )
         ledger.release(c, [f"{tenant}-s"])
         assert ledger.period_state(c, b.id, "2026-12") == (1.75, 5.0, 0)
+        # a release touches only the period the job reserved in, of the budget it reserved against
+        c.execute(
+            insert(BUDGETS),
+            {
+                "id": f"b2-{tenant}",
+                "tenant_id": tenant,
+                "tag_key": "team",
+                "tag_value": "x",
+                "period": "month",
+                "limit_usd": 100.0,
+                "hard": True,
+                "created_at_s": 0.0,
+                "updated_at_s": 0.0,
+            },
+        )
+        c.execute(
+            insert(PERIODS),
+            {
+                "budget_id": f"b2-{tenant}",
+                "period_key": "2026-12",
+                "spent_usd": 0.0,
+                "reserved_usd": 4.0,
+                "alerted_pct": 0,
+            },
+        )
+        for job, now_s in ((f"{tenant}-dec", MID), (f"{tenant}-jan", JAN)):
+            ledger.reserve(
+                c,
+                tenant_id=tenant,
+                tenant_name=tenant,
+                job_id=job,
+                tags={},
+                amount_usd=1.0,
+                basis="q",
+                now_s=now_s,
+            )
+        ledger.release(c, [f"{tenant}-dec"])
+        assert ledger.period_state(c, b.id, "2026-12") == (1.75, 5.0, 0)
+        assert ledger.period_state(c, b.id, "2027-01") == (0.0, 1.0, 0)
+        assert ledger.period_state(c, f"b2-{tenant}", "2026-12") == (0.0, 4.0, 0)
