@@ -858,12 +858,16 @@ class ServingService:
                 st = "starting"
             if st != d.state:
                 states[d.id] = st
-        if not (gone or became_ready or new_rows or updates or events or states):
+        # a ready replica answers its health probe every second: only one that was starting has a row
+        # to change (without this, every probe opened a write transaction that changed nothing)
+        state_of = {r.id: r.state for r in replica_rows}
+        newly_ready = [rid for rid in became_ready if state_of.get(rid) != "ready"]
+        if not (gone or newly_ready or new_rows or updates or events or states):
             return
         with self.db.session() as s:
             if gone:
                 s.execute(delete(ServingReplicaRow).where(ServingReplicaRow.id.in_(gone)))
-            for rid, _doc in became_ready.items():
+            for rid in newly_ready:
                 row = s.get(ServingReplicaRow, rid)
                 if row is not None and row.state != "ready":
                     row.state, row.ready_at_s = "ready", now
