@@ -710,3 +710,22 @@ def test_the_debt_table_starts_over_past_100_000_buckets() -> None:
     past._debt = {f"d{i}": 1.0 for i in range(100_001)}
     past.adjust("new", now=0.0, n=2.0, **kw)  # more than 100,000: forgotten
     assert past._debt == {"new": 2.0}
+
+
+def test_a_lease_that_ends_exactly_now_gives_nothing_to_the_next_request() -> None:
+    from trainyard.tenancy.ratelimit import _Lease
+
+    leased = LeasedBuckets(MemoryBuckets())  # type: ignore[arg-type]
+    leased._leases["k"] = _Lease(1000.0, 2000.0, 10.0, 0.05, 0, 10.0)
+    assert leased.take("k", rate=1000.0, burst=2000.0, now=0.05, n=20.0).allowed
+    assert (
+        leased._leases["k"].tokens == 30.0
+    )  # a new lease of 50, 20 of it used; the 10 ended with the old one
+
+
+def test_a_memory_store_of_exactly_100_000_buckets_keeps_them_all() -> None:
+    m = MemoryBuckets()
+    m._tat = {f"old{i}": 1.0 for i in range(99_999)}
+    m._tat["live"] = 100.0
+    m.take("new", rate=1.0, burst=1.0, now=5.0)
+    assert len(m._tat) == 100_001
