@@ -62,3 +62,20 @@ def _sandbox_installed() -> None:
             capture_output=True,
             timeout=900,
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test has a node id of its own. schemathesis names each operation's test
+    ``test_no_server_errors[GET /v1/jobs]`` but gives them all the function's node id, and pytest-xdist
+    shares tests out by node id, so under ``make test`` 77 operations ran as one (the fuzzing of all but
+    one route silently left out). Its tests get their names as node ids; any other duplicate stops the
+    run rather than be dropped the same way."""
+    for item in items:
+        if type(item).__name__ == "SchemathesisFunction" and not item.nodeid.endswith(f"::{item.name}"):
+            # what pytest itself gives a node built without an explicit node id (pytest 9's structured id);
+            # if this ever stops working, the duplicate check below fails the run
+            item._id = item.parent.id.child(item.name)  # type: ignore[attr-defined,union-attr]
+    seen: set[str] = set()
+    twice = sorted({i.nodeid for i in items if i.nodeid in seen or seen.add(i.nodeid)})
+    if twice:
+        raise pytest.UsageError(f"tests sharing a node id (pytest-xdist would run one of each): {twice[:5]}")
