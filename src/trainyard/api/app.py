@@ -103,7 +103,6 @@ def create_app(
         alerts.router,
     ):
         app.include_router(r)
-    app.router.routes[0:0] = openai.lean_routes()  # the gateway's hot routes are matched first
     from trainyard.observability import install_observability  # dashboard + metrics/traces/alerts
     from trainyard.web import install_dashboard
 

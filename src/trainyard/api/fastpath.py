@@ -10,7 +10,9 @@ sits at the head of the app's middleware stack and answers those two (path, meth
   metrics, access log, rate-limit headers; the tracing middleware: the SERVER span), built a second time
   around its endpoint with the arguments the app registered them with, so the request is measured,
   logged and traced exactly like one that went through the router, under the route template
-  (``scope["route"]`` is the hot route of :func:`trainyard.api.routers.openai.lean_routes`);
+  (``scope["route"]`` is a :class:`RouteName` of the path, which is what the request metrics and the
+  SERVER span read of a route; the documented routes of :mod:`trainyard.api.routers.openai` stay for
+  the OpenAPI document and answer the other methods);
 * with authentication, the request rate limit and the viewer rule of ``CurrentPrincipal`` done by
   :func:`trainyard.api.auth.authenticate_scope`, and errors rendered by the app's own handlers'
   functions (OpenAI's shape under /openai);
@@ -20,6 +22,7 @@ sits at the head of the app's middleware stack and answers those two (path, meth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from trainyard.api.auth import authenticate_scope, bearer_key
@@ -31,6 +34,13 @@ ENDPOINTS = {
     "/openai/v1/chat/completions": "chat.completions",
     "/openai/v1/completions": "completions",
 }
+
+
+@dataclass(frozen=True)
+class RouteName:
+    """What the request metrics and the SERVER span read of the matched route: its path template."""
+
+    path: str
 
 
 class _Disconnected(Exception):
@@ -61,11 +71,7 @@ class CompletionFastPath:
     def __init__(self, app: Any, fastapi_app: Any, platform: Any) -> None:
         self.app = app
         self.platform = platform
-        self.routes = {
-            getattr(r, "path", None): r
-            for r in fastapi_app.router.routes
-            if getattr(r, "path", None) in ENDPOINTS and "POST" in (getattr(r, "methods", None) or ())
-        }
+        self.routes = {path: RouteName(path) for path in ENDPOINTS}
         chain: Any = self._endpoint
         for cls, args, kwargs in reversed(fastapi_app.user_middleware):
             chain = cls(chain, *args, **kwargs)
@@ -73,7 +79,7 @@ class CompletionFastPath:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST":
-            route = self.routes.get(scope.get("path"))
+            route = self.routes.get(scope.get("path") or "")
             if route is not None:
                 scope["route"] = route
                 await self.chain(scope, receive, send)

@@ -7,10 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Match, Route
-from starlette.types import Scope
 
-from trainyard.api.auth import CurrentPrincipal, authenticate_request, bearer_key
+from trainyard.api.auth import CurrentPrincipal
 from trainyard.serving.gateway import GatewayError
 
 router = APIRouter(prefix="/openai/v1", tags=["openai"])
@@ -61,46 +59,3 @@ async def get_model(model: str, request: Request, principal: CurrentPrincipal) -
         return JSONResponse(_gateway(request).model(principal.tenant_id, model))
     except GatewayError as exc:
         return exc.response()
-
-
-# ---- the hot routes without the framework's dependency solving ------------------------------------------
-
-
-async def _lean_chat_completions(request: Request) -> Response:
-    key = bearer_key(request.headers.get("authorization"))
-    return await chat_completions(request, await authenticate_request(request, key))
-
-
-async def _lean_completions(request: Request) -> Response:
-    key = bearer_key(request.headers.get("authorization"))
-    return await completions(request, await authenticate_request(request, key))
-
-
-class _HotRoute(Route):
-    """A Starlette route that, like FastAPI's, names itself as the request's ``route`` (the request
-    metrics and the request span are labelled with its path template)."""
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child = super().matches(scope)
-        if match is not Match.NONE:
-            child["route"] = self
-        return match, child
-
-
-def lean_routes() -> list[BaseRoute]:
-    """``POST /openai/v1/chat/completions`` and ``/completions`` as plain Starlette routes, placed first
-    in the app's routing table: the same endpoints as the documented routes above (which stay for the
-    OpenAPI document), with the authentication, rate limit and role check of ``CurrentPrincipal`` done
-    by one direct call instead of FastAPI's dependency solving, and matched before the couple of hundred
-    routes of the rest of the API are tried. Errors leave through the same handlers, in OpenAI's shape."""
-    return [
-        _HotRoute(
-            f"{router.prefix}/chat/completions",
-            _lean_chat_completions,
-            methods=["POST"],
-            include_in_schema=False,
-        ),
-        _HotRoute(
-            f"{router.prefix}/completions", _lean_completions, methods=["POST"], include_in_schema=False
-        ),
-    ]
