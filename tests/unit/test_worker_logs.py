@@ -70,3 +70,17 @@ def test_tail_start() -> None:
     assert tail_start(b"a\nb\nc", 2) == 2
     assert tail_start(b"a\nb\n", 5) == 0
     assert tail_start(b"a\n", 0) == 2
+
+
+def test_a_queued_job_may_have_every_rank_its_spec_allows_a_placed_one_its_devices() -> None:
+    from dataclasses import replace
+
+    from trainyard.services.domain import Placement
+    from trainyard.spec.models import MAX_DEVICES
+
+    queued = replace(job(Path("/x"), 0), state=JobState.QUEUED, spec={"resources": {"max_devices": 2}})
+    assert queued.ranks_possible() == 2  # rank 1 of a queued 2-device job is waited for, not refused
+    assert replace(queued, spec={}).ranks_possible() == MAX_DEVICES
+    placed = replace(queued, placement=Placement("p", 3, "on_demand", "cpu", 1.0))
+    assert placed.ranks_possible() == 3
+    assert replace(queued, placement=Placement("p", 0, "on_demand", "cpu", 1.0)).ranks_possible() == 1

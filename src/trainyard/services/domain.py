@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainyard.services.lifecycle import JobState
+from trainyard.spec.models import MAX_DEVICES
 
 
 def iso(ts_s: float | None) -> str | None:
@@ -142,6 +143,15 @@ class Job:
     run_dir: str | None = None
     idempotency_key: str | None = None
     spec_sha256: str = ""
+
+    def ranks_possible(self) -> int:
+        """How many ranks the job has (its placement's devices) or, before it is placed, may get (its
+        ``resources.max_devices``; without one, any count the spec allows): a follower of rank 1 of a
+        queued 2-device job waits for it instead of being told it does not exist."""
+        if self.placement is not None:
+            return max(1, self.placement.devices)
+        resources = self.spec.get("resources") or {}
+        return max(1, int(resources.get("max_devices") or MAX_DEVICES))
 
 
 @dataclass(frozen=True)

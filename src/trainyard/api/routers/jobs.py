@@ -189,7 +189,7 @@ async def job_logs(
 ) -> JSONResponse:
     platform = _platform(request)
     job = await run_in_threadpool(platform.jobs.get, principal, job_id)
-    if rank >= max(1, job.placement.devices if job.placement else 1) and rank != 0:
+    if rank >= job.ranks_possible():
         raise InvalidInputError(
             f"rank {rank} does not exist for this job",
             details={"errors": [{"field": "query.rank", "message": "no such rank"}]},
