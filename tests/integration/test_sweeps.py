@@ -86,11 +86,15 @@ def test_six_trial_sweep_is_quoted_run_halved_and_its_best_registered(live: Any)
     completed = [t for t in trials if t["state"] == "completed"]
     assert stopped, [(t["name"], t["state"], t["rungs"], t["decisions"]) for t in trials]
     assert completed
-    for t in stopped:  # stopped for real: the job was cancelled, its checkpoint is kept
+    for t in stopped:  # stopped for real: the job was cancelled, its checkpoints are kept
         job = c.get(f"/v1/jobs/{t['job_id']}", headers=h).json()
         assert job["state"] == "cancelled"
-        assert job["checkpoints"], job
-        assert t["checkpoint"]["step"] < STEPS
+        # a trial that reaches its first rung within the 1 s checkpoint interval (a warm worker runs
+        # 100 steps in about 1.2 s) is stopped before it has written one; any it wrote is kept
+        if job["checkpoints"]:
+            assert t["checkpoint"]["step"] == job["checkpoints"][-1]["step"] < STEPS
+        else:
+            assert "checkpoint" not in t, t
         assert "successive halving" in t["reason"]
         decided = [d for d in t["decisions"].values() if not d["continue"]]
         assert len(decided) == 1 and decided[0]["rank"] > 1
