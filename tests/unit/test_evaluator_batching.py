@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from hf_models import WORDS, build_tiny_llama, completion_rows
-from trainyard.evaluation.evaluator import _batches, evaluate_pair, score_model, side_by_side
+from trainyard.evaluation.evaluator import (
+    _batches,
+    evaluate_pair,
+    latency_s_per_token,
+    score_model,
+    side_by_side,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +101,20 @@ def test_the_pair_runs_its_batches_in_alternating_turns() -> None:
     assert list(side_by_side(0, 0)) == []
 
 
+def test_latency_is_the_median_batch_so_one_stalled_batch_does_not_move_it() -> None:
+    """Four batches of 10 steps at 10 ms a step and one held up 40x by another process: the latency
+    the guardrail compares stays 10 ms a step (the total over the total would be 0.1 s)."""
+    steady = [(0.1, 10)] * 4
+    assert latency_s_per_token(steady) == pytest.approx(0.01)
+    assert latency_s_per_token([*steady, (4.0, 10)]) == pytest.approx(0.01)
+    # per step of each batch, not per batch: a batch of 20 steps in 0.2 s is as fast as one of 10 in 0.1
+    assert latency_s_per_token([(0.2, 20), (0.1, 10), (0.9, 30)]) == pytest.approx(0.01)
+    assert latency_s_per_token([(0.1, 10), (0.3, 10)]) == pytest.approx(0.02)  # the middle of two
+    # a batch that decoded nothing (every budget 0) has no time per step
+    assert latency_s_per_token([(0.5, 0), (0.1, 10)]) == pytest.approx(0.01)
+    assert latency_s_per_token([(0.5, 0)]) is None and latency_s_per_token([]) is None
+
+
 def test_the_pair_is_scored_side_by_side_with_the_scores_of_each_alone(
     tiny: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -113,5 +133,5 @@ def test_the_pair_is_scored_side_by_side_with_the_scores_of_each_alone(
         assert pair[key]["loss"] == pytest.approx(alone["loss"], abs=1e-6)
         assert pair[key]["outputs"] == alone["outputs"]
         assert pair[key]["exact_match"] == alone["exact_match"]
-        assert pair[key]["latency_s_per_token"] > 0
+        assert pair[key]["latency_s_per_token"] > 0 and pair[key]["latency_s_per_token_mean"] > 0
     assert pair["model"]["loss"] != pytest.approx(pair["baseline"]["loss"], abs=1e-3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -154,6 +155,7 @@ class _Scorer:
         self.extra: dict[str, list[float]] = {k: [0.0] * n for k in METRICS}
         self.gen_s = 0.0
         self.gen_steps = 0
+        self.gen_batches: list[tuple[float, int]] = []  # (wall seconds, decoding steps) per batch
         self.gen_tokens = 0
         self.done = 0
         order = sorted(range(n), key=lambda i: (len(self.seqs[i]), len(self.prompts[i])))
@@ -198,8 +200,10 @@ class _Scorer:
                     do_sample=False,
                     pad_token_id=pad_id,
                 )
-                self.gen_s += time.perf_counter() - t0
-                self.gen_steps += int(g.shape[1] - p_width)
+                took_s, steps = time.perf_counter() - t0, int(g.shape[1] - p_width)
+                self.gen_s += took_s
+                self.gen_steps += steps
+                self.gen_batches.append((took_s, steps))
                 for j, i in enumerate(chunk):
                     new = g[j, p_width : p_width + self.budgets[i]].tolist()
                     for pos, t in enumerate(new):
@@ -224,7 +228,8 @@ class _Scorer:
             "mean_loss": mean_loss,
             "perplexity": math.exp(min(mean_loss, 50.0)),
             "generated_tokens": self.gen_tokens,
-            "latency_s_per_token": self.gen_s / self.gen_steps if self.gen_steps else None,
+            "latency_s_per_token": latency_s_per_token(self.gen_batches),
+            "latency_s_per_token_mean": self.gen_s / self.gen_steps if self.gen_steps else None,
             "batch_size": self.size,
         }
         if self.gen:
@@ -232,6 +237,15 @@ class _Scorer:
             doc["exact_match"] = self.em
             doc.update(self.extra)
         return doc
+
+
+def latency_s_per_token(batches: list[tuple[float, int]]) -> float | None:
+    """The median over batches of each batch's generation wall time per decoding step (``None``
+    without a batch that decoded). A median, not the total over the total: on a shared machine one
+    batch held up by another process (a stall of 4x on a CPU busy elsewhere) would otherwise move
+    the latency the guardrail compares by a quarter of that stall with four batches."""
+    per_step = [took_s / steps for took_s, steps in batches if steps > 0]
+    return statistics.median(per_step) if per_step else None
 
 
 def score_model(
@@ -255,8 +269,10 @@ def score_model(
     an attention mask (``generate`` derives the positions from it), runs to the longest budget in the
     batch and cuts each output to its own budget and first end-of-sequence token, as a row generated
     alone would stop. Scores agree with ``batch_size=1`` to float rounding (checked by the unit tests).
-    ``latency_s_per_token`` is the generation wall time over the decoding steps: the time per token
-    that each sequence of a batch waits."""
+    ``latency_s_per_token`` is the median over batches of a batch's generation wall time over its
+    decoding steps: the time per token that each sequence of a batch waits
+    (:func:`latency_s_per_token`); ``latency_s_per_token_mean`` is the total time over the total
+    steps."""
     scorer = _Scorer(
         model_dir,
         rows,
