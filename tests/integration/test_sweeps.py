@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -174,16 +175,17 @@ def check_quote_against_the_run(doc: dict[str, Any], jobs: dict[int, dict[str, A
 
 def check_decisions_follow_the_rule(trials: list[dict[str, Any]], *, reduction_factor: int) -> None:
     """Every halving decision is ASHA's rule applied to the values recorded at its rung when it was made:
-    those of the trials decided there at or before it (one poll decides together), and of any trial that
-    recorded the rung but ended before a decision."""
+    those of the trials whose value there was recorded at or before it (one poll records and decides
+    together; a trial that records the rung later, or ends before a decision there, is not among them)."""
     made = 0
     for t in trials:
         for key, d in t["decisions"].items():
+            decided = datetime.fromisoformat(d["time"])
+            assert datetime.fromisoformat(t["rung_times"][key]) <= decided, (t["name"], key, d)
             known = [
                 float(o["rungs"][key])
                 for o in trials
-                if o["rungs"].get(key) is not None
-                and (key not in o["decisions"] or o["decisions"][key]["time"] <= d["time"])
+                if o["rungs"].get(key) is not None and datetime.fromisoformat(o["rung_times"][key]) <= decided
             ]
             facts = (t["name"], key, d, known)
             assert d["value"] == pytest.approx(float(t["rungs"][key])), facts

@@ -193,6 +193,7 @@ class SweepService:
                 "predicted_cost_usd": t.option.expected_cost_usd if t.option else None,
                 "usd_per_step": t.option.usd_per_step if t.option else None,
                 "rungs": {},
+                "rung_times": {},
                 "decisions": {},
                 "last_step": None,
                 "final_value": None,
@@ -297,7 +298,7 @@ class SweepService:
                 job = jobs.get(t["job_id"] or "")
                 if job is None or t["state"] not in ("running",):
                     continue
-                self._observe(s, sweep, t, job, rungs)
+                self._observe(s, sweep, t, job, rungs, iso(now))
         principal = self._principal(tenant_id)
         cancels: list[tuple[dict[str, Any], str, str]] = []  # (trial, new state, reason)
         # 2. successive halving on the rungs just reached
@@ -379,7 +380,7 @@ class SweepService:
                 jobs[job.id] = job
                 t["cost_usd"] = round(_job_spent_usd(job, now), 6)
                 if t["state"] == "running" and job.state in TERMINAL_STATES:
-                    self._observe(s, sweep, t, job, rungs)
+                    self._observe(s, sweep, t, job, rungs, iso(now))
                     if job.state == JobState.SUCCEEDED:
                         t["state"] = "completed"
                         _, final = _metric_values(s, job.id, sweep.metric.name, t["total_steps"])
@@ -438,7 +439,13 @@ class SweepService:
             row.reason = reason
 
     def _observe(
-        self, s: Session, sweep: SweepSpec, t: dict[str, Any], job: Job, rungs: Sequence[Any]
+        self,
+        s: Session,
+        sweep: SweepSpec,
+        t: dict[str, Any],
+        job: Job,
+        rungs: Sequence[Any],
+        observed_at: str | None,
     ) -> None:
         ends = rung_steps(rungs, t["total_steps"])
         last, _ = _metric_values(s, job.id, sweep.metric.name, t["total_steps"])
@@ -451,6 +458,7 @@ class SweepService:
                 continue
             _, value = _metric_values(s, job.id, sweep.metric.name, end)
             t["rungs"][key] = value
+            t.setdefault("rung_times", {})[key] = observed_at  # older rows have no rung times
 
     def _principal(self, tenant_id: str) -> Principal:
         """The sweep's tenant as the submitter of its trials (its quotas, walls and user-code allowance)."""
