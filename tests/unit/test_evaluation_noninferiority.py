@@ -328,3 +328,146 @@ def test_cli_margins_parse_metric_equals_margin() -> None:
     for bad in ("exact_match", "exact_match=", "=0.1", "exact_match=-1", "exact_match=nan", "em=x"):
         with pytest.raises(InvalidInputError):
             _margins([bad])
+
+
+# ---- edge cases of the tests, worked by hand ----------------------------------------------------------
+
+
+def test_paired_t_without_spread_knows_the_mean_exactly() -> None:
+    assert S.paired_t_noninferiority(np.full(5, 0.1), 0.05, 0.05) == (0.0, 0.1)
+    # a mean exactly at the margin is not shown non-inferior
+    assert S.paired_t_noninferiority(np.full(5, -0.05), 0.05, 0.05) == (1.0, -0.05)
+    assert S.paired_t_noninferiority(np.array([0.3]), 0.05, 0.05) == (0.0, 0.3)
+    assert S.paired_t_noninferiority(np.array([-0.3]), 0.05, 0.05) == (1.0, -0.3)
+    # two examples already have a spread: t = (0.5 + 0.5) / (0.7071 / sqrt 2) = 2, one degree of freedom
+    g = np.array([0.0, 1.0])
+    ref = sps.ttest_1samp(g, -0.5, alternative="greater")
+    p, bound = S.paired_t_noninferiority(g, 0.5, 0.05)
+    assert p == pytest.approx(ref.pvalue, rel=1e-12) and p == pytest.approx(sps.t.sf(2.0, 1), rel=1e-12)
+    assert bound == pytest.approx(0.5 - sps.t.ppf(0.95, 1) * 0.5, rel=1e-12)
+
+
+def test_tango_score_at_the_ends_of_the_difference() -> None:
+    assert S.tango_z(0, 0, 50, 0.0) == 0.0  # no discordant pairs, no difference: no evidence
+    assert S.tango_restricted_mle(0, 0, 50, 0.0) == 0.0  # and no loss is the likeliest
+    assert S.tango_z(1, 0, 1, 0.0) == 1.0  # McNemar's (1 - 0) / sqrt(1): a variance of exactly 1
+    # d0 = +1 (the model always right, the baseline always wrong) has no variance: any other table is
+    # infinitely far below it; d0 = -1 the same from above
+    assert S.tango_z(3, 2, 10, 1.0) == -math.inf
+    assert S.tango_z(3, 0, 10, -1.0) == math.inf
+
+
+def test_tango_bounds_at_the_edges() -> None:
+    # every pair a loss: no difference above -1 is rejected, the bound is -1
+    p, bound = S.tango_noninferiority(0, 20, 20, 0.1, 0.05)
+    assert bound == -1.0 and p == pytest.approx(float(sps.norm.sf(S.tango_z(0, 20, 20, -0.1))))
+    # alpha >= 0.5: the observed difference itself is the bound; the p-value does not depend on alpha
+    p6, bound6 = S.tango_noninferiority(6, 10, 96, 0.1, 0.6)
+    assert bound6 == -4 / 96 and p6 == S.tango_noninferiority(6, 10, 96, 0.1, 0.05)[0]
+
+
+def test_guardrail_reasons_state_the_numbers() -> None:
+    z = np.zeros(30)
+    metrics = {
+        "acc": MetricInput(z + 0.25, z),
+        "f1": MetricInput(z - 0.25, z),
+        "loss": MetricInput(z + 0.5, z, higher_is_better=False),
+        "ppl": MetricInput(z + 1.5, z, higher_is_better=False),
+    }
+    own = {k: metrics[k] for k in ("acc", "loss")}  # a metric not under a margin must not be worse
+    one = compare(own, primary="acc", non_inferiority=[NonInferiority("loss", 1.0)])
+    (g,) = one.non_inferiority
+    assert g.reason == (
+        "non-inferior within margin 1: delta +0.5, 95% bound +0.5 (needs < +1), "
+        "one-sided p 0 < alpha 0.05 (paired_t_one_sided)"
+    )
+    assert (g.n, g.delta, g.bound, g.p_value, g.p_adjusted, g.passed) == (30, 0.5, 0.5, 0.0, 0.0, True)
+    assert (g.margin, g.alpha, g.correction, g.dataset, g.higher_is_better) == (
+        1.0,
+        0.05,
+        "holm",
+        None,
+        False,
+    )
+    assert one.passed and one.verdict == "better"
+    specs = [NonInferiority("f1", 0.5), NonInferiority("ppl", 1.0)]
+    metrics.pop("loss")
+    both = compare(metrics, primary="acc", non_inferiority=specs, alpha=0.1)
+    f1, ppl = both.non_inferiority
+    assert f1.reason == (
+        "non-inferior within margin 0.5: delta -0.25, 90% bound -0.25 (needs > -0.5), "
+        "one-sided Holm-adjusted p 0 < alpha 0.1 (paired_t_one_sided)"
+    )
+    assert ppl.reason == (
+        "not shown non-inferior within margin 1: delta +1.5, 90% bound +1.5 (needs < +1), "
+        "one-sided Holm-adjusted p 1 >= alpha 0.1 (paired_t_one_sided)"
+    )
+    assert not ppl.passed and not both.passed and both.verdict == "better"
+    plain = compare(metrics, primary="acc", non_inferiority=specs, correction="none").non_inferiority
+    assert "one-sided p 0 < alpha 0.05" in plain[0].reason and plain[0].correction == "none"
+
+
+def test_a_guardrail_passes_only_below_alpha() -> None:
+    rng = np.random.default_rng(13)
+    base = rng.normal(size=40)
+    model = base + rng.normal(-0.02, 0.3, size=40)
+    p, _ = S.paired_t_noninferiority(model - base, 0.1, 0.05)
+    assert 0.0 < p < 0.5
+    at = compare({"acc": MetricInput(model, base)}, non_inferiority=[NonInferiority("acc", 0.1)], alpha=p)
+    assert at.non_inferiority[0].p_value == p and not at.non_inferiority[0].passed
+    above = compare(
+        {"acc": MetricInput(model, base)},
+        non_inferiority=[NonInferiority("acc", 0.1)],
+        alpha=min(0.49, p * 1.01),
+    )
+    assert above.non_inferiority[0].passed
+
+
+def test_unmeasured_guardrails_and_tiny_guardrail_datasets() -> None:
+    z = np.zeros(30)
+    metrics = {"acc": MetricInput(z + 0.25, z)}
+    datasets = [
+        S.DatasetNonInferiority("ds://gone@1", "acc", 5.0),
+        S.DatasetNonInferiority("ds://empty@1", "acc", 0.5, MetricInput([], [], higher_is_better=False)),
+        S.DatasetNonInferiority("ds://one@1", "acc", 0.5, MetricInput([2.0], [1.0], higher_is_better=False)),
+        S.DatasetNonInferiority("ds://few@1", "acc", 0.5, MetricInput([1.0] * 12, [2.0] * 12)),
+    ]
+    c = compare(
+        metrics, non_inferiority=[NonInferiority("tox", 0.01)], dataset_guardrails=datasets, min_examples=12
+    )
+    tox, gone, empty, one, few = c.non_inferiority
+    assert tox.reason == "not measured, so not shown non-inferior within 0.01"
+    assert gone.reason == "not measured on ds://gone@1, so not shown non-inferior within 5"
+    assert (tox.n, gone.n) == (30, 0)  # the own split's examples; none on a dataset not measured
+    for g in (tox, gone):
+        assert (g.test, g.p_value, g.higher_is_better, g.passed) == ("none", 1.0, True, False)
+        assert math.isnan(g.delta) and math.isnan(g.bound) and g.to_dict()["threshold"] == -g.margin
+    assert (empty.test, empty.p_value, empty.n, empty.passed) == ("none", 1.0, 0, False)
+    assert math.isnan(empty.delta) and math.isnan(empty.bound) and empty.higher_is_better is False
+    assert empty.reason == "0 paired examples, fewer than the minimum 12: inconclusive"
+    # one example: the one-sided t test without spread (the loss up by 1 > margin 0.5: not non-inferior)
+    assert (one.test, one.p_value, one.n, one.delta, one.bound) == ("paired_t_one_sided", 1.0, 1, 1.0, 1.0)
+    # min_examples reaches the guardrail datasets: 12 examples are enough here
+    assert few.n == 12 and few.test == "paired_t_one_sided" and few.p_value == 1.0
+    assert few.reason.startswith("not shown non-inferior within margin 0.5: delta -1, 95% bound -1 ")
+
+
+@pytest.mark.parametrize(
+    ("scores", "message"),
+    [
+        (MetricInput([1.0, 2.0], [1.0]), "acc on ds://x@1: model and baseline need the same examples"),
+        (
+            MetricInput([[1.0, 2.0]], [[1.0, 2.0]]),
+            "acc on ds://x@1: model and baseline need the same examples",
+        ),
+        (MetricInput([1.0, 2.0], [1.0, float("nan")]), "acc on ds://x@1: scores must be finite"),
+        (MetricInput([float("inf"), 2.0], [1.0, 1.0]), "acc on ds://x@1: scores must be finite"),
+    ],
+)
+def test_bad_guardrail_dataset_scores_are_refused(scores: MetricInput, message: str) -> None:
+    z = np.zeros(30)
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        compare(
+            {"acc": MetricInput(z, z)},
+            dataset_guardrails=[S.DatasetNonInferiority("ds://x@1", "acc", 0.1, scores)],
+        )
