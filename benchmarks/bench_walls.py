@@ -202,6 +202,13 @@ def startup_cost(n: int) -> dict[str, float]:
     }
     out["sandbox_startup_ms"] = round(out["sandboxed_true_ms"] - out["true_ms"], 2)
     out["sandbox_startup_python_ms"] = round(out["sandboxed_python_ms"] - out["python_ms"], 2)
+
+    def gang_network() -> None:
+        with sb.gang_network():
+            pass
+
+    # what a gang's attempt adds once, on top of each rank's start-up: its own network namespace
+    out["gang_network_ms"] = median_ms(gang_network, n)
     return out
 
 
@@ -244,7 +251,8 @@ def main() -> None:
     print(
         f"sandbox start-up per attempt: {startup['sandbox_startup_ms']} ms (/bin/true "
         f"{startup['true_ms']} → {startup['sandboxed_true_ms']} ms; python -S "
-        f"{startup['python_ms']} → {startup['sandboxed_python_ms']} ms)"
+        f"{startup['python_ms']} → {startup['sandboxed_python_ms']} ms); a gang's own network "
+        f"namespace: {startup['gang_network_ms']} ms per attempt"
     )
     print(
         f"step time: {steps['step_ms_plain']} ms plain, {steps['step_ms_sandboxed']} ms sandboxed "

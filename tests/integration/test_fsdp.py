@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_runtime_guarantees import Harness, final, kill, spec, started
 
-from trainyard.executors.base import LaunchRequest
+from trainyard.executors.base import LaunchRequest, WorkerInfo
 from trainyard.executors.local import LocalExecutor
+from trainyard.executors.sandbox import Sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -69,3 +72,38 @@ def test_two_rank_fsdp_killed_resumes_bit_identically_then_loads_onto_one_rank(
     )
     assert "world size 2 → 1" in note and "layout fsdp → replicated" in note
     assert final(rest).data["model_sha256"] == final(clean).data["model_sha256"]
+
+
+def test_a_sandboxed_gang_trains_in_a_network_of_its_own_to_the_same_weights(
+    harness: PlannedHarness, tmp_path: Path
+) -> None:
+    """The same 2-rank FSDP job in the sandbox: both ranks are in one network namespace that is not the
+    host's (gloo's rendezvous and collectives run on its loopback) and train to the weights the
+    unsandboxed ranks train to."""
+    job = spec(steps=STEPS)
+    harness.plan = SHARDED
+    reference = harness.drive("fsdp-open", world_size=2, job_spec=job, timeout_s=300)
+    ex = LocalExecutor(heartbeat_timeout_s=60.0, failure_grace_s=1.0, gpus=[], sandbox=Sandbox())
+    walled = PlannedHarness(ex, tmp_path)
+    host_net = os.readlink("/proc/self/ns/net")
+    seen: dict[int, str] = {}
+
+    def gang_net(attempt: int, workers: list[WorkerInfo]) -> bool:
+        # a rank's process is in the host's namespace for the moment before nsenter joins the gang's:
+        # watch until each has left it (a rank that never does is never seen, and the test fails)
+        for w in workers:
+            assert w.pid is not None
+            try:
+                net = os.readlink(f"/proc/{w.pid}/ns/net")
+            except OSError:
+                return False  # done
+            if net != host_net:
+                seen[w.rank] = net
+        return len(seen) == 2
+
+    try:
+        events = walled.drive("fsdp-walled", world_size=2, job_spec=job, watch=gang_net, timeout_s=300)
+    finally:
+        ex.shutdown(kill_workers=True)
+    assert len(seen) == 2 and seen[0] == seen[1] != host_net, (seen, host_net)
+    assert final(events).data["model_sha256"] == final(reference).data["model_sha256"]

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from sandbox_support import CREDENTIALS, assert_walled_in, first_attacks, server
 from trainyard.errors import SandboxUnavailableError
 from trainyard.executors.base import TERMINAL_KINDS, LaunchRequest
 from trainyard.executors.local import LocalExecutor
-from trainyard.executors.sandbox import Sandbox
+from trainyard.executors.sandbox import GangNetwork, Mounts, Sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +39,7 @@ def bubblewrap() -> None:
     assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install -y bubblewrap"
 
 
-def request(root: Path, job_id: str, command: list[str]) -> LaunchRequest:
+def request(root: Path, job_id: str, command: list[str], world_size: int = 1) -> LaunchRequest:
     spec = {
         "name": "attack",
         "model": {"architecture": "decoder", "n_layers": 1, "d_model": 16, "n_heads": 2, "vocab_size": 32},
@@ -47,7 +50,7 @@ def request(root: Path, job_id: str, command: list[str]) -> LaunchRequest:
         job_id=job_id,
         attempt=0,
         spec=spec,
-        world_size=1,
+        world_size=world_size,
         pool="local-cpu",
         market="on_demand",
         checkpoint_url=f"file://{root / 'storage'}",
@@ -99,6 +102,122 @@ def test_user_code_is_walled_in(tmp_path: Path) -> None:
     # the run directory's entries are the server's: the log and launch files cannot become links
     assert not (home / "runs" / "job-walls" / "rank-0.log").is_symlink()
     assert not (home / "runs" / "job-walls" / "launch-a1.json.tmp").exists()
+
+
+GANG_PROBE = """
+import os, socket, time
+rank, port = int(os.environ["RANK"]), int(os.environ["MASTER_PORT"])
+reached = []
+for p in [int(x) for x in os.environ["HOST_PORTS"].split(",")]:
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", p))
+        reached.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print("REACHED", reached, flush=True)
+if rank == 0:
+    srv = socket.create_server(("127.0.0.1", port))
+    srv.settimeout(120)
+    conn, _ = srv.accept()
+    print("GOT", conn.recv(32).decode(), flush=True)
+else:
+    deadline = time.time() + 120
+    while True:
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=2)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    conn.sendall(b"from-rank-1")
+    print("SENT", flush=True)
+"""
+
+
+def test_a_gangs_ranks_reach_each_other_and_nothing_on_the_host(tmp_path: Path) -> None:
+    """A 2-rank gang with local storage gets one network namespace of its own: its ranks meet on its
+    loopback (as gloo's rendezvous does), while the host's loopback services (a listener of the test's,
+    PostgreSQL, Redis, all answering on the host's 127.0.0.1) are out of reach from either rank."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    accepted: list[Any] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    host_ports = [listener.getsockname()[1], 5432, 6379]
+    for port in host_ports:  # they really listen on the host's loopback: reaching them is possible
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    home = tmp_path / "home"
+    settings = server_home(home)
+    ex = LocalExecutor(sandbox=Sandbox(), extra_env=settings)
+    try:
+        req = request(home, "job-gang-net", [sys.executable, "-c", GANG_PROBE], world_size=2)
+        req.env["HOST_PORTS"] = ",".join(str(p) for p in host_ports)
+        end = run_to_end(ex, req)
+    finally:
+        ex.shutdown(kill_workers=True)
+        stop.set()
+        thread.join()
+        listener.close()
+    logs = [(home / "runs" / "job-gang-net" / f"rank-{r}.log").read_text() for r in range(2)]
+    assert end["kind"] == "succeeded", (end, logs)
+    assert all("REACHED []" in log for log in logs), logs
+    assert "GOT from-rank-1" in logs[0] and "SENT" in logs[1], logs
+    assert len(accepted) == 1  # only the test's own check above reached the listener
+
+
+def test_a_gang_network_is_joined_before_bubblewrap_starts_instead_of_a_namespace_of_its_own() -> None:
+    sandbox = Sandbox()
+    net = GangNetwork(fds=(7,), enter=("/usr/bin/nsenter", "--net=/proc/self/fd/7"))
+    joined = sandbox.command(["/bin/true"], Mounts(share_net=False), net=net)
+    assert joined[3:6] == ["/usr/bin/nsenter", "--net=/proc/self/fd/7", sandbox.bwrap]
+    assert "--unshare-net" not in joined
+    alone = sandbox.command(["/bin/true"], Mounts(share_net=False))
+    assert alone[3] == sandbox.bwrap and "--unshare-net" in alone
+    assert "--unshare-net" not in sandbox.command(["/bin/true"], Mounts(share_net=True))
+
+
+def test_a_gang_network_that_cannot_be_made_fails_the_launch(tmp_path: Path) -> None:
+    """Where bubblewrap cannot make the namespace, the launch fails; nothing falls back to the host's."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    sandbox = Sandbox(bwrap=str(fake))
+    made = sandbox.gang_network()
+    with pytest.raises(SandboxUnavailableError, match="No permissions to create new namespace"):
+        made.__enter__()
+
+
+def test_a_gang_network_lives_while_its_descriptors_are_open() -> None:
+    sandbox = Sandbox()
+    host = os.readlink("/proc/self/ns/net")
+    with sandbox.gang_network() as net:
+        inside = [os.readlink(f"/proc/self/fd/{fd}") for fd in net.fds]
+        assert inside[-1].startswith("net:[") and inside[-1] != host
+        out = subprocess.run(
+            [*net.enter, "/bin/cat", "/proc/net/dev"],
+            capture_output=True,
+            text=True,
+            pass_fds=net.fds,
+            check=True,
+        ).stdout
+        assert "lo:" in out and len([ln for ln in out.splitlines() if ":" in ln]) == 1, out  # loopback only
+    for fd in net.fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
 
 
 def test_without_bubblewrap_nothing_runs(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ from trainyard.executors.base import (
     worker_argv,
 )
 from trainyard.executors.sandbox import (
+    GangNetwork,
     Mounts,
     Sandbox,
     job_env,
@@ -352,34 +353,13 @@ class LocalExecutor:
                 mounts = prepare_run_dir(self.sandbox, req, run_dir)
                 env = scrubbed_env(os.environ, {**self.extra_env, **env_extra})
             ranks: list[_Rank] = []
+            # the ranks of a gang that needs no other network share one namespace of their own
+            gang_net: contextlib.AbstractContextManager[GangNetwork | None] = contextlib.nullcontext()
+            if self.sandbox is not None and mounts is not None and mounts.loopback_only:
+                gang_net = self.sandbox.gang_network()
             try:
-                for r in range(req.world_size):
-                    log_path = run_dir / rank_log_name(r)
-                    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                    with os.fdopen(fd, "ab") as fh:
-                        fh.write(f"--- attempt {req.attempt} rank {r} ---\n".encode())
-                    pid = None if mounts is not None else self._fork(run_dir, req.attempt, r, log_path)
-                    if pid is not None:
-                        tail = EventTail(run_dir / event_file_name(req.attempt, r))
-                        ranks.append(
-                            _Rank(r, pid, None, tail, exit_file=run_dir / exit_file_name(req.attempt, r))
-                        )
-                        continue
-                    log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
-                    argv = worker_argv(self.python, run_dir, req.attempt, r)
-                    if self.sandbox is not None and mounts is not None:
-                        argv = self.sandbox.command(argv, mounts)
-                    proc = subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                    )
-                    ranks.append(
-                        _Rank(r, proc.pid, proc, EventTail(run_dir / event_file_name(req.attempt, r)), log)
-                    )
+                with gang_net as net:
+                    self._start_ranks(req, run_dir, env, mounts, net, ranks)
             except OSError:
                 for rk in ranks:
                     signal_group(rk.pid, signal.SIGKILL)
@@ -400,6 +380,42 @@ class LocalExecutor:
             return infos
 
     # ---- control ---------------------------------------------------------------------------------
+    def _start_ranks(
+        self,
+        req: LaunchRequest,
+        run_dir: Path,
+        env: dict[str, str],
+        mounts: Mounts | None,
+        net: GangNetwork | None,
+        ranks: list[_Rank],
+    ) -> None:
+        """Start every rank of the attempt (forked from the warm server when unsandboxed), appending
+        each to ``ranks`` as it starts."""
+        for r in range(req.world_size):
+            log_path = run_dir / rank_log_name(r)
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "ab") as fh:
+                fh.write(f"--- attempt {req.attempt} rank {r} ---\n".encode())
+            pid = None if mounts is not None else self._fork(run_dir, req.attempt, r, log_path)
+            if pid is not None:
+                tail = EventTail(run_dir / event_file_name(req.attempt, r))
+                ranks.append(_Rank(r, pid, None, tail, exit_file=run_dir / exit_file_name(req.attempt, r)))
+                continue
+            log = open(log_path, "ab")  # noqa: SIM115 - closed when the rank exits
+            argv = worker_argv(self.python, run_dir, req.attempt, r)
+            if self.sandbox is not None and mounts is not None:
+                argv = self.sandbox.command(argv, mounts, net=net)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                pass_fds=net.fds if net is not None else (),
+            )
+            ranks.append(_Rank(r, proc.pid, proc, EventTail(run_dir / event_file_name(req.attempt, r)), log))
+
     def _gang(self, job_id: str) -> _Gang:
         gang = self._gangs.get(job_id)
         if gang is None:

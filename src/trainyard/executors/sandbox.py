@@ -11,8 +11,11 @@ A worker (the built-in trainer, or the user's ``entrypoint`` command it ``exec``
 
 Nothing else of the machine's file system exists inside: not ``TRAINYARD_HOME`` (database, API keys,
 logs), not other jobs' run directories, not other tenants' storage. A single-rank job with local
-storage also gets its own network namespace (no route to the server or other local services); a gang
-shares the host's loopback for its collectives.
+storage also gets its own network namespace (no route to the server or other local services); the
+ranks of a gang on one machine share one network namespace of the gang's own (:meth:`Sandbox.
+gang_network`), whose loopback carries their collectives and reaches nothing else. Only a job that
+needs the network (remote storage, a remote dataset or model, a gang across Ray nodes) keeps the
+host's.
 
 When the server runs as root, bubblewrap runs privileged (no user namespace needed) and the payload
 drops to ``SANDBOX_UID`` with ``setpriv`` (no capabilities, empty bounding set, ``no_new_privs``);
@@ -29,15 +32,19 @@ import contextlib
 import hashlib
 import json
 import os
+import select
 import shutil
+import signal
 import site
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainyard.errors import SandboxUnavailableError, StorageNotAllowedError
 from trainyard.executors.base import LaunchRequest, event_file_name, launch_file_name
@@ -152,6 +159,9 @@ class Mounts:
     ro: tuple[Path, ...] = ()
     chdir: Path | None = None
     share_net: bool = True
+    # a gang whose ranks need only each other (no remote storage, dataset or model): on one machine they
+    # may share a network namespace of their own (Sandbox.gang_network) instead of the host's
+    loopback_only: bool = False
     # read-only mounts at another path inside: (the server's directory, where the worker sees it), so
     # that none of the server's own path (e.g. TRAINYARD_HOME) exists in the sandbox
     ro_at: tuple[tuple[Path, Path], ...] = ()
@@ -170,6 +180,16 @@ class SandboxSpec:
     def build(self) -> Sandbox:
         """The sandbox on this machine (``SandboxUnavailableError`` where bubblewrap is missing)."""
         return Sandbox(bwrap=self.bwrap, uid=self.uid, gid=self.gid)
+
+
+@dataclass(frozen=True)
+class GangNetwork:
+    """A network namespace of one gang's own, held open by file descriptors of the server's: workers
+    started with these descriptors (``pass_fds``) and :meth:`Sandbox.command`'s ``net`` join it. It has
+    only a loopback interface, and lives as long as one of its workers does."""
+
+    fds: tuple[int, ...]
+    enter: tuple[str, ...]  # the nsenter command line in front of bubblewrap
 
 
 class Sandbox:
@@ -205,33 +225,39 @@ class Sandbox:
         return any(target == r.resolve() or r.resolve() in target.parents for r in roots)
 
     # ---- command line ------------------------------------------------------------------------
-    def command(self, argv: Sequence[str], mounts: Mounts, *, die_with_parent: bool = False) -> list[str]:
-        """``argv`` wrapped: bubblewrap with the mounts, then (as root) ``setpriv`` to the sandbox uid.
-
-        A shell in front makes bubblewrap's own process ignore SIGTERM (it would die and leave the
-        payload running): the notice reaches the payload through the process group, and the payload's
-        handlers are its own (``exec`` resets ignored signals only when the worker asks; it does).
-        ``die_with_parent``: the payload is killed when bubblewrap is (a Ray actor ties its worker's
-        life to its own; the local executor's workers outlive the control plane, to be adopted)."""
-        args = [
-            "/bin/sh",
-            "-c",
-            'trap \'\' TERM INT; exec "$0" "$@"',
-            self.bwrap,
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-        ]
+    def _system_args(self) -> list[str]:
+        """``/usr`` and the top-level links or directories into it (``/bin``, ``/lib``, ...), read-only."""
+        args = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):
             link = Path("/") / name
             if link.is_symlink():
                 args += ["--symlink", os.readlink(link), str(link)]
             elif link.is_dir():
                 args += ["--ro-bind", str(link), str(link)]
+        return args
+
+    def command(
+        self,
+        argv: Sequence[str],
+        mounts: Mounts,
+        *,
+        die_with_parent: bool = False,
+        net: GangNetwork | None = None,
+    ) -> list[str]:
+        """``argv`` wrapped: bubblewrap with the mounts, then (as root) ``setpriv`` to the sandbox uid.
+
+        A shell in front makes bubblewrap's own process ignore SIGTERM (it would die and leave the
+        payload running): the notice reaches the payload through the process group, and the payload's
+        handlers are its own (``exec`` resets ignored signals only when the worker asks; it does).
+        ``die_with_parent``: the payload is killed when bubblewrap is (a Ray actor ties its worker's
+        life to its own; the local executor's workers outlive the control plane, to be adopted).
+        ``net``: the worker joins that gang network (``nsenter`` in front of bubblewrap; the caller
+        passes its descriptors) instead of the host's or a namespace of its own."""
+        args = ["/bin/sh", "-c", 'trap \'\' TERM INT; exec "$0" "$@"']
+        if net is not None:
+            args += list(net.enter)
+        args += [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        args += self._system_args()
         for name in ETC_FILES:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         args += ["--ro-bind-try", "/sys", "/sys"]  # CPU topology, network interfaces (gloo)
@@ -239,7 +265,7 @@ class Sandbox:
         args += ["--perms", "1777", "--tmpfs", "/tmp"]
         for dev in sorted(Path("/dev").glob("nvidia*")):  # the GPUs (and their control nodes), when present
             args += ["--dev-bind-try", str(dev), str(dev)]
-        if not mounts.share_net:
+        if not mounts.share_net and net is None:
             args.append("--unshare-net")
         if die_with_parent:
             args.append("--die-with-parent")
@@ -286,6 +312,84 @@ class Sandbox:
             )
         self._probed = True
 
+    @contextlib.contextmanager
+    def gang_network(self, timeout_s: float = 30.0) -> Iterator[GangNetwork]:
+        """A network namespace for one gang's ranks on this machine, open for the ``with`` block.
+
+        bubblewrap makes it (``--unshare-net`` brings its loopback up) around a placeholder process; the
+        server opens the namespace (and, unprivileged, the user namespace that owns it) and stops the
+        placeholder. Workers started inside the block with :attr:`GangNetwork.fds` and
+        ``command(..., net=...)`` join it; it ends with the last of them. Where it cannot be made the
+        launch fails (``SandboxUnavailableError``): a gang never falls back to the host's network."""
+        nsenter = shutil.which("nsenter")
+        if nsenter is None:
+            raise SandboxUnavailableError("nsenter (util-linux) is needed to give a gang its own network")
+        info_r, info_w = os.pipe()
+        fds: list[int] = []
+        holder: subprocess.Popen[bytes] | None = None
+        try:
+            placeholder = ["/bin/sh", "-c", "echo ready; exec sleep 3600"]
+            holder = subprocess.Popen(
+                [
+                    self.bwrap,
+                    "--unshare-net",
+                    "--unshare-pid",
+                    *self._system_args(),
+                    "--info-fd",
+                    str(info_w),
+                    "--die-with-parent",
+                    "--",
+                    *placeholder,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_w,),
+                env={"PATH": SANDBOX_PATH},
+                start_new_session=True,
+            )
+            os.close(info_w)
+            info_w = -1
+            assert holder.stdout is not None
+            info = _read_json_fd(info_r, timeout_s)
+            # the placeholder runs only once bubblewrap has set the namespace up (loopback included)
+            ready, _, _ = select.select([holder.stdout], [], [], timeout_s)
+            if not ready or holder.stdout.readline().strip() != b"ready":
+                raise OSError("the placeholder did not start")
+            pid = int(info["child-pid"])
+            kinds = ["net"] if self.privileged else ["user", "net"]
+            enter = [nsenter]
+            for kind in kinds:
+                fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(fd)
+                enter.append(f"--{kind}=/proc/self/fd/{fd}")
+            if not self.privileged:
+                enter.append("--preserve-credentials")  # stay the server's uid in the entered namespace
+        except (OSError, ValueError, KeyError) as exc:
+            for fd in fds:
+                os.close(fd)
+            err = b""
+            if holder is not None and holder.poll() is not None and holder.stderr is not None:
+                err = holder.stderr.read() or b""
+            detail = err.decode(errors="replace").strip()[:300] or str(exc)
+            raise SandboxUnavailableError(f"the gang's network namespace cannot be made: {detail}") from None
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+            os.close(info_r)
+            if holder is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(holder.pid, signal.SIGKILL)
+                holder.wait()
+                for stream in (holder.stdout, holder.stderr):
+                    if stream is not None:
+                        stream.close()
+        try:
+            yield GangNetwork(fds=tuple(fds), enter=tuple(enter))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     # ---- what a worker may touch -------------------------------------------------------------
     def own(self, path: Path) -> None:
         """Hand ``path`` to the sandbox uid (a directory mode 0700): the worker writes there."""
@@ -318,6 +422,28 @@ class Sandbox:
         os.chmod(path, 0o600)
 
 
+def _read_json_fd(fd: int, timeout_s: float) -> dict[str, Any]:
+    """The JSON document bubblewrap writes to its ``--info-fd`` (read until it parses)."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not ready:
+            raise OSError("bubblewrap reported nothing on its info descriptor")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise OSError("bubblewrap closed its info descriptor before reporting")
+        data += chunk
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict):
+            raise ValueError("bubblewrap's info is not an object")
+        return doc
+
+
 def prepare_run_dir(
     sandbox: Sandbox, req: LaunchRequest, run_dir: Path, ranks: Iterable[int] | None = None
 ) -> Mounts:
@@ -334,7 +460,7 @@ def prepare_run_dir(
         (run_dir / sub).mkdir(exist_ok=True)
         sandbox.own(run_dir / sub)
     rw = [run_dir]
-    share_net = req.world_size > 1
+    needs_net = False  # the host's network, for remote storage, datasets or models
     ckpt = local_path(req.checkpoint_url)
     if ckpt is not None:
         job_dir = ckpt / req.job_id
@@ -342,7 +468,7 @@ def prepare_run_dir(
         sandbox.own(job_dir)
         rw.append(job_dir)
     else:
-        share_net = True  # remote checkpoint storage needs the network
+        needs_net = True  # remote checkpoint storage
     ro: list[Path] = []
     spec = req.spec
     for value in (
@@ -357,13 +483,20 @@ def prepare_run_dir(
         if path is not None:
             ro.append(path)
         elif "://" in value:
-            share_net = True  # a remote dataset or model
+            needs_net = True  # a remote dataset or model
     chdir = run_dir
     if req.code_url:
         code = unpack_code(req.code_url)
         ro.append(code)
         chdir = code
-    return Mounts(rw=tuple(rw), ro=tuple(ro), chdir=chdir, share_net=share_net)
+    gang = req.world_size > 1
+    return Mounts(
+        rw=tuple(rw),
+        ro=tuple(ro),
+        chdir=chdir,
+        share_net=needs_net or gang,  # a gang's ranks reach each other (on one machine: gang_network)
+        loopback_only=gang and not needs_net,
+    )
 
 
 def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
