@@ -267,6 +267,19 @@ class ServerProcess:
         return {**self.env, "TRAINYARD_URL": self.url}
 
 
+TRACE_VARIABLES = ("TRAINYARD_TRACE_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED")
+
+
+def default_traced_platform(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedPlatform]:
+    """A :class:`ScriptedPlatform` with tracing as the server's defaults set it (none of the test
+    process's tracing variables), closed afterwards: the body of a fixture."""
+    for var in TRACE_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    e = ScriptedPlatform(home)
+    yield e
+    e.p.close()
+
+
 class ScriptedPlatform:
     """A platform on a real SQLite store under ``home`` whose executor is the scripted
     :class:`~fakes.FakeExecutor` (the tests feed the worker reports) and whose clock is a

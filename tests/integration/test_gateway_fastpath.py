@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
 
-from controlplane_support import ScriptedPlatform, free_port
+from controlplane_support import ScriptedPlatform, default_traced_platform, free_port
 from trainyard.api.fastpath import CompletionFastPath
 from trainyard.serving.autoscale import AutoscalingPolicy
 from trainyard.serving.models import ResolvedModel
@@ -93,11 +93,7 @@ def _deploy(env: ScriptedPlatform, tenant_id: str, tenant: str, name: str, repli
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedPlatform]:
-    for var in ("TRAINYARD_TRACE_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
-        monkeypatch.delenv(var, raising=False)
-    e = ScriptedPlatform(tmp_path)
-    yield e
-    e.p.close()
+    yield from default_traced_platform(tmp_path, monkeypatch)
 
 
 @pytest.fixture

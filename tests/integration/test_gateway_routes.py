@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane_support import ScriptedPlatform
+from controlplane_support import ScriptedPlatform, default_traced_platform
 
 CHAT = {"model": "nowhere", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 PATHS = ("/openai/v1/chat/completions", "/openai/v1/completions")
@@ -21,11 +21,7 @@ PATHS = ("/openai/v1/chat/completions", "/openai/v1/completions")
 
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedPlatform]:
-    for var in ("TRAINYARD_TRACE_EXPORTER", "OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
-        monkeypatch.delenv(var, raising=False)
-    e = ScriptedPlatform(tmp_path)
-    yield e
-    e.p.close()
+    yield from default_traced_platform(tmp_path, monkeypatch)
 
 
 def _error(r: object) -> dict[str, object]:
