@@ -69,7 +69,7 @@ class TenantService:
         allow_user_code: bool = False,
     ) -> tuple[Tenant, str]:
         """Create a tenant and its first API key; the plaintext key is returned here and never again."""
-        if not TENANT_NAME_RE.match(name):
+        if not TENANT_NAME_RE.fullmatch(name):  # not .match: its $ also matches before a final newline
             raise InvalidInputError(
                 f"tenant name {name!r} is not allowed",
                 hint="Use 1-63 lowercase letters, digits and dashes, starting with a letter or digit.",
@@ -426,8 +426,11 @@ def _check_role(role: str) -> str:
 def write_key_file(path: Path, plaintext: str) -> None:
     """Write a key readable by the owner only (0600), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # a new file of a name of its own: a file already at a fixed temporary name (left there, or a link
+    # planted there) would keep its mode and owner through O_TRUNC, and the key would be written into it
+    # before the chmod below; two processes writing the key at once would share it
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, (plaintext + "\n").encode("ascii"))
         os.fsync(fd)
