@@ -504,12 +504,16 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
     splits of a registered dataset) into ``inputs`` under its run directory, readable by the sandbox
     uid, and point ``env`` at the copies. The server's files stay 0600 in 0700 directories (DESIGN
     §3.6), which the unprivileged sandbox uid cannot read even where they are mounted; the copies are
-    the worker's alone and are checked against their sha256 when read."""
+    the worker's alone and are checked against their sha256 when read. A model directory may be the
+    tenant's (a job it ran wrote it), so only its regular files are copied: a symbolic link (to the
+    server's key, say) is neither followed nor copied, and a file named alone is never read through one."""
     inputs.mkdir(exist_ok=True)
     sandbox.share_dir(inputs)
 
     def copy(src: Path, dst: Path) -> Path:
-        shutil.copyfile(src, dst)
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)  # a link swapped in meanwhile fails here (ELOOP)
+        with os.fdopen(fd, "rb") as fin, open(dst, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
         sandbox.give_read(dst)
         return dst
 
@@ -519,7 +523,7 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
         staged = inputs / "base-model"
         staged.mkdir(exist_ok=True)
         sandbox.share_dir(staged)
-        for f in sorted(p for p in base_dir.iterdir() if p.is_file()):
+        for f in regular_files(base_dir):
             copy(f, staged / f.name)
         env["TRAINYARD_BASE_MODEL_PATH"] = str(staged)
     request = env.get("TRAINYARD_EVAL_REQUEST")
@@ -536,6 +540,11 @@ def stage_inputs(env: dict[str, str], inputs: Path, sandbox: Sandbox) -> None:
         env["TRAINYARD_DATASET_MANIFEST"] = json.dumps(manifest, sort_keys=True)
 
 
+def regular_files(directory: Path) -> list[Path]:
+    """The regular files directly in ``directory``, by name: no symbolic link, whatever it points to."""
+    return sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
+
+
 def stage_evaluation(
     request_file: Path, inputs: Path, sandbox: Sandbox, copy: Callable[[Path, Path], Path]
 ) -> Path:
@@ -548,7 +557,7 @@ def stage_evaluation(
         staged = inputs / name
         staged.mkdir(exist_ok=True)
         sandbox.share_dir(staged)
-        for f in sorted(p for p in src.iterdir() if p.is_file()):
+        for f in regular_files(src):
             copy(f, staged / f.name)
         req[key] = str(staged)
     req["split_path"] = str(copy(Path(req["split_path"]), inputs / "eval-split.jsonl"))
