@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainyard.catalog.pools import Pool
+from trainyard.cost import model as cm
+from trainyard.cost.quote import QuoteOption
 from trainyard.cost.sweep import (
+    Rung,
     SimTrial,
     estimate_search,
     promotes,
     quote_sweep,
+    rank_orders,
     rung_steps,
     rungs_for,
     simulate_asha,
@@ -294,3 +299,343 @@ def test_rung_steps_scale_with_each_trials_length() -> None:
     rungs = rungs_for(s, 6, 400)
     assert rung_steps(rungs, 400) == [100, 200, 400]
     assert rung_steps(rungs, 30) == [8, 15, 30]
+
+
+# ---- the simulation's rules, one at a time, worked by hand ---------------------------------------------
+
+
+def test_rungs_at_their_edges() -> None:
+    es = sweep(early_stopping={"reduction_factor": 2, "min_fraction": 0.1})
+    assert rungs_for(es, 1, 900) == [Rung(0, 1, 1.0, 900)]  # one trial: nothing to halve
+    assert rungs_for(es, 0, 900) == [Rung(0, 0, 1.0, 900)]
+    # four trials, eta 2 from 10 %: 4 -> 2 -> 1 at 40 %, then the survivor trains to the end
+    assert rungs_for(es, 4, 1000) == [
+        Rung(0, 4, 0.1, 100),
+        Rung(1, 2, 0.2, 200),
+        Rung(2, 1, 0.4, 400),
+        Rung(3, 1, 1.0, 1000),
+    ]
+    es3 = sweep(early_stopping={"reduction_factor": 3, "min_fraction": 0.5})
+    assert rungs_for(es3, 2, 10) == [Rung(0, 2, 0.5, 5), Rung(1, 1, 1.0, 10)]  # the fraction caps at 1
+    assert rungs_for(es, 4, 3)[0] == Rung(0, 4, 0.1, 1)  # at least one step
+    assert rung_steps(rungs_for(es, 4, 1000), 7) == [1, 2, 3, 7]
+    # the synchronous counts round down: 9 -> 4 -> 2 -> 1
+    assert [r.trials for r in rungs_for(es, 9, 1000)] == [9, 4, 2, 1, 1]
+    # a rung reaching the full length ends the schedule even with several trials left
+    third = sweep(early_stopping={"reduction_factor": 3, "min_fraction": 1 / 3})
+    assert rungs_for(third, 9, 900) == [Rung(0, 9, 1 / 3, 300), Rung(1, 3, 1.0, 900)]
+
+
+def test_sim_trial_from_an_option() -> None:
+    opt = QuoteOption(
+        accelerator="cpu", devices=1, cloud=None, region="local", instance_type=None, market="on_demand",
+        step_time_s=2.0, price_usd_per_hour=3.6, usd_per_step=0.002, expected_hours=0.6,
+        expected_cost_usd=2.0, preemption_overhead_usd=0.0, checkpoint_interval_s=1800.0, feasible=True,
+        reason="", total_steps=900, capacity_wait_hours=0.1,
+    )  # fmt: skip
+    sim = SimTrial.of(opt, 900, [100, 300])
+    assert sim.rate_usd_per_s == pytest.approx(0.001) and sim.step_s == pytest.approx(2.0)
+    assert sim.startup_s == pytest.approx(200.0)  # $2 = 200 s of start-up + 900 steps of 2 s at $0.001/s
+    assert (sim.total_steps, sim.decisions, sim.predicted_usd) == (900, (100, 300), 2.0)
+    assert SimTrial.of(opt, 0).total_steps == 1
+    # no start-up left when the steps are the whole cost (or more)
+    exact = QuoteOption(**{**opt.to_contract(), "expected_cost_usd": 1.8})
+    assert SimTrial.of(exact, 900).startup_s == 0.0
+    assert SimTrial.of(QuoteOption(**{**opt.to_contract(), "expected_cost_usd": 1.5}), 900).startup_s == 0.0
+    free = SimTrial.of(
+        QuoteOption(**{**opt.to_contract(), "price_usd_per_hour": 0.0, "capacity_wait_hours": 0.1}), 900
+    )
+    # a free pool: the billed hours (0.6 h less 0.1 h waiting for capacity) spread over the steps
+    assert (free.rate_usd_per_s, free.startup_s) == (0.0, 0.0) and free.step_s == pytest.approx(
+        0.5 * 3600 / 900
+    )
+    assert SimTrial(1.0, 0.0, 1.0, 10).cost_usd(-5.0) == 0.0
+
+
+def test_halving_for_a_metric_to_maximize_and_at_each_rung_by_its_own_values() -> None:
+    tr = [SimTrial(1.0, 0.0, 1.0, 100, (50,))] * 3
+    out = simulate_asha(
+        tr, [[1], [3], [2]], reduction_factor=2, max_parallel=1, budget_usd=None, goal="maximize"
+    )
+    assert out.states == ("completed", "completed", "stopped") and out.cost_usd == pytest.approx(250.0)
+    two = [SimTrial(1.0, 0.0, 1.0, 100, (25, 50))] * 2
+    # trial 1 is better at the first rung (0.5 < 1) and worse at the second (10 > 9): it stops at 50
+    out = simulate_asha(two, [[1, 9], [0.5, 10]], reduction_factor=2, max_parallel=1, budget_usd=None)
+    assert (
+        out.states == ("completed", "stopped")
+        and out.steps == (100, 50)
+        and out.cost_usd == pytest.approx(150.0)
+    )
+    assert not out.budget_stopped and not out.budget_waited and not out.cut_by_budget
+
+
+def test_a_trial_without_steps_and_a_free_trial() -> None:
+    out = simulate_asha(
+        [SimTrial(1.0, 10.0, 0.0, 100)], [[]], reduction_factor=None, max_parallel=1, budget_usd=None
+    )
+    assert (
+        out.steps == (100,) and out.cost_usd == pytest.approx(10.0) and out.hours == pytest.approx(10 / 3600)
+    )
+    free = simulate_asha(
+        [SimTrial(0.0, 0.0, 1.0, 100)], [[]], reduction_factor=None, max_parallel=1, budget_usd=10.0
+    )
+    assert free.states == ("completed",) and free.cost_usd == 0.0 and not free.budget_stopped
+    # a trial still starting up when another ends has trained no step yet
+    pair = [SimTrial(1.0, 0.0, 1.0, 10), SimTrial(1.0, 100.0, 1.0, 10)]
+    out = simulate_asha(pair, [[], []], reduction_factor=None, max_parallel=2, budget_usd=1000.0)
+    assert out.states == ("completed", "completed") and out.steps == (10, 10)
+    assert out.cost_usd == pytest.approx(120.0) and out.hours == pytest.approx(110 / 3600)
+    # the rung of a trial with a start-up comes after it
+    slow = [SimTrial(1.0, 10.0, 1.0, 100, (50,))] * 2
+    out = simulate_asha(slow, [[1], [2]], reduction_factor=2, max_parallel=2, budget_usd=None)
+    assert out.states == ("completed", "stopped") and out.steps == (100, 50)
+    assert out.cost_usd == pytest.approx(110.0 + 60.0) and out.hours == pytest.approx(110 / 3600)
+
+
+def test_admission_counts_a_dear_running_trials_rest_at_its_own_pace() -> None:
+    """Trial 0 costs $200 where $100 was predicted; trials 1 and 2 cost $100. Budget $350, two at a time:
+    at t = 100 trial 0 has spent $100 for 50 of its 100 steps, so its rest is counted as $100 (not the $0
+    the prediction leaves), and trial 2 ($100) does not fit: it waits, and when trial 0 ends at $300 in all
+    there is no room, so it is skipped."""
+    dear = SimTrial(1.0, 0.0, 2.0, 100, (), predicted_usd=100.0)
+    cheap = SimTrial(1.0, 0.0, 1.0, 100)
+    out = simulate_asha(
+        [dear, cheap, cheap], [[], [], []], reduction_factor=None, max_parallel=2, budget_usd=350.0
+    )
+    assert out.states == ("completed", "completed", "skipped") and out.steps == (100, 100, 0)
+    assert out.cost_usd == pytest.approx(300.0) and out.hours == pytest.approx(200 / 3600)
+    assert out.budget_waited and not out.budget_stopped and out.cut_by_budget
+    # with $415 the same $100 rest leaves room at t = 100 ($300 + $100): trial 2 runs from 100 to 200
+    out = simulate_asha(
+        [dear, cheap, cheap], [[], [], []], reduction_factor=None, max_parallel=2, budget_usd=415.0
+    )
+    assert out.states == ("completed",) * 3 and out.hours == pytest.approx(200 / 3600)
+    assert out.cost_usd == pytest.approx(400.0) and not out.budget_waited
+
+
+def test_a_trial_waits_for_the_budget_and_runs_when_a_cheaper_trial_leaves_room() -> None:
+    tr = [
+        SimTrial(1.0, 0.0, 1.0, 100),
+        SimTrial(1.0, 0.0, 1.0, 50, (), predicted_usd=100.0),
+        SimTrial(1.0, 0.0, 1.0, 50),
+    ]
+    out = simulate_asha(tr, [[], [], []], reduction_factor=None, max_parallel=3, budget_usd=240.0)
+    assert out.states == ("completed",) * 3 and out.cost_usd == pytest.approx(200.0)
+    assert out.hours == pytest.approx(100 / 3600) and out.budget_waited and not out.cut_by_budget
+    est = estimate_search(tr, reduction_factor=None, max_parallel=3, budget_usd=240.0)
+    assert (est.outcomes, est.budget_stop_share, est.budget_acted) == (1, 0.0, True)
+    assert est.expected_cost_usd == pytest.approx(200.0) and est.max_cost_usd == pytest.approx(200.0)
+    free = estimate_search(tr, reduction_factor=None, max_parallel=3, budget_usd=None)
+    assert not free.budget_acted and free.expected_hours == pytest.approx(100 / 3600)
+
+
+def test_the_budget_stop_cancels_the_running_and_skips_the_waiting() -> None:
+    dear = SimTrial(1.0, 0.0, 2.0, 100, (), predicted_usd=100.0)
+    out = simulate_asha([dear, dear], [[], []], reduction_factor=None, max_parallel=1, budget_usd=150.0)
+    # stopped 5 s of its spend before $150: at t = 145, after 72 of its 2-second steps
+    assert out.states == ("cancelled", "skipped") and out.steps == (72, 0)
+    assert out.cost_usd == pytest.approx(145.0) and out.hours == pytest.approx(145 / 3600)
+    assert out.budget_stopped
+    # a budget already within the margin at the start: stopped at once, not before it started
+    now = simulate_asha([SimTrial(1.0, 0.0, 1.0, 100, (), predicted_usd=1.0)], [[]], reduction_factor=None,
+                        max_parallel=1, budget_usd=3.0)  # fmt: skip
+    assert now.states == ("cancelled",) and now.cost_usd == 0.0 and now.hours == 0.0 and now.steps == (0,)
+    # the stop falls exactly on the trial's end: the stop wins
+    edge = simulate_asha([dear], [[]], reduction_factor=None, max_parallel=1, budget_usd=205.0)
+    assert edge.states == ("cancelled",) and edge.cost_usd == pytest.approx(200.0) and edge.budget_stopped
+    # with a start-up, the steps trained by the stop: (145 - 10) / 2
+    late = SimTrial(1.0, 10.0, 2.0, 100, (), predicted_usd=100.0)
+    out = simulate_asha([late], [[]], reduction_factor=None, max_parallel=1, budget_usd=150.0)
+    assert out.steps == (67,) and out.cost_usd == pytest.approx(145.0)
+    margin = simulate_asha(
+        [dear], [[]], reduction_factor=None, max_parallel=1, budget_usd=150.0, stop_margin_s=0.0
+    )
+    assert margin.cost_usd == pytest.approx(150.0)
+
+
+def test_rank_orders() -> None:
+    assert rank_orders(0, 1) == [()]
+    assert rank_orders(3, 1) == list(itertools.permutations(range(3)))
+    assert rank_orders(6, 0) == list(itertools.permutations(range(6)))  # 720: all of them
+    assert rank_orders(3, 0, samples=6) == list(itertools.permutations(range(3)))
+    drawn = rank_orders(3, 7, samples=5)
+    assert len(drawn) == 5 and all(sorted(o) == [0, 1, 2] for o in drawn)
+    assert drawn == rank_orders(3, 7, samples=5) and all(isinstance(x, int) for o in drawn for x in o)
+    assert rank_orders(7, 1) != rank_orders(7, 2) and len(rank_orders(7, 1)) == 720
+
+
+def _option(pool: str, cost: float, **over: Any) -> QuoteOption:
+    doc: dict[str, Any] = dict(
+        accelerator="cpu", devices=1, cloud="aws", region="r1", instance_type="c5", market="spot",
+        step_time_s=2.0, price_usd_per_hour=3.6, usd_per_step=0.002, expected_hours=cost / 3.6,
+        expected_cost_usd=cost, preemption_overhead_usd=0.0, checkpoint_interval_s=1800.0, feasible=True,
+        reason="", pool=pool, total_steps=900,
+    )  # fmt: skip
+    doc.update(over)
+    return QuoteOption(**doc)
+
+
+def test_the_shared_pool_is_the_cheapest_every_trial_can_use() -> None:
+    from trainyard.cost.sweep import _pool_key, _shared_pool
+
+    assert _pool_key(_option("", 1.0)) == "aws|r1|c5|spot|cpu"
+    assert _pool_key(_option("", 1.0, cloud=None, instance_type=None)) == "|r1||spot|cpu"
+    assert _shared_pool([], None) == (None, [])
+    a1, b1, a2, b2 = _option("a", 3.0), _option("b", 2.0), _option("a", 0.5), _option("b", 2.0)
+    bad, dearer = _option("c", 0.1, feasible=False), _option("b", 9.0)
+    # options come cheapest first: a trial's first option on a pool is its best there
+    key, best = _shared_pool([[bad, b1, a1, dearer], [a2, b2]], None)
+    assert key == "a" and best == [a1, a2]  # a: $3.50 in all, b: $4
+    assert _shared_pool([[bad, b1, dearer, a1], [a2, b2]], {"b"}) == ("b", [b1, b2])  # a served pool first
+    assert _shared_pool([[bad, b1, a1], [a2, b2]], {"c", "x"})[0] == "a"  # none served runs all: any
+    tie_a = _option("a", 2.0)
+    assert (
+        _shared_pool([[b1, tie_a], [_option("a", 2.0), b2]], None)[0] == "b"
+    )  # a tie: the first trial's order
+    assert _shared_pool([[a1], [b2]], None) == (None, [None, None])
+
+
+def _quoter(costs: dict[str, list[QuoteOption]]) -> Any:
+    """Each trial's options by trial name (what the quote would give), without the predictor."""
+
+    def q(spec: Any, pools: Any) -> list[QuoteOption]:
+        return costs[spec.name]
+
+    return q
+
+
+def test_group_quote_on_given_options() -> None:
+    s = sweep(
+        parameters={"workload.seed": {"values": [0, 1, 2]}},
+        early_stopping={"reduction_factor": 3, "min_fraction": 1 / 9},
+    )
+    opts = {f"s-t{i:03d}": [_option("a", 2.0 + i)] for i in range(3)}
+    q = quote_sweep(s, quoter=_quoter(opts))
+    sims = [SimTrial.of(opts[f"s-t{i:03d}"][0], 900, [100, 300]) for i in range(3)]
+    est = estimate_search(sims, reduction_factor=3, max_parallel=4, budget_usd=None)
+    assert q.feasible and q.pool == "a" and q.reason == "" and q.notes == []
+    assert (q.expected_cost_usd, q.max_cost_usd, q.expected_hours) == (
+        est.expected_cost_usd, est.max_cost_usd, est.expected_hours,
+    )  # fmt: skip
+    assert q.uncapped_cost_usd == est.expected_cost_usd and q.outcomes == 6 and q.budget_stop_share == 0.0
+    assert q.no_stopping_cost_usd == pytest.approx(2.0 + 3.0 + 4.0)
+    assert [r.steps for r in q.rungs] == [100, 300, 900]
+    doc = q.to_dict()
+    assert doc["trials"][1] == {
+        "index": 1, "name": "s-t001", "parameters": {"workload.seed": 1}, "feasible": True, "reason": "",
+        "total_steps": 900, "pool": "a", "accelerator": "cpu", "devices": 1, "market": "spot",
+        "usd_per_step": 0.002, "full_run_cost_usd": 3.0,
+    }  # fmt: skip
+    assert doc["rungs"][0] == {"index": 0, "trials": 3, "fraction": 1 / 9, "steps": 100}
+    assert {k: v for k, v in doc.items() if k not in ("trials", "rungs")} == {
+        "sweep": "s", "expected_cost_usd": q.expected_cost_usd, "max_cost_usd": q.max_cost_usd,
+        "expected_hours": q.expected_hours, "budget_usd": None, "feasible": True, "reason": "", "notes": [],
+        "pool": "a", "uncapped_cost_usd": q.uncapped_cost_usd, "no_stopping_cost_usd": q.no_stopping_cost_usd,
+        "budget_stop_share": 0.0, "outcomes": 6,
+    }  # fmt: skip
+    # the sweep's seed and the number of orders reach the estimate: 3! = 6 orders, 4 drawn here
+    few = quote_sweep(s.model_copy(update={"seed": 5}), quoter=_quoter(opts), samples=4)
+    drawn = estimate_search(sims, reduction_factor=3, max_parallel=4, budget_usd=None, seed=5, samples=4)
+    assert few.outcomes == 4 and few.expected_cost_usd == drawn.expected_cost_usd
+    # the trial's own step count when its option carries none
+    bare = {k: [_option("a", 2.0, total_steps=0)] for k in opts}
+    assert [t.total_steps for t in quote_sweep(s, quoter=_quoter(bare)).trials] == [900, 900, 900]
+    own = {k: [_option("a", 2.0, total_steps=450)] for k in opts}
+    assert [t.total_steps for t in quote_sweep(s, quoter=_quoter(own)).trials] == [450, 450, 450]
+    # two trials are halved too: 2 orders
+    pair = sweep(
+        parameters={"workload.seed": {"values": [0, 1]}},
+        early_stopping={"reduction_factor": 2, "min_fraction": 0.5},
+    )
+    q2 = quote_sweep(pair, quoter=_quoter(opts))
+    sims2 = [SimTrial.of(opts[f"s-t{i:03d}"][0], 900, [450]) for i in range(2)]
+    assert q2.outcomes == 2 and q2.expected_cost_usd == pytest.approx(
+        estimate_search(sims2, reduction_factor=2, max_parallel=4, budget_usd=None).expected_cost_usd
+    )
+    assert q2.expected_cost_usd < q2.no_stopping_cost_usd
+
+
+def test_group_quote_notes_and_reasons() -> None:
+    one = sweep(
+        parameters={"workload.seed": {"values": [0]}},
+        early_stopping={"reduction_factor": 3, "min_fraction": 0.5},
+    )
+    q = quote_sweep(one, quoter=_quoter({"s-t000": [_option("a", 2.0)]}))
+    assert (
+        q.outcomes == 1 and q.expected_cost_usd == pytest.approx(2.0) and q.notes == []
+    )  # one trial: no halving
+    two = sweep(parameters={"workload.seed": {"values": [0, 1]}})
+    opts = {"s-t000": [_option("a", 2.0)], "s-t001": [_option("a", 3.0)]}
+    q = quote_sweep(two, quoter=_quoter(opts))
+    assert q.notes == ["without early_stopping every trial trains for all its steps"]
+    assert q.expected_cost_usd == pytest.approx(5.0) and q.max_cost_usd == pytest.approx(5.0)
+    # a budget the search exceeds: not feasible, and the uncapped cost says by how much
+    tight = quote_sweep(two.model_copy(update={"budget_usd": 4.0, "max_parallel": 1}), quoter=_quoter(opts))
+    assert not tight.feasible and tight.budget_stop_share == 1.0
+    assert tight.reason == (
+        "the search is expected to cost $5.00, over its budget of $4.00: the budget would stop it short in "
+        "100% of the outcomes"
+    )
+    assert (
+        tight.uncapped_cost_usd == pytest.approx(5.0)
+        and tight.max_cost_usd <= 4.0
+        and tight.notes[:1] == ["without early_stopping every trial trains for all its steps"]
+    )
+    assert len(tight.notes) == 1  # the budget note is for feasible quotes
+    expected = quote_sweep(two, quoter=_quoter(opts)).expected_cost_usd
+    exact = quote_sweep(two.model_copy(update={"budget_usd": expected}), quoter=_quoter(opts))
+    assert exact.feasible and exact.uncapped_cost_usd == expected  # exactly the budget is within it
+    alone = quote_sweep(
+        sweep(parameters={"workload.seed": {"values": [0]}}), quoter=_quoter({"s-t000": [_option("a", 2.0)]})
+    )
+    assert alone.notes == []  # one trial: nothing to stop early
+    # a budget the search fits in, that still cuts some outcomes short
+    halving = sweep(parameters={"workload.seed": {"values": [0, 1, 2]}}, max_parallel=3,
+                    early_stopping={"reduction_factor": 2, "min_fraction": 0.5})  # fmt: skip
+    three = {f"s-t{i:03d}": [_option("a", 2.0)] for i in range(3)}
+    free = quote_sweep(halving, quoter=_quoter(three))
+    capped = quote_sweep(
+        halving.model_copy(update={"budget_usd": free.expected_cost_usd * 1.02}), quoter=_quoter(three)
+    )
+    assert capped.feasible and capped.budget_stop_share > 0  # the orders where all three go on cost $6
+    assert capped.notes == [
+        f"the budget cuts the search short in {capped.budget_stop_share:.0%} of the outcomes"
+    ]
+    # infeasible trials: the reason of the first without any option
+    none = quote_sweep(two, quoter=_quoter({"s-t000": [_option("a", 2.0)], "s-t001": []}))
+    assert (
+        not none.feasible
+        and none.reason == "1 of 2 trials have no feasible option; s-t001: no pool can run it"
+    )
+    assert none.trials[1].reason == "no pool can run it" and math.isinf(none.max_cost_usd)
+    refused = _option("a", 2.0, feasible=False, reason="objective.budget_usd: too dear")
+    why = quote_sweep(two, quoter=_quoter({"s-t000": [refused], "s-t001": [refused]}))
+    assert why.reason == "2 of 2 trials have no feasible option; s-t000: objective.budget_usd: too dear"
+    apart = quote_sweep(two, quoter=_quoter({"s-t000": [_option("a", 2.0)], "s-t001": [_option("b", 2.0)]}))
+    assert apart.reason == "no pool can run every trial of the sweep (its trials share one pool)"
+    assert apart.trials[0].reason == "no pool can run every trial of the sweep; its trials share one pool"
+    assert apart.pool is None and apart.to_dict()["trials"][0] == {
+        "index": 0, "name": "s-t000", "parameters": {"workload.seed": 0}, "feasible": False,
+        "reason": "no pool can run every trial of the sweep; its trials share one pool", "total_steps": 900,
+        "pool": None, "accelerator": None, "devices": None, "market": None, "usd_per_step": None,
+        "full_run_cost_usd": None,
+    }  # fmt: skip
+
+
+def test_the_trials_are_quoted_with_the_params_and_clock_given() -> None:
+    from datetime import datetime
+
+    s = sweep(parameters={"workload.seed": {"values": [0, 1]}})
+    slow_start = cm.CostParams(provisioning_s={"cpu": 600.0})
+    assert (
+        quote_sweep(s, [POOL], params=slow_start).expected_cost_usd > quote_sweep(s, [POOL]).expected_cost_usd
+    )
+    due = {**TEMPLATE, "objective": {"deadline": "2030-01-01T00:10:00+00:00"}}
+    timed = sweep(parameters={"workload.seed": {"values": [0, 1]}}, template=due)
+    assert quote_sweep(timed, [POOL]).feasible  # an absolute deadline without the clock cannot be checked
+    late = quote_sweep(timed, [POOL], now=datetime(2030, 1, 1, tzinfo=UTC))
+    assert not late.feasible and "objective.deadline" in late.reason
+
+
+def test_promotes_with_nothing_recorded() -> None:
+    assert promotes(1.0, [], 2, "minimize") and promotes(1.0, [], 2, "maximize")
