@@ -366,15 +366,13 @@ class CheckpointManager:
         # both ways: nothing on disk that the manifest does not list (a shard written after, or left out
         # of, the manifest), and every shard the checkpoint's own index refers to is listed
         try:
-            on_disk = {
-                str(full)[len(path) :].lstrip("/")
-                for full in fs.find(path)
-                if not str(full).endswith(MANIFEST) and ".tmp-" not in str(full)
-            }
+            on_disk = {str(full)[len(path) :].lstrip("/") for full in fs.find(path)}
         except OSError as exc:
             return False, f"unreadable: listing the step failed ({exc.__class__.__name__})", manifest
         listed = set(manifest["files"])
-        unlisted = sorted(on_disk - listed)
+        # the manifest itself and the temporary files of atomic writes (``manifest.json.tmp-<pid>``), named
+        # within the step as the commit names them: a ``.tmp-`` in the storage path above must not hide a file
+        unlisted = sorted(rel for rel in on_disk - listed if rel != MANIFEST and ".tmp-" not in rel)
         if unlisted:
             return False, f"corrupt: {unlisted[0]} is on disk but not in the manifest", manifest
         is_dcp = (manifest.get("layout") or {}).get("format", "torch-dcp") == "torch-dcp"
