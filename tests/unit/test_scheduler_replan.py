@@ -194,3 +194,139 @@ def test_price_change_replans_new_arrivals_onto_the_new_cheapest_pool() -> None:
     assert schedule_round([job(s)], [a, b], config=CFG).placements[0].pool == "a"
     b2 = b.model_copy(update={"price_usd_per_device_hour": 1.5})
     assert schedule_round([job(s)], [a, b2], config=CFG).placements[0].pool == "b"
+
+
+def test_a_moves_reason_prices_the_rest_here_and_there_and_the_migration() -> None:
+    from trainyard.schedule.candidates import price_option
+    from trainyard.schedule.round import _fmt_usd
+    from trainyard.schedule.types import Alternative
+
+    s = long_spec()
+    dear, cheap = pool("dear", "a100-80gb", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)
+    r = schedule_round([], [dear, cheap], [running(s, "dear", progress=0.25)], now_s=7200.0, config=CFG)
+    (p,) = r.placements
+    # the remaining three quarters, priced on both pools, and the move's own cost on top of the new one
+    cache = CandidateCache()
+    stay, there = price_option(s, dear, 1, 0.25, cache), price_option(s, cheap, 1, 0.25, cache)
+    (to,) = candidates_for(job_id="r", tenant="t", spec=s, pools=[cheap], now_s=7200.0, deadline_abs_s=None,
+                           config=CFG, cache=cache, elapsed_fraction=0.25)  # fmt: skip
+    mc = migration_cost(s, from_accelerator="a100-80gb", from_devices=1, from_price_usd_per_hour=4.0, to=to,
+                        restart_s=there.restart_s, compile_s=there.compile_s, config=CFG)  # fmt: skip
+    assert mc.usd > 0
+    assert (p.pool, p.devices, p.nodes, p.market) == ("cheap", 1, 1, "on_demand")
+    assert p.migration and p.from_pool == "dear"
+    assert p.expected_cost_usd == there.expected_cost_usd + mc.usd
+    assert p.reason == (
+        "move dear → 1 × a100-80gb on_demand on cheap: remaining work "
+        f"{_fmt_usd(stay.expected_cost_usd)} here vs {_fmt_usd(there.expected_cost_usd)} there, "
+        f"migration {_fmt_usd(mc.usd)}"
+    )
+    # the other option named is staying
+    assert p.alternatives == (
+        Alternative("dear", 1, "on_demand", stay.expected_cost_usd, stay.expected_hours),
+    )
+
+
+def test_a_running_job_on_a_pool_outside_the_round_keeps_its_allocation() -> None:
+    s = long_spec()
+    r = schedule_round([], [pool("cheap", "a100-80gb", 1.0)], [running(s, "gone")], now_s=7200.0, config=CFG)
+    assert not r.placements and r.kept == ("r",)
+
+
+def test_a_forced_move_off_spot_names_the_deadline_rule() -> None:
+    s = long_spec("d", objective={"deadline": "12h"})
+    pools = [pool("spot", "a100-80gb", 0.7, market="spot", available=3), pool("od", "a100-80gb", 2.5)]
+    behind = running(s, "spot", market="spot", progress=0.2, placed_s=20000.0)
+    (p,) = schedule_round([], pools, [behind], now_s=6 * 3600.0, config=CFG).placements
+    assert p.reason.startswith("move spot → 1 × a100-80gb on_demand on od: ")
+    assert p.reason.endswith("; moving to on-demand capacity to meet the deadline")
+    check = uniform_progress(behind, 6 * 3600.0, None, CFG)
+    assert check.behind and check.reason in p.reason
+
+
+def test_a_running_jobs_model_is_staying_and_the_moves_that_pay_with_their_costs() -> None:
+    from trainyard.schedule.candidates import price_option, to_candidate
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec()
+    dear, cheap = pool("dear", "a100-80gb", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)
+    full = pool("full", "a100-80gb", 0.5, available=0)  # cheapest but full: not even priced
+    pools = [dear, cheap, full]
+    by_name = {p.name: p for p in pools}
+    rj = running(s, "dear", progress=0.25)
+    cache, forced = CandidateCache(), {}
+    pj = _running_problem(rj, by_name, pools, 7200.0, CFG, cache, forced)
+    assert pj is not None and forced == {}
+    assert (pj.job_id, pj.tenant, pj.unplaced_usd, pj.rank_usd, pj.current_devices) == (
+        "r",
+        "t",
+        None,
+        0.0,
+        1,
+    )
+    stay_q, there = price_option(s, dear, 1, 0.25, cache), price_option(s, cheap, 1, 0.25, cache)
+    (to,) = candidates_for(job_id="r", tenant="t", spec=s, pools=[cheap], now_s=7200.0, deadline_abs_s=None,
+                           config=CFG, cache=cache, elapsed_fraction=0.25)  # fmt: skip
+    mc = migration_cost(s, from_accelerator="a100-80gb", from_devices=1, from_price_usd_per_hour=4.0, to=to,
+                        restart_s=there.restart_s, compile_s=there.compile_s, config=CFG)  # fmt: skip
+    stay = to_candidate(job_id="r", tenant="t", spec=s, pool=dear, option=stay_q, now_s=7200.0,
+                        deadline_abs_s=None, config=CFG)  # fmt: skip
+    # the move costs the rest there plus the migration, and enters the objective with the hysteresis on top
+    assert pj.options == (
+        replace(to, expected_cost_usd=to.expected_cost_usd + mc.usd, migration_cost_usd=mc.usd,
+                objective_usd=to.objective_usd + mc.usd * (1.0 + CFG.migration_margin)
+                + CFG.migration_min_savings_usd),
+        replace(stay, is_stay=True, capacity_devices=0, feasible=True, reasons=()),
+    )  # fmt: skip
+    assert not any(k[1] == cache.pool_key(full) for k in cache.options)
+    # a job that minimises time weighs its hours in the stay too
+    fast = long_spec("f", objective={"minimize": "time"})
+    tj = _running_problem(running(fast, "dear", progress=0.25), by_name, pools, 7200.0, CFG, cache, {})
+    assert tj is not None
+    (kept,) = [o for o in tj.options if o.is_stay]
+    assert kept.objective_usd == kept.expected_cost_usd + CFG.time_value_usd_per_hour * kept.expected_hours
+    # the minimum dwell, at and just short of it; progress is clamped into [0, 0.999]
+    assert _running_problem(running(s, "dear", placed_s=5400.0), by_name, pools, 7200.0, CFG, cache, {})
+    assert (
+        _running_problem(running(s, "dear", placed_s=5401.0), by_name, pools, 7200.0, CFG, cache, {}) is None
+    )
+    low = _running_problem(running(s, "dear", progress=-0.5), by_name, pools, 7200.0, CFG, cache, {})
+    assert low is not None
+    (st,) = [o for o in low.options if o.is_stay]
+    assert st.expected_cost_usd == price_option(s, dear, 1, 0.0, cache).expected_cost_usd
+    done = _running_problem(running(s, "dear", progress=1.0), by_name, pools, 7200.0, CFG, cache, {})
+    assert done is None  # 0.1 % left: nothing saved by moving it
+    assert price_option(s, dear, 1, 0.999, cache).feasible
+
+
+def test_a_spot_job_behind_its_deadline_may_stay_only_as_a_last_resort() -> None:
+    from trainyard.schedule.candidates import price_option
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec("d", objective={"deadline": "12h"})
+    spot = pool("spot", "a100-80gb", 0.7, market="spot", available=3)
+    spot2 = pool("spot2", "a100-80gb", 0.3, market="spot")  # cheaper spot: no way to catch up there
+    od = pool("od", "a100-80gb", 2.5)
+    od_full = pool("odfull", "a100-80gb", 2.0, available=0)  # full, but its time counts for the deadline
+    pools = [spot, spot2, od, od_full]
+    by_name = {p.name: p for p in pools}
+    behind = running(s, "spot", market="spot", progress=0.2, placed_s=20000.0)
+    cache, forced = CandidateCache(), {}
+    pj = _running_problem(behind, by_name, pools, 6 * 3600.0, CFG, cache, forced)
+    assert pj is not None and pj.rank_usd == 1e12
+    non_spot = candidates_for(job_id="d", tenant="t", spec=s, pools=[od, od_full], now_s=6 * 3600.0,
+                              deadline_abs_s=behind.deadline_abs_s, config=CFG, cache=cache,
+                              elapsed_fraction=0.2)  # fmt: skip
+    left_s = min(c.expected_hours_p90 * 3600.0 for c in non_spot if c.feasible)
+    assert forced == {"d": uniform_progress(behind, 6 * 3600.0, left_s, CFG).reason}
+    move, stay = pj.options
+    assert (move.pool, move.market, stay.pool, stay.is_stay) == ("od", "on_demand", "spot", True)
+    # the move's objective is its whole cost, without the hysteresis; staying costs a large penalty
+    assert (
+        move.objective_usd
+        == move.expected_cost_usd
+        == non_spot[0].expected_cost_usd + move.migration_cost_usd
+    )
+    stay_usd = price_option(s, spot, 1, 0.2, cache).expected_cost_usd
+    assert stay.expected_cost_usd == stay_usd
+    assert stay.objective_usd == stay_usd + 10.0 * (stay_usd + 1.0) + 1e4

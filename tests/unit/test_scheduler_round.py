@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,6 +19,25 @@ from trainyard.schedule import (
     parse_jobs,
     schedule_round,
 )
+from trainyard.schedule.round import (
+    _alternatives,
+    _fmt_dur,
+    _fmt_usd,
+    _group_reason,
+    _group_usage,
+    _infeasible_reason,
+    _placement_reason,
+    _tenant_limits,
+    _tenant_usage,
+    _unplaced_reason,
+    free_room,
+    priority_weight,
+    prune,
+    queued_progress,
+    waiting_cost_usd,
+)
+from trainyard.schedule.solver import ProblemJob, Solution, TenantLimit
+from trainyard.schedule.types import Alternative, Candidate, JobGroup, RunningJob
 from trainyard.spec import spec_from_dict
 
 # every round runs on the vectorised pricing and on the scalar reference, which must decide alike
@@ -257,3 +278,558 @@ def test_candidate_cache_stays_bounded_across_rounds(examples_dir) -> None:
         s = spec(f"j{i}", workload={"steps": 1000 + i})
         schedule_round([job(s)], pools, now_s=float(i), config=CFG, cache=cache)
         assert len(cache.options) + len(cache.views) + len(cache._keys) <= 50 + 20
+
+
+# ---- the round's arithmetic and explanations, one rule at a time ----------------------------------------
+def _c(pool_name: str, devices: int = 1, *, cost: float = 10.0, hours: float = 2.0, feasible: bool = True,
+       reasons: tuple[str, ...] = (), market: str = "on_demand", nodes: int = 1, per_node: int = 8,
+       objective: float | None = None, ckpt: float = 0.0) -> Candidate:  # fmt: skip
+    """A hand-made option: ``cost`` dollars over ``hours`` on ``pool_name``."""
+    return Candidate(
+        job_id="j", tenant="t", pool=pool_name, accelerator="a100-80gb", devices=devices, nodes=nodes,
+        devices_per_node=per_node, market=market, expected_cost_usd=cost, expected_hours=hours,
+        expected_hours_p90=hours, step_time_s=1.0, price_usd_per_hour=cost / hours,
+        checkpoint_interval_s=ckpt, finish_s=hours * 3600.0, feasible=feasible, reasons=reasons,
+        capacity_devices=devices * nodes,
+        objective_usd=cost if objective is None else objective,
+    )  # fmt: skip
+
+
+def test_priority_weights_double_per_level_within_minus_3_and_6() -> None:
+    assert [priority_weight(p) for p in (-9, -3, -2, 0, 1, 3, 6, 7)] == [
+        0.125, 0.125, 0.25, 1.0, 2.0, 8.0, 64.0, 64.0
+    ]  # fmt: skip
+
+
+def test_dollars_and_durations_read_as_in_the_reasons() -> None:
+    assert [_fmt_usd(x) for x in (1234.5, 1.0, 0.996, 0.994, 0.5, 0.1234, 0.0)] == [
+        "$1,234.50", "$1.00", "$1.00", "$0.994", "$0.5", "$0.1234", "$0"
+    ]  # fmt: skip
+    assert [_fmt_dur(s) for s in (59.0, 1800.0, 3599.0, 3600.0, 5400.0)] == [
+        "1 min", "30 min", "60 min", "1.0 h", "1.5 h"
+    ]  # fmt: skip
+
+
+def test_the_waiting_cost_grows_with_time_queued_urgency_and_priority() -> None:
+    cfg = SchedulerConfig(wait_base_usd=2.0, wait_cost_share=0.1, wait_growth_h=2.0, deadline_urgency=3.0,
+                          max_urgency=20.0)  # fmt: skip
+
+    def wait(priority: int = 0, queued_s: float = 0.0, deadline: float | None = None, needed_s: float = 0.0,
+             now_s: float = 1000.0) -> float:  # fmt: skip
+        return waiting_cost_usd(priority=priority, reference_usd=50.0, queued_s=queued_s, now_s=now_s,
+                                deadline_abs_s=deadline, needed_s=needed_s, config=cfg)  # fmt: skip
+
+    # base $2 + 10 % of the $50 reference = $7; doubling per priority level; +1/2 per hour queued
+    assert wait() == 7.0
+    assert wait(priority=1, queued_s=7200.0) == 2 * 7.0 * 2.0
+    assert wait(queued_s=-100.0) == 7.0  # a job submitted "in the future" has not waited
+    # needed a quarter of the time left: urgency 1 + 3 × 0.25 / (0.75 + 0.05)
+    assert wait(deadline=5000.0, needed_s=1000.0) == pytest.approx(7.0 * (1 + 3 * 0.25 / 0.8), rel=1e-12)
+    # needing all of it or more, or a deadline already here: the cap
+    assert wait(deadline=5000.0, needed_s=9000.0) == 7.0 * 20.0
+    assert wait(deadline=1000.0, needed_s=1.5) == 7.0 * 20.0  # time left counts as at least 1 s
+    assert wait(deadline=1000.5, needed_s=0.9) == pytest.approx(7.0 * (1 + 3 * 0.9 / 0.15), rel=1e-12)
+
+
+def test_prune_keeps_the_cheapest_few_per_pool_and_per_job() -> None:
+    opts = [_c("a", 1), _c("a", 2), _c("a", 4), _c("b", 1), _c("b", 2), _c("c", 1)]
+    cfg = SchedulerConfig(max_options_per_pool=2, max_options_per_job=3)
+    key = lambda cs: [(c.pool, c.devices) for c in cs]  # noqa: E731
+    assert key(prune(opts, cfg)) == [("a", 1), ("a", 2), ("b", 1)]
+    assert key(prune(opts, cfg, limit=5)) == [("a", 1), ("a", 2), ("b", 1), ("b", 2), ("c", 1)]
+    assert key(prune(opts, cfg, limit=1)) == [("a", 1)]
+
+
+def test_an_infeasible_job_is_told_why_on_up_to_three_pools() -> None:
+    p = pool("a", "a100-80gb", 1.0)
+    assert _infeasible_reason([], []) == "no pools to run on"
+    assert _infeasible_reason([], [p]) == "no pool offers a device count this job can use"
+    # per pool, its most generous option's reason (the first of equals)
+    cands = [_c("a", 1, reasons=("a1",)), _c("a", 4, reasons=("a4",)), _c("a", 4, reasons=("a4 again",)),
+             _c("a", 2, reasons=("a2",)), _c("b", 1, reasons=("b1", "b1 second"))]  # fmt: skip
+    assert _infeasible_reason(cands, [p]) == "no feasible option on any of 2 pools — a: a4; b: b1"
+    more = [*cands, _c("c", 1, reasons=("c1",)), _c("d", 1, reasons=("d1",)), _c("e", 1, reasons=("e1",))]
+    assert _infeasible_reason(more, [p]) == (
+        "no feasible option on any of 5 pools — a: a4; b: b1; c: c1 (+2 more pools)"
+    )
+    assert _infeasible_reason([*cands, _c("c", 1, reasons=("c1",)), _c("d", 1)], [p]) == (
+        "no feasible option on any of 4 pools — a: a4; b: b1; c: c1 (+1 more pools)"
+    )
+    assert _infeasible_reason([_c("a", 1, reasons=("x",)), _c("b", 1)], [p]) == (
+        "no feasible option on any of 2 pools — a: x (+1 more pools)"
+    )
+
+
+def test_a_placement_explains_its_choice_against_the_others() -> None:
+    free = {"a": pool("a", "a100-80gb", 1.0, per_node=8), "b": pool("b", "a100-80gb", 1.0, per_node=8),
+            "full": pool("full", "a100-80gb", 1.0, per_node=8, available=0)}  # fmt: skip
+    chosen = _c("a", 1, cost=12.346, hours=2.0)
+    b = _c("b", 1, cost=13.0)
+    a2 = _c("a", 2, cost=14.0)
+    by_cost = [chosen, b, a2, _c("b", 2, cost=15.0)]
+    assert _alternatives(chosen, by_cost) == (
+        Alternative("b", 1, "on_demand", 13.0, 2.0), Alternative("a", 2, "on_demand", 14.0, 2.0)
+    )  # fmt: skip
+    head = "1 × a100-80gb on_demand on a: $12.35, ~2.0 h — "
+    nxt = "; next: 1 × b $13.00, 2 × a $14.00"
+    assert _placement_reason(chosen, [chosen], [chosen], [chosen], free) == (
+        "1 × a100-80gb on_demand on a: $12.35, ~2.0 h — the only feasible option"
+    )
+    assert _placement_reason(chosen, [chosen, b], [chosen, b, a2], by_cost, free) == (
+        head + "cheapest of 3 feasible options" + nxt
+    )
+    cheaper = _c("full", 1, cost=5.0)
+    assert _placement_reason(chosen, [chosen, b], [cheaper, chosen, b], by_cost, free) == (
+        head + "cheaper 1 × a100-80gb on_demand on full is full (needs 1 × a100-80gb in one node on full; "
+        "0 available)" + nxt
+    )
+    assert _placement_reason(chosen, [b, chosen], [b, chosen], by_cost, free) == (
+        head + "cheaper options taken by higher-value jobs this round" + nxt
+    )
+    assert _placement_reason(chosen, [chosen], [b, chosen], by_cost, free) == (
+        head + "best trade of cost and time" + nxt
+    )
+    assert (
+        _placement_reason(chosen, [], [b, chosen], by_cost, free)
+        == head + "best trade of cost and time" + nxt
+    )
+    reserved = _c("a", 1, cost=12.346, market="reserved")
+    assert _placement_reason(reserved, [reserved], [reserved], [reserved], free) == (
+        "1 × a100-80gb reserved on a: $12.35, ~2.0 h — reserved capacity (already paid for) fits it"
+    )
+    spot = _c("a", 1, cost=0.5, hours=0.5, market="spot", ckpt=900.0)
+    assert _placement_reason(spot, [spot], [spot], [spot], free) == (
+        "1 × a100-80gb spot on a: $0.5, ~30 min — the only feasible option; checkpoint every 15 min"
+    )
+    unsaved = replace(spot, checkpoint_interval_s=0.0)
+    assert _placement_reason(unsaved, [unsaved], [unsaved], [unsaved], free).endswith(
+        "the only feasible option"
+    )
+    od = replace(spot, market="on_demand")
+    assert _placement_reason(od, [od], [od], [od], free).endswith("the only feasible option")
+
+
+def _pj(options: Any = (), *, tenant: str = "t", unplaced: float | None = 100.0, group: str | None = None,
+        job_id: str = "j", current: int = 0) -> ProblemJob:  # fmt: skip
+    return ProblemJob(job_id=job_id, tenant=tenant, options=tuple(options), unplaced_usd=unplaced,
+                      group=group, current_devices=current)  # fmt: skip
+
+
+def test_an_unplaced_job_is_told_what_held_it_back() -> None:
+    pools_ = {
+        "a": pool("a", "a100-80gb", 1.0, per_node=8, nodes=2, available=1),
+        "b": pool("b", "a100-80gb", 1.0, per_node=8, nodes=4, available=12),
+        "c": pool("c", "a100-80gb", 1.0, available=0),
+        "d": pool("d", "a100-80gb", 1.0, available=0),
+    }
+    later = "cheapest feasible later: 2 × a100-80gb on_demand on a at $10.00"
+    a2 = _c("a", 2)
+    # nothing fits now, one pool: its shape and free devices
+    assert _unplaced_reason(_pj(), [a2, _c("a", 4)], [], {}, pools_, {}) == (
+        "no capacity now: needs 2 × a100-80gb in one node; the only pool that can run it, a, has 1 of 16 "
+        f"devices available; {later}"
+    )
+    gang = _c("b", 16, nodes=2)
+    assert _unplaced_reason(_pj(), [gang], [], {}, pools_, {}) == (
+        "no capacity now: needs 2 whole 8-device nodes; the only pool that can run it, b, has 12 of 32 "
+        "devices available; cheapest feasible later: 16 × a100-80gb on_demand on b at $10.00"
+    )
+    # several pools: the first two named, with how many more
+    two = [a2, _c("a", 4), gang]
+    assert _unplaced_reason(_pj(), two, [], {}, pools_, {}) == (
+        "no capacity now on the 2 pools that can run it: needs 2 × a100-80gb in one node on a; 1 available; "
+        f"needs 2 whole 8-device nodes on b; 1 whole node(s) free (12 devices available); {later}"
+    )
+    four = [*two, _c("c", 1), _c("d", 1)]
+    assert _unplaced_reason(_pj(), four, [], {}, pools_, {}).endswith(
+        "1 whole node(s) free (12 devices available) (and 2 more pools); " + later
+    )
+    # tenant quotas: jobs, then devices (what is left after this round's placements)
+    fit = [_c("b", 4), _c("b", 2)]
+    jobs_quota = {"t": TenantLimit(devices_left=None, jobs_left=1)}
+    assert _unplaced_reason(_pj(), [a2], fit, {"t": (0, 1)}, pools_, jobs_quota) == (
+        f"tenant t is at its concurrent-job quota; {later}"
+    )
+    dev_quota = {"t": TenantLimit(devices_left=5, jobs_left=3)}
+    assert _unplaced_reason(_pj(), [a2], fit, {"t": (4, 1)}, pools_, dev_quota) == (
+        f"tenant t device quota: 1 devices left, the smallest option needs 2; {later}"
+    )
+    assert _unplaced_reason(_pj(), [a2], fit, {"t": (7, 1)}, pools_, dev_quota).startswith(
+        "tenant t device quota: 0 devices left"
+    )
+    # within its quota (2 + 3 = 5 devices, 1 of 2 jobs): the round's other reasons
+    room = {"t": TenantLimit(devices_left=5, jobs_left=2)}
+    best = _c("b", 4, cost=20.0, objective=100.0)
+    assert _unplaced_reason(_pj([best], unplaced=100.0), [a2], [best], {"t": (1, 1)}, pools_, room) == (
+        f"waiting is cheaper: best option available now is 4 × a100-80gb on_demand on b at $20.00; {later} "
+        "(full now)"
+    )
+    cheap = replace(best, objective_usd=99.0)
+    taken = [cheap, _c("c", 1), _c("d", 1), _c("a", 1), _c("e", 1)]
+    assert _unplaced_reason(_pj(taken, unplaced=100.0), [a2], [cheap], {}, pools_, room) == (
+        "the pools that fit it now (a, b, c, d) are taken by this round's higher-value placements; " + later
+    )
+    # another tenant's quota does not hold this one back
+    other = {"u": TenantLimit(devices_left=0, jobs_left=0)}
+    assert _unplaced_reason(_pj([cheap]), [a2], [cheap], {}, pools_, other).startswith("the pools that fit")
+
+
+def test_a_group_member_is_told_which_group_limit_held_it_back() -> None:
+    fit = [_c("a", 1, cost=2.5), _c("b", 1, cost=1.5)]
+    member = _pj(group="g")
+    assert _group_reason(_pj(), fit, {}, {}) is None  # not in a group
+    assert _group_reason(member, [], {}, {}) is None  # nothing fits anyway: the capacity reason says so
+    starts = {"g": JobGroup(max_starts=2)}
+    assert _group_reason(member, fit, {"g": ("a", 2, 0)}, starts) == (
+        "its group g may start 2 more member(s) now (its parallelism less its running members), and this "
+        "round started them"
+    )
+    assert _group_reason(member, fit, {}, {"g": JobGroup(max_starts=0)}) == (
+        "its group g may start 0 more member(s) now (its parallelism less its running members), none left"
+    )
+    assert _group_reason(member, fit, {}, {"g": JobGroup(max_starts=-1)}).startswith(
+        "its group g may start 0 more member(s)"
+    )
+    assert _group_reason(member, fit, {"g": ("a", 1, 0)}, starts) is None
+    assert _group_reason(member, fit, {"g": ("c", 1, 0)}, {}) == (
+        "its group g shares c this round, which has no room left for it"
+    )
+    # the budget left after this round's members against the cheapest option here
+    budget = {"g": JobGroup(budget_usd=5.0)}
+    assert _group_reason(member, fit, {"g": ("a", 1, 3_000_000)}, budget) == (
+        "its group g has $2.00 of its budget left for new members; the cheapest option that fits now is "
+        "expected to cost $2.50"
+    )
+    assert _group_reason(member, fit, {"g": ("a", 1, 2_500_000)}, budget) is None  # exactly enough
+    assert _group_reason(member, fit, {}, {"g": JobGroup(budget_usd=1.0)}) == (
+        "its group g has $1.00 of its budget left for new members; the cheapest option that fits now is "
+        "expected to cost $1.50"
+    )
+    assert _group_reason(member, fit, {"g": ("b", 1, 6_000_000)}, budget).startswith(
+        "its group g has $0 of its budget left"
+    )
+
+
+def test_tenant_and_group_usage_count_this_rounds_starts() -> None:
+    choice: dict[str, int | None] = {"q1": 1, "q2": 0, "r": 0, "out": None}
+    sol = Solution(choice=choice, objective_usd=0.0, greedy_objective_usd=0.0, status="optimal",
+                   wall_time_s=0.0, lower_bound_usd=None)  # fmt: skip
+    problem = [
+        _pj([_c("a", 1)], job_id="out", tenant="v"),
+        _pj([_c("a", 1), _c("b", 4, cost=2.0)], job_id="q1", group="g"),
+        _pj([_c("b", 2, cost=1.25)], job_id="q2", group="g"),
+        _pj([_c("a", 8)], job_id="r", unplaced=None, current=2, tenant="u"),
+    ]
+    assert _tenant_usage(problem, sol) == {"t": (6, 2), "u": (6, 0)}
+    assert _group_usage(problem, sol) == {"g": ("b", 2, 3_250_000)}
+    running = [RunningJob(job_id="r1", tenant="t", spec=spec("r1"), submit_s=0.0, pool="a", devices=3,
+                          market="on_demand", placed_s=0.0) for _ in range(2)]  # fmt: skip
+    cfg = SchedulerConfig(quotas={"t": TenantQuota(max_devices=8, max_jobs=3), "u": TenantQuota(max_jobs=1),
+                                  "w": TenantQuota(max_devices=2)})  # fmt: skip
+    assert _tenant_limits(cfg, running) == {
+        "t": TenantLimit(2, 1), "u": TenantLimit(None, 1), "w": TenantLimit(2, None)
+    }  # fmt: skip
+
+
+def test_queued_progress_and_free_room() -> None:
+    s = spec("q")
+    assert [queued_progress(QueuedJob("q", "t", s, 0.0, progress_fraction=f)) for f in (-0.5, 0.25, 1.0)] == [
+        0.0, 0.25, 0.999
+    ]  # fmt: skip
+    assert free_room(pool("p", "a100-80gb", 1.0, per_node=8, nodes=4, available=20)) == (2, 8)
+    assert free_room(pool("p", "a100-80gb", 1.0, per_node=8, nodes=4, available=5)) == (0, 5)
+
+
+def test_a_late_job_is_told_how_far_past_its_deadline_it_will_finish() -> None:
+    from trainyard.schedule.candidates import price_option
+
+    s = spec("dl2", measured={"step_time_s": {"a100-80gb": 4.0}}, objective={"deadline": "3h"})
+    a100 = pool("a100", "a100-80gb", 3.0)
+    (p,) = schedule_round([job(s, submit_s=0.0)], [a100], now_s=3600.0, config=CFG).placements
+    p90_h = price_option(s, a100, 1, 0.0, CandidateCache()).expected_hours_p90
+    over_s = 3600.0 + p90_h * 3600.0 - 3 * 3600.0
+    assert over_s > 0
+    assert p.reason.endswith(
+        f"; misses its deadline: no option finishes by it any more (p90 finish {_fmt_dur(over_s)} after it)"
+    )
+
+
+def test_a_price_move_on_a_quarter_of_the_pools_reprices_only_those(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler_paths import decisions
+
+    import trainyard.schedule.round as rnd
+
+    priced: list[list[str]] = []
+    real = rnd.spec_grid
+
+    def recording(s: Any, pools: Any, *args: Any, **kw: Any) -> Any:
+        priced.append([p.name for p in pools])
+        return real(s, pools, *args, **kw)
+
+    monkeypatch.setattr(rnd, "spec_grid", recording)
+    pools = [pool(n, "a100-80gb", price) for n, price in (("a", 2.0), ("b", 2.2), ("c", 2.4), ("d", 2.6))]
+    jobs = [job(spec("j"))]
+    cache = CandidateCache()
+
+    def warm_and_fresh(ps: list[Pool]) -> Any:
+        warm = rnd.schedule_round(jobs, ps, config=CFG, cache=cache)
+        assert decisions(warm) == decisions(rnd.schedule_round(jobs, ps, config=CFG, cache=CandidateCache()))
+        return warm
+
+    assert warm_and_fresh(pools).placements[0].pool == "a" and priced == [["a", "b", "c", "d"]] * 2
+    priced.clear()
+    rnd.schedule_round(jobs, pools, config=CFG, cache=cache)  # nothing moved: nothing priced again
+    assert priced == []
+    # one of four prices moved (a quarter): only that pool is priced again, and the job follows it
+    pools[2] = pools[2].model_copy(update={"price_usd_per_device_hour": 1.0})
+    priced.clear()
+    assert warm_and_fresh(pools).placements[0].pool == "c"
+    assert priced == [["c"], ["a", "b", "c", "d"]]
+    # two of four moved: everything is priced again
+    pools[0] = pools[0].model_copy(update={"price_usd_per_device_hour": 0.5})
+    pools[3] = pools[3].model_copy(update={"price_usd_per_device_hour": 3.0})
+    priced.clear()
+    assert warm_and_fresh(pools).placements[0].pool == "a"
+    assert priced == [["a", "b", "c", "d"]] * 2
+    # other pools (one more) are never answered from the four pools' prices
+    more = [*pools, pool("e", "a100-80gb", 0.4)]
+    assert warm_and_fresh(more).placements[0].pool == "e"
+    assert warm_and_fresh(pools[:3]).placements[0].pool == "a"
+
+
+def test_a_waiting_job_costs_the_objective_its_cheapest_later_price_and_its_wait() -> None:
+    from trainyard.schedule.candidates import candidates_for
+
+    m = {"step_time_s": {"a100-80gb": 1.0}}
+    spot = pool("spot", "a100-80gb", 0.7, market="spot", available=0)  # reclaimed: cheapest, but full
+    od = pool("od", "a100-80gb", 2.8)
+    now = 1800.0
+
+    def objective(s: Any, priority: int, deadline: float | None) -> tuple[float, float]:
+        r = schedule_round([job(s, submit_s=600.0, priority=priority)], [spot, od], now_s=now, config=CFG)
+        assert not r.placements and r.unplaced[0].job_id == s.name
+        assert r.solver_status and r.greedy_objective_usd == pytest.approx(r.objective_usd)
+        cands = [c for c in candidates_for(job_id="", tenant="", spec=s, pools=[spot, od], now_s=0.0,
+                                           deadline_abs_s=None, config=CFG, cache=CandidateCache())
+                 if c.feasible]  # fmt: skip
+        if s.objective.minimize == "time":
+            ref = min(c.expected_cost_usd + CFG.time_value_usd_per_hour * c.expected_hours for c in cands)
+        else:
+            ref = min(c.expected_cost_usd for c in cands)
+        needed = min(c.expected_hours_p90 for c in cands) * 3600.0
+        wait = waiting_cost_usd(priority=priority, reference_usd=ref, queued_s=now - 600.0, now_s=now,
+                                deadline_abs_s=deadline, needed_s=needed, config=CFG)  # fmt: skip
+        return r.objective_usd, ref + wait
+
+    got, want = objective(spec("w", workload={"steps": 20000}, measured=m), 1, None)
+    assert got == pytest.approx(want, rel=1e-12)
+    got, want = objective(spec("d", workload={"steps": 20000}, measured=m, objective={"deadline": "48h"}), 0,
+                          600.0 + 48 * 3600.0)  # fmt: skip
+    assert got == pytest.approx(want, rel=1e-12)
+    # a job that minimises time, with nothing free: its reference weighs the hours at the time value
+    od = od.model_copy(update={"available_devices": 0})
+    got, want = objective(spec("t", workload={"steps": 20000}, measured=m, objective={"minimize": "time"}), 0,
+                          None)  # fmt: skip
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def _brute_dominators(grid: Any, order: Any) -> tuple[list[bool], list[float]]:
+    """``dominators`` by its definition: an earlier row of the same pool taking no more devices, capacity
+    or whole nodes, and the earliest finish among those."""
+    has, first = [], []
+    span = [int(n) if n > 1 else 0 for n in grid.nodes[order]]
+    for j, rj in enumerate(order):
+        fins = [
+            float(grid.finish[ri])
+            for i, ri in enumerate(order[:j])
+            if grid.pool[ri] == grid.pool[rj]
+            and grid.devices[ri] <= grid.devices[rj]
+            and grid.capacity[ri] <= grid.capacity[rj]
+            and span[i] <= span[j]
+        ]
+        has.append(bool(fins))
+        first.append(min(fins, default=math.inf))
+    return has, first
+
+
+def test_an_option_is_dominated_by_an_earlier_one_of_its_pool_that_takes_no_more() -> None:
+    import random
+
+    import numpy as np
+
+    from trainyard.schedule.grid import CandidateGrid
+    from trainyard.schedule.round import _static, dominators, pareto_rows
+
+    ps = [pool("a", "a100-80gb", 1.0, per_node=8), pool("b", "a100-80gb", 1.0, per_node=8)]
+    rows = [  # (pool, devices, nodes, capacity, finish), cheapest first
+        ("a", 1, 1, 1, 100.0), ("a", 2, 1, 2, 50.0), ("b", 2, 2, 2, 80.0), ("a", 1, 1, 1, 30.0),
+        ("a", 16, 2, 16, 10.0), ("a", 8, 1, 8, 20.0), ("a", 12, 2, 16, 5.0), ("b", 4, 1, 4, 60.0),
+        ("b", 2, 2, 2, 40.0),
+    ]  # fmt: skip
+
+    def grid_of(rs: Any, pools: Any) -> Any:
+        cands = [
+            replace(_c(p, d, nodes=n, objective=float(k)), capacity_devices=cap, finish_s=f)
+            for k, (p, d, n, cap, f) in enumerate(rs)
+        ]
+        return CandidateGrid.of(cands, pools, ["on_demand"] * len(pools))
+
+    g = grid_of(rows, ps)
+    has, first = dominators(g, np.arange(len(rows)))
+    # a whole-node gang (b's 2 devices on 2 nodes) does not dominate one node's 4 devices
+    assert has.tolist() == [False, True, False, True, True, True, True, False, True]
+    assert first.tolist() == [math.inf, 100.0, math.inf, 100.0, 30.0, 30.0, 20.0, math.inf, 80.0]
+    two = [a.tolist() for a in dominators(grid_of(rows[:2], ps), np.arange(2))]
+    assert two == [[False, True], [math.inf, 100.0]]
+    assert [a.tolist() for a in dominators(grid_of(rows[:1], ps), np.arange(1))] == [[False], [math.inf]]
+    # a long grid of three pools agrees with the definition (the grouping by pool must keep each pool's
+    # rows in their order)
+    rng = random.Random(5)
+    three = [*ps, pool("c", "a100-80gb", 1.0, per_node=8)]
+    big = []
+    for _ in range(90):
+        n = rng.choice([1, 1, 2, 3])
+        d = rng.choice([1, 2, 4, 8]) if n == 1 else 8 * n
+        big.append((rng.choice("abc"), d, n, d, float(rng.randrange(1, 500))))
+    g = grid_of(big, three)
+    has, first = dominators(g, np.arange(len(big)))
+    assert (has.tolist(), first.tolist()) == _brute_dominators(g, np.arange(len(big)))
+    # the options worth a place: not dominated, or (with a deadline) dominated only by ones finishing
+    # after it, among those finishing by it
+    static = _static(grid_of(rows, ps), ps, np.arange(2), ["on_demand", "on_demand"])
+    assert static.order.tolist() == list(range(len(rows)))
+    assert pareto_rows(static, None).tolist() == [0, 2, 7]
+    assert pareto_rows(static, 25.0).tolist() == [4, 5]
+    assert pareto_rows(static, 30.0).tolist() == [3]
+    assert pareto_rows(static, 100.0).tolist() == [0, 2, 7]
+    ok = np.ones(len(rows), dtype=bool)
+    ok[[0, 5]] = False
+    assert pareto_rows(static, None, ok).tolist() == [2, 7]
+    assert pareto_rows(static, 25.0, ok).tolist() == [4]
+
+
+def test_the_model_keeps_the_cheapest_few_rows_per_pool_and_the_seed_list() -> None:
+    import numpy as np
+
+    from trainyard.schedule.grid import CandidateGrid
+    from trainyard.schedule.round import _prune_rows, _seed_rows
+
+    ps = [pool("a", "a100-80gb", 1.0, per_node=8), pool("b", "a100-80gb", 1.0, per_node=8)]
+    rs = [("a", 1), ("a", 2), ("a", 4), ("b", 1), ("a", 8), ("b", 2), ("b", 4), ("b", 8)]
+    g = CandidateGrid.of([_c(p, d, objective=float(k)) for k, (p, d) in enumerate(rs)], ps, ["on_demand"] * 2)
+    rows = np.arange(len(rs))
+    key = lambda cs: [(c.pool, c.devices) for c in cs]  # noqa: E731
+    cfg = SchedulerConfig(max_options_per_pool=2, max_options_per_job=3)
+    assert key(_prune_rows(g, rows, cfg)) == [("a", 1), ("a", 2), ("b", 1)]
+    assert key(_prune_rows(g, rows, cfg, limit=4)) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    three = SchedulerConfig(max_options_per_pool=3, max_options_per_job=10)
+    assert key(_prune_rows(g, rows, three)) == [("a", 1), ("a", 2), ("a", 4), ("b", 1), ("b", 2), ("b", 4)]
+    assert key(_prune_rows(g, rows[::-1], cfg)) == [("b", 8), ("b", 4), ("a", 8)]
+    # the greedy seed's wider list: every row, or the cheapest few of them
+    assert key(_seed_rows(g, rows, cfg)) == key(rs_c := [g.candidate(k) for k in rows]) and len(rs_c) == 8
+    seeded = replace(cfg, seed_options_per_job=4)
+    assert key(_seed_rows(g, rows, seeded)) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+
+
+def test_free_room_decides_which_gangs_and_shares_fit_now() -> None:
+    gang = spec(
+        "gang", resources={"min_devices": 16, "max_devices": 16}, measured={"step_time_s": {"h100": 1.0}}
+    )
+    exact = pool("h", "h100", 4.0, per_node=8, nodes=4, available=16, inter_node_gbps=400.0)
+    (p,) = schedule_round([job(gang)], [exact], config=CFG).placements  # two free nodes, two needed
+    assert (p.pool, p.devices, p.nodes) == ("h", 16, 2)
+    short = exact.model_copy(update={"available_devices": 15})
+    assert not schedule_round([job(gang)], [short], config=CFG).placements
+    one = spec("one", resources={"min_devices": 2, "max_devices": 2})
+    partly = pool("a", "a100-80gb", 2.0, per_node=8, nodes=1, available=5)  # no whole node, 5 devices free
+    (p,) = schedule_round([job(one)], [partly], config=CFG).placements
+    assert (p.pool, p.devices) == ("a", 2)
+
+
+def test_a_pinned_group_member_with_a_deadline_uses_only_its_pool() -> None:
+    m = {"step_time_s": {"a100-80gb": 1.0, "h100": 0.5}}
+    pools = [pool("a100", "a100-80gb", 2.0), pool("h100", "h100", 4.0)]
+    on_time = QueuedJob("m1", "t", spec("m1", measured=m, objective={"deadline": "24h"}), 0.0, group="g")
+    r = schedule_round([on_time], pools, config=CFG, groups={"g": JobGroup(pool="h100")})
+    (p,) = r.placements
+    assert p.pool == "h100" and "misses its deadline" not in p.reason
+    assert p.reason.startswith("1 × h100 on_demand on h100: ") and p.reason.endswith("; group g shares h100")
+    # a deadline no option on its pool can meet any more: placed there anyway, the miss named
+    late = QueuedJob("m2", "t", spec("m2", measured=m, objective={"deadline": "10m"}), 0.0, group="g")
+    (p,) = schedule_round([late], pools, config=CFG, groups={"g": JobGroup(pool="h100")}).placements
+    assert p.pool == "h100" and "misses its deadline" in p.reason
+    # without the pin, the on-time job goes to the cheaper pool and its reason names no miss
+    free = QueuedJob("m3", "t", spec("m3", measured=m, objective={"deadline": "24h"}), 0.0)
+    (p,) = schedule_round([free], pools, config=CFG).placements
+    assert p.pool == "a100" and "misses its deadline" not in p.reason
+
+
+def test_rounds_without_pareto_pruning_decide_the_same() -> None:
+    m = {"step_time_s": {"t4": 8.0, "a100-80gb": 1.0}}
+    s = spec("dl", measured=m, objective={"deadline": "3h"})
+    pools = [pool("t4", "t4", 0.2), pool("a100", "a100-80gb", 3.0, per_node=4, nodes=2, available=2)]
+    plain = replace(CFG, pareto_pruning=False)
+    for cfg in (CFG, plain):
+        (p,) = schedule_round([job(s)], pools, config=cfg).placements
+        assert (p.pool, p.devices) == ("a100", 1), cfg.pareto_pruning
+
+
+def test_a_rounds_answers_come_in_the_order_of_its_jobs() -> None:
+    from test_scheduler_replan import long_spec, running
+
+    a100 = pool("a100", "a100-80gb", 2.0, per_node=2, nodes=1, available=1)
+    tpu = pool("tpu", "tpu-v4", 3.0)
+    cuda = spec("cuda", requirements={"frameworks": ["cuda-kernels"]})
+    jobs = [
+        QueuedJob("lost", "t", spec("lost"), 0.0, group="gone"),  # its group's pool is not in the round
+        # only the A100 pool can run it, and it has 1 of its 2 devices free: unplaced after the solve
+        job(
+            spec("big", resources={"min_devices": 2, "max_devices": 2}, requirements={"allow": ["a100-80gb"]})
+        ),
+        QueuedJob("pinned", "u", cuda, 0.0, group="on-tpu"),  # its group's pool cannot run it
+        job(spec("ok")),
+    ]
+    groups = {"gone": JobGroup(pool="nowhere"), "on-tpu": JobGroup(pool="tpu")}
+    r = schedule_round(jobs, [a100, tpu], config=CFG, groups=groups)
+    assert [(u.job_id, u.tenant) for u in r.unplaced] == [("lost", "t"), ("big", "t"), ("pinned", "u")]
+    assert r.unplaced[2].reason.startswith(
+        "its group on-tpu runs on pool tpu, which cannot run it: no feasible option on any of 2 pools — tpu: "
+        "requirements.frameworks"
+    )
+    assert [p.job_id for p in r.placements] == ["ok"]
+    assert r.placements[0].reason.startswith("1 × a100-80gb on_demand on a100: ")
+    # running jobs: two that move, in their order, with at most two alternatives named; one whose pool is
+    # gone; one that stays because a queued job that can run only there takes the room it would move to
+    s1, s2 = long_spec("r1"), long_spec("r2")
+    dear = pool("dear", "a100-80gb", 4.0, available=0)
+    cheap = [pool(f"c{i}", "a100-80gb", 1.0 + i / 100, nodes=1) for i in range(3)]
+    r = schedule_round(
+        [], [dear, *cheap], [running(s1, "dear"), running(s2, "dear")], now_s=7200.0, config=CFG
+    )
+    assert [p.job_id for p in r.placements] == ["r1", "r2"] and all(p.migration for p in r.placements)
+    assert all(len(p.alternatives) == 2 for p in r.placements)
+    only = pool("only", "a100-80gb", 1.0, nodes=1)
+    only_a100 = spec("q", requirements={"allow": ["a100-80gb"]}, workload={"steps": 20000},
+                     measured={"step_time_s": {"a100-80gb": 1.0}})  # fmt: skip
+    urgent = QueuedJob("q", "t", only_a100, 0.0, priority=6)
+    rs = [running(s1, "dear"), running(s2, "gone")]
+    r = schedule_round([urgent], [dear, only], rs, now_s=7200.0, config=CFG)
+    assert [(p.job_id, p.pool) for p in r.placements] == [("q", "only")]
+    assert r.kept == ("r1", "r2")
+
+
+def test_a_deadline_job_is_reconsidered_as_its_deadline_nears_on_one_cache() -> None:
+    m = {"step_time_s": {"t4": 8.0, "a100-80gb": 1.0}}
+    pools = [pool("t4", "t4", 0.2), pool("a100", "a100-80gb", 3.0)]
+    cache = CandidateCache()
+    s = spec("dl", measured=m, objective={"deadline": "3h"})
+    assert schedule_round([job(s)], pools, config=CFG, cache=cache).placements[0].pool == "a100"
+    # ten hours later (re-queued), nothing can make it any more: the cheapest option, the miss named
+    (p,) = schedule_round([job(s)], pools, now_s=10 * 3600.0, config=CFG, cache=cache).placements
+    assert p.pool == "t4" and "misses its deadline" in p.reason
+    # two specs in one round are screened each on its own (the CUDA-only one cannot use the TPU)
+    cuda = spec("cuda", requirements={"frameworks": ["cuda-kernels"]}, measured=m)
+    tpu = pool("tpu", "tpu-v4", 0.1)
+    r = schedule_round([job(spec("any")), job(cuda)], [tpu, *pools], config=CFG, cache=cache)
+    where = {p.job_id: p.pool for p in r.placements}
+    assert where["cuda"] != "tpu" and where["any"] == "tpu"
