@@ -63,10 +63,9 @@ prometheus:
 run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-# TEST_WORKERS=2 runs the suite in two processes (pytest-xdist), each test file whole in one of them
-# (its module-scoped servers and clusters stay one per file); the default, 0, runs it in this process
-# alone until the load-sensitive tests named in docs/testing.md hold beside a second process
-TEST_WORKERS ?= 0
+# the suite runs in two processes (pytest-xdist), each test file whole in one of them (its
+# module-scoped servers and clusters stay one per file); TEST_WORKERS=0 runs it in this process alone
+TEST_WORKERS ?= 2
 test: $(STAMP) $(SKY_STAMP) $(OAPI_STAMP) sandbox browser prometheus
 	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
