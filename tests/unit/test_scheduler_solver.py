@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import replace
 
@@ -10,12 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
-from trainyard.schedule.solver import (
+from trainyard.schedule.solver import (  # the LP rounding tested on its own
     BUDGET_UNITS_PER_USD,
     GroupLimit,
     PoolCapacity,
     ProblemJob,
     TenantLimit,
+    _build,
+    _lp_round,
     budget_left_units,
     cost_units,
     find_slot,
@@ -405,3 +408,123 @@ def test_solver_parameters_are_deterministic_and_light() -> None:
     assert solver.parameters.num_workers == 3
     assert solver.parameters.max_deterministic_time == pytest.approx(0.001)
     assert solver.parameters.max_time_in_seconds == pytest.approx(0.05)
+
+
+def _brute_force_usd(jobs, pools, tenants) -> float:
+    """The optimum of a tiny round by trying every assignment (each job: one of its options or none)."""
+    from itertools import product
+
+    best = math.inf
+    for picks in product(*[[None, *range(len(j.options))] for j in jobs]):
+        choice = {j.job_id: k for j, k in zip(jobs, picks, strict=True)}
+        try:
+            check_solution(jobs, pools, tenants, choice)
+        except AssertionError:
+            continue
+        best = min(best, objective_usd(jobs, choice))
+    return best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_the_lp_rounding_is_feasible_and_its_bound_is_below_the_optimum(inst) -> None:
+    """The LP relaxation's rounding (the search's warm start) respects capacity, gangs and quotas, and its
+    bound (the round's proven lower bound when the search is skipped) never exceeds the optimum by more
+    than the model's rounding of each cost to a whole unit."""
+    jobs, pools, tenants = inst
+    jobs = jobs[:5]  # small enough to enumerate every assignment
+    m = _build(jobs, pools, tenants, CFG.cost_scale)
+    got = _lp_round(m, jobs, pools, tenants, CFG)
+    if not any(j.options for j in jobs):
+        assert got is None
+        return
+    assert got is not None
+    choice, bound_units = got
+    assert set(choice) == {j.job_id for j in jobs}
+    check_solution(jobs, pools, tenants, choice)
+    optimum = _brute_force_usd(jobs, pools, tenants)
+    rounding_usd = len(jobs) / CFG.cost_scale  # each cost is rounded to a whole unit in the model
+    assert bound_units / CFG.cost_scale <= optimum + rounding_usd
+    assert optimum <= objective_usd(jobs, choice) + 1e-9
+    sol = solve(jobs, pools, tenants, CFG)
+    assert sol.objective_usd == pytest.approx(optimum, abs=1e-6)
+    assert sol.lower_bound_usd is not None and sol.lower_bound_usd <= optimum + rounding_usd
+
+
+def test_an_uncontended_round_is_solved_by_the_rounding_with_a_tight_bound() -> None:
+    """Room for every job: the LP is integral, the rounding takes each job's cheapest option, its bound
+    equals that objective, and the search is skipped ("lp" would be reported had the greedy been worse;
+    here both agree, so the greedy's answer stands, proven by the bound)."""
+    pools = {"a": cap("a", 8), "b": cap("b", 8)}
+    jobs = [
+        ProblemJob("x", "t", (cand("x", "a", 2, 3.0), cand("x", "b", 2, 5.0)), unplaced_usd=50, rank_usd=1),
+        ProblemJob("y", "t", (cand("y", "b", 4, 2.0), cand("y", "a", 4, 9.0)), unplaced_usd=50, rank_usd=1),
+    ]
+    tenants = {"t": TenantLimit(None, None)}
+    m = _build(jobs, pools, tenants, CFG.cost_scale)
+    got = _lp_round(m, jobs, pools, tenants, CFG)
+    assert got is not None
+    choice, bound_units = got
+    assert choice == {"x": 0, "y": 0}
+    assert bound_units / CFG.cost_scale == pytest.approx(objective_usd(jobs, choice), abs=1e-3)
+    sol = solve(jobs, pools, tenants, CFG)
+    assert sol.choice == {"x": 0, "y": 0} and sol.wall_time_s == 0.0
+    assert sol.status == "greedy" and sol.lower_bound_usd == pytest.approx(sol.objective_usd, abs=1e-3)
+
+
+def test_the_rounding_takes_options_in_lp_order_and_skips_what_no_longer_fits() -> None:
+    """One 8-device pool, two 8-device jobs: the LP puts the dearer-to-leave job first, the rounding
+    takes it and leaves the other (its option no longer fits), and the bound is the LP's."""
+    pools = {"a": cap("a", 8)}
+    jobs = [
+        ProblemJob("cheap", "t", (cand("cheap", "a", 8, 1.0),), unplaced_usd=10, rank_usd=1),
+        ProblemJob("urgent", "t", (cand("urgent", "a", 8, 1.0),), unplaced_usd=100, rank_usd=1),
+    ]
+    tenants = {"t": TenantLimit(None, None)}
+    m = _build(jobs, pools, tenants, CFG.cost_scale)
+    got = _lp_round(m, jobs, pools, tenants, CFG)
+    assert got is not None
+    choice, bound_units = got
+    assert choice == {"cheap": None, "urgent": 0}
+    assert objective_usd(jobs, choice) == pytest.approx(_brute_force_usd(jobs, pools, tenants))
+    assert bound_units / CFG.cost_scale <= objective_usd(jobs, choice) + 1e-6
+
+
+def test_the_rounding_keeps_a_running_job_that_cannot_be_packed_where_it_runs() -> None:
+    """Two running jobs both moving 6 devices onto a pool of 12 free devices on nodes of 8 and 4: the
+    relaxation counts devices and moves both, the rounding gives the first the node of 8 and finds no
+    node for the second, which then keeps its allocation (its stay option), never goes unplaced."""
+    pools = {"p": PoolCapacity("p", 12, 1, 8), "q": PoolCapacity("q", 0, 0, 8)}
+    jobs = [
+        ProblemJob(r, "t", (cand(r, "p", 6, 1.0), stay(r, "q", 6, 9.0)), None, current_devices=6)
+        for r in ("r1", "r2")
+    ]
+    tenants = {"t": TenantLimit(None, None)}
+    got = _lp_round(_build(jobs, pools, tenants, CFG.cost_scale), jobs, pools, tenants, CFG)
+    assert got is not None
+    assert got[0] == {"r1": 0, "r2": 1}
+
+
+def test_the_rounding_follows_the_relaxation_and_the_quota_edge_is_allowed() -> None:
+    """An 8-device job (100 $ to leave), a 4-device job (90 $) on one 8-device node, a 2-device job (80 $)
+    elsewhere. The relaxation takes the 4-device job whole and half the 8-device one (bound 52.5 $); the
+    rounding takes options by LP value, so the 4-device and the 2-device jobs, and the 8-device job no
+    longer fits (102 $: above the 92 $ optimum, which the search then finds). With a quota of exactly
+    two jobs and six devices, the two jobs at the edge of both are allowed, and the bound is 102 $."""
+    pools = {"a": cap("a", 8), "b": cap("b", 8)}
+    jobs = [
+        ProblemJob("big", "t", (cand("big", "a", 8, 1.0),), unplaced_usd=100, rank_usd=1),
+        ProblemJob("mid", "t", (cand("mid", "a", 4, 1.0),), unplaced_usd=90, rank_usd=1),
+        ProblemJob("small", "t", (cand("small", "b", 2, 1.0),), unplaced_usd=80, rank_usd=1),
+    ]
+    for limits, bound_usd in (
+        (TenantLimit(None, None), 52.5),
+        (TenantLimit(devices_left=6, jobs_left=2), 102.0),
+    ):
+        tenants = {"t": limits}
+        got = _lp_round(_build(jobs, pools, tenants, CFG.cost_scale), jobs, pools, tenants, CFG)
+        assert got is not None
+        assert got[0] == {"big": None, "mid": 0, "small": 0}, limits
+        assert got[1] / CFG.cost_scale == pytest.approx(bound_usd), limits
+    sol = solve(jobs, pools, {"t": TenantLimit(None, None)}, CFG)
+    assert sol.choice == {"big": 0, "mid": None, "small": 0} and sol.objective_usd == pytest.approx(92.0)
