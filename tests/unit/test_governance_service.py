@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from service_support import Clock, Logged, sqlite_template
 from sqlalchemy import Table, insert, select, text, update
 
 from trainyard.errors import InvalidInputError, LedgerMismatchError, NotFoundError, PermissionDeniedError
@@ -57,40 +58,10 @@ def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("governance") / "template.sqlite"
-    db = Database(f"sqlite:///{path}")
-    db.upgrade()
-    with db.engine.begin() as c:
-        c.execute(
-            insert(TENANTS),
-            [
-                {"id": "t0", "name": "root", "created_at_s": 0.0},
-                {"id": "t1", "name": "acme", "created_at_s": 0.0},
-                {"id": "t2", "name": "beta", "created_at_s": 0.0},
-            ],
-        )
-    db.dispose()
-    return path
-
-
-class Logged:
-    """Stands in for a module's structured logger: the events it was given, with their fields."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def _log(self, level: str, event: str, **fields: Any) -> None:
-        self.records.append({"event": event, **fields, "log_level": level})
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._log("info", event, **fields)
-
-    def exception(self, event: str, **fields: Any) -> None:
-        self._log("error", event, **fields)
-
-    def take(self) -> list[dict[str, Any]]:
-        out, self.records = self.records, []
-        return out
+    return sqlite_template(
+        tmp_path_factory.mktemp("governance") / "template.sqlite",
+        [("t0", "root"), ("t1", "acme"), ("t2", "beta")],
+    )
 
 
 @pytest.fixture
@@ -100,18 +71,10 @@ def logged(monkeypatch: pytest.MonkeyPatch) -> Logged:
     return out
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = MID
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Env:
     def __init__(self, path: Path) -> None:
         self.db = Database(f"sqlite:///{path}")
-        self.clock = Clock()
+        self.clock = Clock(MID)
         self.gov = GovernanceService(self.db, self.clock)
         self.jobs = JobService(self.db, clock=self.clock, with_catalog=False)
         self.gov.jobs = self.jobs

@@ -19,6 +19,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from service_support import Clock, Logged, sqlite_template
 from sqlalchemy import Table, event, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
@@ -74,39 +75,9 @@ def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("jobs") / "template.sqlite"
-    db = Database(f"sqlite:///{path}")
-    db.upgrade()
-    with db.engine.begin() as c:
-        c.execute(
-            insert(TENANTS),
-            [
-                {"id": "t1", "name": "acme", "created_at_s": 0.0},
-                {"id": "t2", "name": "beta", "created_at_s": 0.0},
-            ],
-        )
-    db.dispose()
-    return path
-
-
-class Logged:
-    """Stands in for a module's structured logger: the events it was given, with their fields."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def _log(self, level: str, event: str, **fields: Any) -> None:
-        self.records.append({"event": event, **fields, "log_level": level})
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._log("info", event, **fields)
-
-    def exception(self, event: str, **fields: Any) -> None:
-        self._log("error", event, **fields)
-
-    def take(self) -> list[dict[str, Any]]:
-        out, self.records = self.records, []
-        return out
+    return sqlite_template(
+        tmp_path_factory.mktemp("jobs") / "template.sqlite", [("t1", "acme"), ("t2", "beta")]
+    )
 
 
 @pytest.fixture
@@ -114,14 +85,6 @@ def logged(monkeypatch: pytest.MonkeyPatch) -> Logged:
     out = Logged()
     monkeypatch.setattr(jobs_module, "log", out)
     return out
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = MID
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def option(
@@ -155,7 +118,7 @@ Quote = list[QuoteOption] | Exception | Callable[[JobSpec, list[Pool]], list[Quo
 class Env:
     def __init__(self, path: Path, **kw: Any) -> None:
         self.db = Database(f"sqlite:///{path}")
-        self.clock = Clock()
+        self.clock = Clock(MID)
         self.pools = [pool("cpu")]
         self.quotes: dict[str, Quote] = {}
         self.calls: list[tuple[str, list[str]]] = []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from service_support import Clock, Logged, sqlite_template
 from sqlalchemy import Table, insert, text, update
 
 from trainyard.errors import (
@@ -42,45 +43,13 @@ STORE = "s3://bucket/store"
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tenants") / "template.sqlite"
-    db = Database(f"sqlite:///{path}")
-    db.upgrade()
-    db.dispose()
-    return path
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Logged:
-    """Stands in for a module's structured logger: the events it was given, with their fields."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def _log(self, level: str, event: str, **fields: Any) -> None:
-        self.records.append({"event": event, **fields, "log_level": level})
-
-    def info(self, event: str, **fields: Any) -> None:
-        self._log("info", event, **fields)
-
-    def exception(self, event: str, **fields: Any) -> None:
-        self._log("error", event, **fields)
-
-    def take(self) -> list[dict[str, Any]]:
-        out, self.records = self.records, []
-        return out
+    return sqlite_template(tmp_path_factory.mktemp("tenants") / "template.sqlite")
 
 
 class Env:
     def __init__(self, path: Path, policy: StoragePolicy | None = None) -> None:
         self.db = Database(f"sqlite:///{path}")
-        self.clock = Clock()
+        self.clock = Clock(T0)
         self.svc = TenantService(self.db, self.clock, storage_policy=policy)
 
     def version(self) -> int:
