@@ -63,9 +63,10 @@ prometheus:
 run: $(STAMP) sandbox
 	@$(PY) -m trainyard.demo
 
-# the suite runs in two processes (pytest-xdist), each test file whole in one of them (its
-# module-scoped servers and clusters stay one per file); TEST_WORKERS=0 runs it in this process alone
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs the suite in two processes (pytest-xdist), each test file whole in one of them
+# (its module-scoped servers and clusters stay one per file); the default, 0, runs it in this process
+# alone while the registry gate's latency guardrail still fails beside a second process (docs/testing.md)
+TEST_WORKERS ?= 0
 test: $(STAMP) $(SKY_STAMP) $(OAPI_STAMP) sandbox browser prometheus
 	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
