@@ -201,6 +201,22 @@ def test_a_gang_network_that_cannot_be_made_fails_the_launch(tmp_path: Path) -> 
         made.__enter__()
 
 
+def test_bubblewraps_complaint_is_read_even_when_it_closes_its_info_descriptor_first(tmp_path: Path) -> None:
+    """The info descriptor closes before the process exits: the failure still names bubblewrap's reason."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, time\n"
+        "os.close(int(sys.argv[sys.argv.index('--info-fd') + 1]))\n"
+        "time.sleep(0.5)\n"
+        "sys.stderr.write('bwrap: setting up uid map: Permission denied\\n')\n"
+        "sys.exit(1)\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError, match="setting up uid map: Permission denied"):
+        Sandbox(bwrap=str(fake)).gang_network().__enter__()
+
+
 def test_a_gang_network_lives_while_its_descriptors_are_open() -> None:
     sandbox = Sandbox()
     host = os.readlink("/proc/self/ns/net")

@@ -369,8 +369,19 @@ class Sandbox:
             for fd in fds:
                 os.close(fd)
             err = b""
-            if holder is not None and holder.poll() is not None and holder.stderr is not None:
-                err = holder.stderr.read() or b""
+            if holder is not None and holder.stderr is not None:
+                # bubblewrap's own complaint: its info descriptor can close before the process is
+                # reaped, so wait for it (briefly) and stop it, then read what it wrote without
+                # blocking on a write end a stray child might still hold
+                try:
+                    holder.wait(timeout=min(timeout_s, 2.0))
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(holder.pid, signal.SIGKILL)
+                    holder.wait()
+                os.set_blocking(holder.stderr.fileno(), False)
+                with contextlib.suppress(OSError):
+                    err = holder.stderr.read() or b""
             detail = err.decode(errors="replace").strip()[:300] or str(exc)
             raise SandboxUnavailableError(f"the gang's network namespace cannot be made: {detail}") from None
         finally:
