@@ -11,11 +11,13 @@ import pytest
 
 from hf_models import WORDS, build_tiny_llama, completion_rows
 from trainyard.evaluation.evaluator import (
+    BatchTiming,
     _batches,
     evaluate_pair,
     latency_s_per_token,
     score_model,
     side_by_side,
+    time_to_first_token_s,
 )
 
 
@@ -104,15 +106,37 @@ def test_the_pair_runs_its_batches_in_alternating_turns() -> None:
 def test_latency_is_the_median_batch_so_one_stalled_batch_does_not_move_it() -> None:
     """Four batches of 10 steps at 10 ms a step and one held up 40x by another process: the latency
     the guardrail compares stays 10 ms a step (the total over the total would be 0.1 s)."""
-    steady = [(0.1, 10)] * 4
+
+    def steps(n: int, per_step_s: float) -> BatchTiming:  # a 50 ms first step, then per_step_s each
+        return BatchTiming(
+            took_s=0.05 + (n - 1) * per_step_s, steps=n, first_token_s=0.05, decode_s=(n - 1) * per_step_s
+        )
+
+    steady = [steps(11, 0.01)] * 4
     assert latency_s_per_token(steady) == pytest.approx(0.01)
-    assert latency_s_per_token([*steady, (4.0, 10)]) == pytest.approx(0.01)
+    assert latency_s_per_token([*steady, steps(11, 0.4)]) == pytest.approx(0.01)
     # per step of each batch, not per batch: a batch of 20 steps in 0.2 s is as fast as one of 10 in 0.1
-    assert latency_s_per_token([(0.2, 20), (0.1, 10), (0.9, 30)]) == pytest.approx(0.01)
-    assert latency_s_per_token([(0.1, 10), (0.3, 10)]) == pytest.approx(0.02)  # the middle of two
+    assert latency_s_per_token([steps(21, 0.01), steps(11, 0.01), steps(31, 0.03)]) == pytest.approx(0.01)
+    assert latency_s_per_token([steps(11, 0.01), steps(11, 0.03)]) == pytest.approx(0.02)  # the middle of two
     # a batch that decoded nothing (every budget 0) has no time per step
-    assert latency_s_per_token([(0.5, 0), (0.1, 10)]) == pytest.approx(0.01)
-    assert latency_s_per_token([(0.5, 0)]) is None and latency_s_per_token([]) is None
+    assert latency_s_per_token([BatchTiming(0.5, 0), steps(11, 0.01)]) == pytest.approx(0.01)
+    assert latency_s_per_token([BatchTiming(0.5, 0)]) is None and latency_s_per_token([]) is None
+
+
+def test_latency_leaves_out_the_first_token_so_a_model_that_stops_early_is_not_slower() -> None:
+    """The same 10 ms a step after a first step of 0.3 s (set-up and prompt on a busy machine): a model
+    that stops after 3 steps and one that runs 33 have the same time per output token, where the whole
+    call over its steps would make the first 0.107 s and the second 0.019 s a token."""
+    early = BatchTiming(took_s=0.32, steps=3, first_token_s=0.3, decode_s=0.02)
+    long = BatchTiming(took_s=0.62, steps=33, first_token_s=0.3, decode_s=0.32)
+    assert latency_s_per_token([early]) == pytest.approx(0.01)
+    assert latency_s_per_token([long]) == pytest.approx(0.01)
+    assert time_to_first_token_s([early, long]) == pytest.approx(0.3)
+    # one step has no interval after the first: it counts only when no batch has two
+    one = BatchTiming(took_s=0.3, steps=1, first_token_s=0.3, decode_s=None)
+    assert latency_s_per_token([one, early]) == pytest.approx(0.01)
+    assert latency_s_per_token([one, BatchTiming(0.6, 2)]) == pytest.approx(0.3)  # 0.3 and 0.3 a step
+    assert time_to_first_token_s([BatchTiming(0.5, 0, first_token_s=None)]) is None
 
 
 def test_the_pair_is_scored_side_by_side_with_the_scores_of_each_alone(
@@ -134,4 +158,5 @@ def test_the_pair_is_scored_side_by_side_with_the_scores_of_each_alone(
         assert pair[key]["outputs"] == alone["outputs"]
         assert pair[key]["exact_match"] == alone["exact_match"]
         assert pair[key]["latency_s_per_token"] > 0 and pair[key]["latency_s_per_token_mean"] > 0
+        assert pair[key]["time_to_first_token_s"] > 0
     assert pair["model"]["loss"] != pytest.approx(pair["baseline"]["loss"], abs=1e-3)

@@ -6,7 +6,7 @@ For every row of a JSONL split (formats ``text``, ``completion``, ``chat``) it c
   ``text`` rows) — lower is better; ``perplexity`` is ``exp`` of the split's token-weighted mean loss;
 - for ``completion`` and ``chat`` rows, a greedy generation as long as the reference (in tokens) and
   ``exact_match`` (whitespace-normalised output equals the reference);
-- generation time per generated token (the latency guardrail).
+- generation time per output token after the first, and to the first (the latency guardrail).
 
 Task metrics are plug-ins: ``METRICS[name] = fn(output, reference) -> float`` adds a per-example score.
 """
@@ -18,6 +18,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,7 @@ class _Scorer:
         self.extra: dict[str, list[float]] = {k: [0.0] * n for k in METRICS}
         self.gen_s = 0.0
         self.gen_steps = 0
-        self.gen_batches: list[tuple[float, int]] = []  # (wall seconds, decoding steps) per batch
+        self.gen_batches: list[BatchTiming] = []
         self.gen_tokens = 0
         self.done = 0
         order = sorted(range(n), key=lambda i: (len(self.seqs[i]), len(self.prompts[i])))
@@ -192,6 +193,7 @@ class _Scorer:
                 for j, i in enumerate(chunk):
                     px[j, p_width - len(prompts[i]) :] = torch.tensor(prompts[i])
                     pmask[j, p_width - len(prompts[i]) :] = 1
+                clock = _StepClock()
                 t0 = time.perf_counter()
                 g = self.model.generate(
                     px,
@@ -199,11 +201,19 @@ class _Scorer:
                     max_new_tokens=max(self.budgets[i] for i in chunk),
                     do_sample=False,
                     pad_token_id=pad_id,
+                    streamer=clock,
                 )
                 took_s, steps = time.perf_counter() - t0, int(g.shape[1] - p_width)
                 self.gen_s += took_s
                 self.gen_steps += steps
-                self.gen_batches.append((took_s, steps))
+                self.gen_batches.append(
+                    BatchTiming(
+                        took_s=took_s,
+                        steps=steps,
+                        first_token_s=clock.times[0] - t0 if clock.times else None,
+                        decode_s=clock.times[-1] - clock.times[0] if len(clock.times) >= 2 else None,
+                    )
+                )
                 for j, i in enumerate(chunk):
                     new = g[j, p_width : p_width + self.budgets[i]].tolist()
                     for pos, t in enumerate(new):
@@ -230,6 +240,7 @@ class _Scorer:
             "generated_tokens": self.gen_tokens,
             "latency_s_per_token": latency_s_per_token(self.gen_batches),
             "latency_s_per_token_mean": self.gen_s / self.gen_steps if self.gen_steps else None,
+            "time_to_first_token_s": time_to_first_token_s(self.gen_batches),
             "batch_size": self.size,
         }
         if self.gen:
@@ -239,13 +250,59 @@ class _Scorer:
         return doc
 
 
-def latency_s_per_token(batches: list[tuple[float, int]]) -> float | None:
-    """The median over batches of each batch's generation wall time per decoding step (``None``
-    without a batch that decoded). A median, not the total over the total: on a shared machine one
-    batch held up by another process (a stall of 4x on a CPU busy elsewhere) would otherwise move
-    the latency the guardrail compares by a quarter of that stall with four batches."""
-    per_step = [took_s / steps for took_s, steps in batches if steps > 0]
+@dataclass(frozen=True)
+class BatchTiming:
+    """When one batch's generation spent its time: ``took_s`` for the whole ``generate`` call (set-up
+    and the prompt's forward pass included) over ``steps`` decoding steps; ``first_token_s`` from the
+    call to the first step's tokens; ``decode_s`` from the first step's tokens to the last's (``None``
+    with fewer than two steps)."""
+
+    took_s: float
+    steps: int
+    first_token_s: float | None = None
+    decode_s: float | None = None
+
+
+class _StepClock:
+    """A ``generate`` streamer that notes when each decoding step's tokens arrive (the first ``put``
+    is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if self._prompt_seen:
+            self.times.append(time.perf_counter())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        return None
+
+
+def latency_s_per_token(batches: list[BatchTiming]) -> float | None:
+    """The time per output token after the first: the median over batches of a batch's time from its
+    first step's tokens to its last's over the steps in between (``None`` without a batch that
+    decoded). Batches of a single step have no such interval; only when no batch has two steps is it
+    a batch's whole time per step.
+
+    The first token is left out because it carries the call's fixed set-up and the prompt's forward
+    pass: spread over the steps, it made a model that stops early (a fine-tune that answers in a
+    few tokens and ends) look several times slower per token than its base that runs to the budget
+    when a busy machine slowed that fixed part. A median, not the total over the total: on a shared
+    machine one batch held up by another process would otherwise move the latency the guardrail
+    compares."""
+    decode = [b.decode_s / (b.steps - 1) for b in batches if b.decode_s is not None and b.steps >= 2]
+    if decode:
+        return statistics.median(decode)
+    per_step = [b.took_s / b.steps for b in batches if b.steps > 0]
     return statistics.median(per_step) if per_step else None
+
+
+def time_to_first_token_s(batches: list[BatchTiming]) -> float | None:
+    """The median over batches of the time from the ``generate`` call to the first step's tokens."""
+    first = [b.first_token_s for b in batches if b.first_token_s is not None and b.steps > 0]
+    return statistics.median(first) if first else None
 
 
 def score_model(
@@ -269,10 +326,10 @@ def score_model(
     an attention mask (``generate`` derives the positions from it), runs to the longest budget in the
     batch and cuts each output to its own budget and first end-of-sequence token, as a row generated
     alone would stop. Scores agree with ``batch_size=1`` to float rounding (checked by the unit tests).
-    ``latency_s_per_token`` is the median over batches of a batch's generation wall time over its
-    decoding steps: the time per token that each sequence of a batch waits
-    (:func:`latency_s_per_token`); ``latency_s_per_token_mean`` is the total time over the total
-    steps."""
+    ``latency_s_per_token`` is the median over batches of the time per output token after the first
+    (:func:`latency_s_per_token`): the time per token that each sequence of a batch waits once it
+    is generating; ``time_to_first_token_s`` the median time to a batch's first tokens;
+    ``latency_s_per_token_mean`` the total time over the total steps."""
     scorer = _Scorer(
         model_dir,
         rows,
