@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -175,6 +175,13 @@ def _group_key(row: CalibrationRow) -> str:
     return row.group
 
 
+# Candidate widths of the per-accelerator fits' prior, as multiples of the group fit's own widths. Which
+# one a calibration uses is chosen by cross-validation over models inside the rows it is fitted on
+# (:func:`choose_accelerator_prior_scale`), never by the rows it will be scored on.
+ACCELERATOR_PRIOR_SCALES = (1.0, 2.0, 4.0)
+PRIOR_SCALE_FOLDS = 4
+
+
 def fit_calibration(
     rows: Iterable[CalibrationRow],
     *,
@@ -182,13 +189,22 @@ def fit_calibration(
     min_rows_accelerator: int = MIN_ROWS_ACCELERATOR,
     version: str = "fitted",
     prepared: dict[int, _Prepared] | None = None,
+    accelerator_prior_scale: float | None = 1.0,
 ) -> Calibration:
-    """Fit parameters per (family, stack, precision) group, then per accelerator with enough rows."""
+    """Fit parameters per (family, stack, precision) group, then per accelerator with enough rows.
+
+    ``accelerator_prior_scale`` widens the per-accelerator fits' prior around their group's values
+    (1.0: the group fit's own widths); ``None`` chooses it from :data:`ACCELERATOR_PRIOR_SCALES` by
+    cross-validation over the models of ``rows`` (:func:`choose_accelerator_prior_scale`)."""
     rows = list(rows)
     prep = prepared if prepared is not None else {}
     for r in rows:
         if r.index not in prep:
             prep[r.index] = prepare_row(r)
+    if accelerator_prior_scale is None:
+        accelerator_prior_scale, _ = choose_accelerator_prior_scale(
+            rows, prepared=prep, base=base, min_rows_accelerator=min_rows_accelerator
+        )
     moe_rows = [r for r in rows if r.is_moe]
     rows = [r for r in rows if not r.is_moe]
     by_group: dict[str, list[CalibrationRow]] = defaultdict(list)
@@ -225,10 +241,64 @@ def fit_calibration(
                         params[g],
                         ("mm_max", "attn_ratio", "layer_overhead_s"),
                         key=f"{g}/{acc}",
-                        prior_scale=1.0,
+                        prior_scale=accelerator_prior_scale,
                     )
     cal = Calibration(params=params, version=version)
     return _fit_moe(cal, moe_rows, prep)
+
+
+def model_folds(rows: Iterable[CalibrationRow], folds: int) -> list[set[str]]:
+    """The models of ``rows`` dealt into ``folds`` folds in sorted order (model ``i`` to fold ``i % folds``):
+    every row of a model is in one fold, and the folds do not depend on the rows' order."""
+    models = sorted({r.model_key for r in rows})
+    k = max(1, min(folds, len(models)))
+    return [set(models[i::k]) for i in range(k)]
+
+
+def choose_accelerator_prior_scale(
+    rows: Sequence[CalibrationRow],
+    *,
+    prepared: dict[int, _Prepared] | None = None,
+    scales: Sequence[float] = ACCELERATOR_PRIOR_SCALES,
+    folds: int = PRIOR_SCALE_FOLDS,
+    base: Calibration | None = None,
+    min_rows_accelerator: int = MIN_ROWS_ACCELERATOR,
+) -> tuple[float, dict[float, float]]:
+    """The per-accelerator prior width with the lowest median absolute error held out by model: for
+    each fold of :func:`model_folds`, fit on the other folds' rows at every width of ``scales`` and
+    predict the fold's rows. Returns (the width, the median error of each width); a tie goes to the
+    narrower width, and with fewer than two models there is nothing to hold out and the first width is
+    returned with no errors."""
+    rows = list(rows)
+    prep = prepared if prepared is not None else {r.index: prepare_row(r) for r in rows}
+    parts = model_folds(rows, folds)
+    if len(parts) < 2:
+        return float(scales[0]), {}
+    errors: dict[float, list[float]] = {float(s): [] for s in scales}
+    for held in parts:
+        train = [r for r in rows if r.model_key not in held]
+        test = [r for r in rows if r.model_key in held]
+        for s in errors:
+            cal = fit_calibration(
+                train,
+                base=base,
+                min_rows_accelerator=min_rows_accelerator,
+                prepared=prep,
+                accelerator_prior_scale=s,
+            )
+            errors[s].extend(abs(predict_row(cal, r, prep)[0] / r.measured_step_time_s - 1.0) for r in test)
+    score = {s: float(np.median(e)) for s, e in errors.items()}
+    best = min(score, key=lambda s: (score[s], s))
+    return best, score
+
+
+def predict_row(cal: Calibration, r: CalibrationRow, prep: dict[int, _Prepared]) -> tuple[float, str, str]:
+    """A row's step time under ``cal`` with its published plan: (seconds, parameter key, source), the
+    source ``fallback`` where the lookup fell back to a broader key."""
+    acc = get_accelerator(r.accelerator)
+    dtype = compute_dtype(r.spec.workload.precision)
+    p, note = cal.lookup(acc.family, stack_of(acc, r.stack), dtype, acc.name)
+    return prep[r.index].time(p), p.key, "fallback" if note else "exact"
 
 
 MOE_EFF_SIGMA = 0.5  # log-space prior width of the MoE term around 1 (no MoE penalty)
@@ -276,6 +346,7 @@ class HeldOut:
     predicted_s: float
     key: str
     source: str
+    accelerator_prior_scale: float = 1.0  # the per-accelerator prior width of the fit that scored it
 
     @property
     def ape(self) -> float:
@@ -286,21 +357,34 @@ class HeldOut:
         return math.log(self.row.measured_step_time_s / self.predicted_s)
 
 
-def leave_one_model_out(rows: Sequence[CalibrationRow]) -> list[HeldOut]:
+def leave_one_model_out(
+    rows: Sequence[CalibrationRow],
+    *,
+    accelerator_prior_scale: float | None = None,
+    scales: Sequence[float] = ACCELERATOR_PRIOR_SCALES,
+    folds: int = PRIOR_SCALE_FOLDS,
+    progress: Callable[[str], None] | None = None,
+) -> list[HeldOut]:
     """Refit without each model and predict its rows (no row is scored by parameters tuned on it). A model
-    is an architecture: rows of one model published under two names are held out together."""
+    is an architecture: rows of one model published under two names are held out together.
+
+    With ``accelerator_prior_scale=None`` (the default) each refit chooses its per-accelerator prior
+    width from ``scales`` by cross-validation over its own training models in ``folds`` folds (nested:
+    the held-out model takes no part in the choice); a number fixes the width for every refit."""
     prep = {r.index: prepare_row(r) for r in rows}
     out: list[HeldOut] = []
     for model in sorted({r.model_key for r in rows}):
         train = [r for r in rows if r.model_key != model]
-        cal = fit_calibration(train, prepared=prep, version=f"lomo-{model}")
+        scale = accelerator_prior_scale
+        if scale is None:
+            scale, _ = choose_accelerator_prior_scale(train, prepared=prep, scales=scales, folds=folds)
+        cal = fit_calibration(train, prepared=prep, version=f"lomo-{model}", accelerator_prior_scale=scale)
         for r in rows:
-            if r.model_key != model:
-                continue
-            acc = get_accelerator(r.accelerator)
-            dtype = compute_dtype(r.spec.workload.precision)
-            p, note = cal.lookup(acc.family, stack_of(acc, r.stack), dtype, acc.name)
-            out.append(HeldOut(r, prep[r.index].time(p), p.key, "fallback" if note else "exact"))
+            if r.model_key == model:
+                predicted_s, key, source = predict_row(cal, r, prep)
+                out.append(HeldOut(r, predicted_s, key, source, accelerator_prior_scale=scale))
+        if progress is not None:
+            progress(model)
     return out
 
 
