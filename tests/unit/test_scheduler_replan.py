@@ -330,3 +330,108 @@ def test_a_spot_job_behind_its_deadline_may_stay_only_as_a_last_resort() -> None
     stay_usd = price_option(s, spot, 1, 0.2, cache).expected_cost_usd
     assert stay.expected_cost_usd == stay_usd
     assert stay.objective_usd == stay_usd + 10.0 * (stay_usd + 1.0) + 1e4
+
+
+def test_a_move_across_families_prices_the_target_pools_restart_and_recompile() -> None:
+    from trainyard.schedule.candidates import price_option, to_candidate
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec()
+    dear, tpu = pool("dear", "a100-80gb", 4.0, available=3), pool("tpu", "tpu-v4", 0.5)
+    by_name = {p.name: p for p in (dear, tpu)}
+    cache = CandidateCache()
+    pj = _running_problem(running(s, "dear", progress=0.25), by_name, [dear, tpu], 7200.0, CFG, cache, {})
+    assert pj is not None
+    (move,) = [o for o in pj.options if not o.is_stay]
+    stay_q, there = price_option(s, dear, 1, 0.25, cache), price_option(s, tpu, 1, 0.25, cache)
+    # the move to the TPU restarts and compiles there: its own times, not the A100's
+    assert there.compile_s > 0 and there.restart_s != stay_q.restart_s
+    (to,) = candidates_for(job_id="r", tenant="t", spec=s, pools=[tpu], now_s=7200.0, deadline_abs_s=None,
+                           config=CFG, cache=cache, elapsed_fraction=0.25)  # fmt: skip
+    stay = to_candidate(job_id="r", tenant="t", spec=s, pool=dear, option=stay_q, now_s=7200.0,
+                        deadline_abs_s=None, config=CFG)  # fmt: skip
+    mc = migration_cost(s, from_accelerator="a100-80gb", from_devices=1,
+                        from_price_usd_per_hour=stay.price_usd_per_hour, to=to, restart_s=there.restart_s,
+                        compile_s=there.compile_s, config=CFG)  # fmt: skip
+    assert mc.cross_family and mc.parts["recompile"] == there.compile_s
+    assert move.migration_cost_usd == mc.usd and move.expected_cost_usd == to.expected_cost_usd + mc.usd
+
+
+def test_a_running_job_that_minimises_time_weighs_its_hours_in_every_move() -> None:
+    from trainyard.schedule.round import _running_problem
+
+    fast = long_spec("f", objective={"minimize": "time"})
+    dear, cheap = pool("dear", "a100-80gb", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)
+    by_name = {p.name: p for p in (dear, cheap)}
+    pj = _running_problem(running(fast, "dear", progress=0.25), by_name, [dear, cheap], 7200.0, CFG,
+                          CandidateCache(), {})  # fmt: skip
+    assert pj is not None
+    (move,) = [o for o in pj.options if not o.is_stay]
+    hysteresis = move.migration_cost_usd * CFG.migration_margin + CFG.migration_min_savings_usd
+    assert move.objective_usd == pytest.approx(
+        move.expected_cost_usd + CFG.time_value_usd_per_hour * move.expected_hours + hysteresis, rel=1e-12
+    )
+
+
+def test_a_spot_job_without_a_deadline_does_not_price_full_pools() -> None:
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec()
+    spot, cheap = pool("spot", "a100-80gb", 4.0, market="spot", available=3), pool("cheap", "a100-80gb", 1.0)
+    full = pool("full", "a100-80gb", 0.5, available=0)
+    pools = [spot, cheap, full]
+    cache = CandidateCache()
+    pj = _running_problem(running(s, "spot", market="spot", progress=0.25), {p.name: p for p in pools}, pools,
+                          7200.0, CFG, cache, {})  # fmt: skip
+    assert pj is not None
+    assert not any(k[1] == cache.pool_key(full) for k in cache.options)
+
+
+def test_a_spot_job_ahead_of_the_line_but_short_of_slack_moves_to_on_demand() -> None:
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec("d", objective={"deadline": "6h"})
+    spot = pool("spot", "a100-80gb", 0.7, market="spot", available=3)
+    spot2 = pool("spot2", "a100-80gb", 0.3, market="spot", interruption_rate_per_hour=0.5)
+    od = pool("od", "a100-80gb", 2.5)
+    pools = [spot, spot2, od]
+    ahead = running(s, "spot", market="spot", progress=0.55, placed_s=0.0)
+    now = 3 * 3600.0
+    forced: dict[str, str] = {}
+    pj = _running_problem(ahead, {p.name: p for p in pools}, pools, now, CFG, CandidateCache(), forced)
+    (od_c,) = candidates_for(job_id="d", tenant="t", spec=s, pools=[od], now_s=now,
+                             deadline_abs_s=ahead.deadline_abs_s, config=CFG, cache=CandidateCache(),
+                             elapsed_fraction=0.55)  # fmt: skip
+    check = uniform_progress(ahead, now, od_c.expected_hours_p90 * 3600.0, CFG)
+    assert check.behind and check.reason.startswith("deadline slack on on-demand is ")
+    assert forced == {"d": check.reason}
+    assert pj is not None and [o.pool for o in pj.options if not o.is_stay] == ["od"]
+
+
+def test_every_running_job_that_moves_is_placed_after_one_that_stays() -> None:
+    # one free device on the cheap pool: the job with more work left takes it, the other stays
+    dear, cheap = pool("dear", "a100-80gb", 4.0, available=0), pool("cheap", "a100-80gb", 1.0, nodes=1)
+    rs = [running(long_spec("r1"), "dear", progress=0.6), running(long_spec("r2"), "dear", progress=0.1)]
+    r = schedule_round([], [dear, cheap], rs, now_s=7200.0, config=CFG)
+    assert [(p.job_id, p.pool) for p in r.placements] == [("r2", "cheap")]
+    assert r.kept == ("r1",)
+
+
+def test_a_move_to_another_accelerator_recompiles_for_the_time_the_target_quotes() -> None:
+    from trainyard.schedule.candidates import price_option
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec()
+    dear, h100 = pool("dear", "a100-80gb", 4.0, available=3), pool("h100", "h100", 1.0)
+    cache = CandidateCache()
+    pj = _running_problem(running(s, "dear", progress=0.25), {"dear": dear, "h100": h100}, [dear, h100],
+                          7200.0, CFG, cache, {})  # fmt: skip
+    assert pj is not None
+    (move,) = [o for o in pj.options if not o.is_stay]
+    there = price_option(s, h100, 1, 0.25, cache)
+    (to,) = candidates_for(job_id="r", tenant="t", spec=s, pools=[h100], now_s=7200.0, deadline_abs_s=None,
+                           config=CFG, cache=cache, elapsed_fraction=0.25)  # fmt: skip
+    mc = migration_cost(s, from_accelerator="a100-80gb", from_devices=1, from_price_usd_per_hour=4.0, to=to,
+                        restart_s=there.restart_s, compile_s=there.compile_s, config=CFG)  # fmt: skip
+    assert mc.parts["recompile"] == there.compile_s
+    assert move.migration_cost_usd == mc.usd

@@ -739,7 +739,13 @@ def test_free_room_decides_which_gangs_and_shares_fit_now() -> None:
     (p,) = schedule_round([job(gang)], [exact], config=CFG).placements  # two free nodes, two needed
     assert (p.pool, p.devices, p.nodes) == ("h", 16, 2)
     short = exact.model_copy(update={"available_devices": 15})
-    assert not schedule_round([job(gang)], [short], config=CFG).placements
+    r = schedule_round([job(gang)], [short], config=CFG)
+    assert not r.placements
+    # one whole node free (15 devices): the gang does not fit now, and is told so
+    assert r.unplaced[0].reason.startswith(
+        "no capacity now: needs 2 whole 8-device nodes; the only pool that can run it, h, has 15 of 32 "
+        "devices"
+    )
     one = spec("one", resources={"min_devices": 2, "max_devices": 2})
     partly = pool("a", "a100-80gb", 2.0, per_node=8, nodes=1, available=5)  # no whole node, 5 devices free
     (p,) = schedule_round([job(one)], [partly], config=CFG).placements
@@ -833,3 +839,145 @@ def test_a_deadline_job_is_reconsidered_as_its_deadline_nears_on_one_cache() -> 
     r = schedule_round([job(spec("any")), job(cuda)], [tpu, *pools], config=CFG, cache=cache)
     where = {p.job_id: p.pool for p in r.placements}
     assert where["cuda"] != "tpu" and where["any"] == "tpu"
+
+
+def test_hours_read_to_the_tenth() -> None:
+    # 10.05 h (36,190 s) reads as 10.1 h, 10.049 h as 10.0 h
+    assert _fmt_dur(36190.0) == "10.1 h"
+    free = {"a": pool("a", "a100-80gb", 1.0, per_node=8)}
+    long = _c("a", 1, cost=20.0, hours=10.049)
+    assert _placement_reason(long, [long], [long], [long], free) == (
+        "1 × a100-80gb on_demand on a: $20.00, ~10.0 h — the only feasible option"
+    )
+
+
+def test_a_placement_names_the_cheaper_option_that_is_full_and_why() -> None:
+    # the cheaper option is a gang of 8 that the pool's 5 free devices cannot hold, though one device fits
+    pools_ = {"a": pool("a", "a100-80gb", 1.0, per_node=8, nodes=1, available=5),
+              "b": pool("b", "a100-80gb", 1.0, per_node=8)}  # fmt: skip
+    gang = _c("a", 8, cost=5.0)
+    one = _c("a", 1, cost=9.0)
+    chosen = _c("b", 1, cost=10.0)
+    assert _placement_reason(chosen, [one, chosen], [gang, one, chosen], [gang, one, chosen], pools_) == (
+        "1 × a100-80gb on_demand on b: $10.00, ~2.0 h — cheaper 8 × a100-80gb on_demand on a is full "
+        "(needs 8 × a100-80gb in one node on a; 5 available); next: 8 × a $5.00, 1 × a $9.00"
+    )
+
+
+def test_group_and_quota_limits_hold_a_job_back_only_once_reached() -> None:
+    fit = [_c("a", 1, cost=2.5), _c("b", 1, cost=1.5)]
+    member = _pj(group="g")
+    # nothing fits now: the capacity reason says why, even when the group's starts are used up
+    assert _group_reason(member, [], {"g": ("a", 2, 0)}, {"g": JobGroup(max_starts=2)}) is None
+    # a budget of exactly the cheapest option, with no member started this round, still starts it
+    assert _group_reason(member, fit, {}, {"g": JobGroup(budget_usd=1.5)}) is None
+    pools_ = {n: pool(n, "a100-80gb", 1.0, available=0) for n in ("a", "b", "c")}
+    later = "cheapest feasible later: 1 × a100-80gb on_demand on a at $10.00"
+    three = [_c("a", 1), _c("b", 1), _c("c", 1)]
+    assert _unplaced_reason(_pj(), three, [], {}, pools_, {}).endswith(
+        "needs 1 × a100-80gb in one node on b; 0 available (and 1 more pools); " + later
+    )
+    # a tenant that took nothing this round has its whole quota: exactly the smallest option's devices, or
+    # one job left, is room enough
+    fits = [_c("a", 2, objective=99.0)]
+    for quota in (TenantLimit(devices_left=2, jobs_left=None), TenantLimit(devices_left=None, jobs_left=1)):
+        assert _unplaced_reason(_pj(fits), fits, fits, {}, pools_, {"t": quota}).startswith(
+            "the pools that fit it now (a) are taken"
+        ), quota
+    # a job whose wait costs nothing: any option available now costs more than waiting
+    free = [_c("a", 1, objective=0.5)]
+    assert _unplaced_reason(_pj(free, unplaced=0.0), free, free, {}, pools_, {}).startswith(
+        "waiting is cheaper: best option available now is 1 × a100-80gb on_demand on a at $10.00"
+    )
+
+
+def test_a_placement_carries_its_option_and_the_solvers_bound() -> None:
+    s = spec("j", measured={"step_time_s": {"a100-80gb": 1.0}}, objective={"markets": ["on_demand"]})
+    pools = [pool("a", "a100-80gb", 1.0), pool("b", "a100-80gb", 1.5), pool("c", "a100-80gb", 2.0)]
+    r = schedule_round([job(s, tenant="team")], pools, config=CFG)
+    (p,) = r.placements
+    by_cost = {a.pool: a for a in p.alternatives}
+    assert (p.job_id, p.tenant, p.pool, p.accelerator, p.devices, p.market) == (
+        "j", "team", "a", "a100-80gb", 1, "on_demand"
+    )  # fmt: skip
+    assert p.expected_hours > 0 and p.expected_hours == pytest.approx(by_cost["b"].expected_hours)
+    assert p.reason.startswith("1 × a100-80gb on_demand on a: ")
+    assert " — cheapest of 3 feasible options; next: 1 × b " in p.reason
+    assert r.lower_bound_usd is not None and r.lower_bound_usd <= r.objective_usd + 1e-6
+
+
+def test_the_greedy_seed_keeps_a_second_option_for_the_job_that_loses_the_first() -> None:
+    # one option per job in the model: both jobs' cheapest is the single free device of "one"; the greedy
+    # seed over the wider list gives the lower-priority job the dearer pool, so it starts there this round
+    m = {"step_time_s": {"a100-80gb": 1.0}}
+    pools = [pool("one", "a100-80gb", 1.0, nodes=1), pool("dear", "a100-80gb", 1.1)]
+    cfg = replace(CFG, max_options_per_job=1)
+    lo = job(spec("lo", measured=m, workload={"steps": 20000}), priority=0)
+    hi = job(spec("hi", measured=m, workload={"steps": 20000}), priority=3)
+    r = schedule_round([lo, hi], pools, config=cfg)
+    assert [(p.job_id, p.pool) for p in r.placements] == [("lo", "dear"), ("hi", "one")]
+    assert not r.unplaced
+    assert " — cheaper options taken by higher-value jobs this round" in r.placements[0].reason
+
+
+def test_a_late_jobs_reason_is_its_placement_and_then_the_miss() -> None:
+    s = spec("dl2", measured={"step_time_s": {"a100-80gb": 4.0}}, objective={"deadline": "3h"})
+    (p,) = schedule_round([job(s, submit_s=0.0)], [pool("a100", "a100-80gb", 3.0)], now_s=3600.0,
+                          config=CFG).placements  # fmt: skip
+    assert p.reason.startswith("1 × a100-80gb on_demand on a100: $")
+    assert " — the only feasible option; misses its deadline: " in p.reason
+
+
+def test_the_rounds_clock_defaults_to_zero() -> None:
+    import trainyard.schedule.round as rnd
+
+    s = spec("j", workload={"steps": 20000}, measured={"step_time_s": {"a100-80gb": 1.0}})
+    full = [pool("a", "a100-80gb", 1.0, available=0)]  # the job waits: its waiting cost is the objective
+    queued = [job(s, submit_s=-7200.0)]
+    at_zero = rnd.schedule_round(queued, full, now_s=0.0, config=CFG)
+    assert rnd.schedule_round(queued, full, config=CFG).objective_usd == at_zero.objective_usd
+    assert rnd.schedule_round(queued, full, now_s=1.0, config=CFG).objective_usd != at_zero.objective_usd
+
+
+def test_a_deadline_or_pinned_job_is_explained_with_its_own_options() -> None:
+    m = {"step_time_s": {"a100-80gb": 1.0, "h100": 0.5}}
+    pools = [pool("a100", "a100-80gb", 2.0), pool("h100", "h100", 4.0)]
+    # pinned to h100 with a deadline it meets: the other pool is neither counted nor named
+    on_time = QueuedJob("m1", "t", spec("m1", measured=m, objective={"deadline": "24h"}), 0.0, group="g")
+    (p,) = schedule_round([on_time], pools, config=CFG, groups={"g": JobGroup(pool="h100")}).placements
+    assert p.pool == "h100" and all(a.pool == "h100" for a in p.alternatives)
+    assert "a100" not in p.reason
+    # deadline jobs held back by their tenant's job quota are told so (they do fit now)
+    cfg = replace(CFG, quotas={"team": TenantQuota(max_jobs=1)})
+    jobs = [job(spec(f"d{i}", measured=m, objective={"deadline": "24h"}), tenant="team") for i in range(2)]
+    r = schedule_round(jobs, pools, config=cfg)
+    assert len(r.placements) == 1
+    (u,) = r.unplaced
+    assert u.reason.startswith("tenant team is at its concurrent-job quota; ")
+
+
+def test_kept_jobs_come_in_the_order_of_the_running_jobs() -> None:
+    from test_scheduler_replan import long_spec, running
+
+    dear = pool("dear", "a100-80gb", 4.0, available=0)
+    only = pool("only", "a100-80gb", 1.0, nodes=1)
+    only_a100 = spec("q", requirements={"allow": ["a100-80gb"]}, workload={"steps": 20000},
+                     measured={"step_time_s": {"a100-80gb": 1.0}})  # fmt: skip
+    urgent = QueuedJob("q", "t", only_a100, 0.0, priority=6)
+    # "z" could move to "only" but the urgent job takes it; "a" runs on a pool outside the round
+    rs = [running(long_spec("z"), "dear"), running(long_spec("a"), "gone")]
+    r = schedule_round([urgent], [dear, only], rs, now_s=7200.0, config=CFG)
+    assert [(p.job_id, p.pool) for p in r.placements] == [("q", "only")]
+    assert r.kept == ("z", "a")
+
+
+def test_a_requeued_job_is_priced_for_the_work_it_has_left() -> None:
+    from trainyard.schedule.candidates import price_option
+
+    s = spec("half", workload={"steps": 20000}, measured={"step_time_s": {"a100-80gb": 1.0}})
+    a100 = pool("a100", "a100-80gb", 2.0)
+    half = QueuedJob("half", "t", s, 0.0, progress_fraction=0.5)
+    (p,) = schedule_round([half], [a100], config=CFG).placements
+    left = price_option(s, a100, 1, 0.5, CandidateCache())
+    assert p.expected_cost_usd == left.expected_cost_usd
+    assert p.expected_cost_usd < price_option(s, a100, 1, 0.0, CandidateCache()).expected_cost_usd
