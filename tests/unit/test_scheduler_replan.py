@@ -393,8 +393,9 @@ def test_a_spot_job_ahead_of_the_line_but_short_of_slack_moves_to_on_demand() ->
     s = long_spec("d", objective={"deadline": "6h"})
     spot = pool("spot", "a100-80gb", 0.7, market="spot", available=3)
     spot2 = pool("spot2", "a100-80gb", 0.3, market="spot", interruption_rate_per_hour=0.5)
+    fast_spot = pool("spot-h100", "h100", 2.0, market="spot")  # faster, but spot: not the deadline's time
     od = pool("od", "a100-80gb", 2.5)
-    pools = [spot, spot2, od]
+    pools = [spot, spot2, fast_spot, od]
     ahead = running(s, "spot", market="spot", progress=0.55, placed_s=0.0)
     now = 3 * 3600.0
     forced: dict[str, str] = {}
@@ -435,3 +436,23 @@ def test_a_move_to_another_accelerator_recompiles_for_the_time_the_target_quotes
                         restart_s=there.restart_s, compile_s=there.compile_s, config=CFG)  # fmt: skip
     assert mc.parts["recompile"] == there.compile_s
     assert move.migration_cost_usd == mc.usd
+
+
+def test_a_spot_job_with_no_on_demand_pool_is_checked_on_the_progress_line_alone() -> None:
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec("d", objective={"deadline": "12h"})
+    spot, spot2 = (
+        pool("spot", "a100-80gb", 0.7, market="spot"),
+        pool("spot2", "a100-80gb", 0.3, market="spot"),
+    )
+    pools = [spot, spot2]
+    now = 6 * 3600.0
+    forced: dict[str, str] = {}
+    behind = running(s, "spot", market="spot", progress=0.2, placed_s=0.0)
+    assert (
+        _running_problem(behind, {p.name: p for p in pools}, pools, now, CFG, CandidateCache(), forced)
+        is None
+    )
+    assert forced == {"d": uniform_progress(behind, now, None, CFG).reason}
+    assert forced["d"].startswith("behind uniform progress: 20% done")

@@ -981,3 +981,22 @@ def test_a_requeued_job_is_priced_for_the_work_it_has_left() -> None:
     left = price_option(s, a100, 1, 0.5, CandidateCache())
     assert p.expected_cost_usd == left.expected_cost_usd
     assert p.expected_cost_usd < price_option(s, a100, 1, 0.0, CandidateCache()).expected_cost_usd
+
+
+def test_a_price_move_reprices_a_requeued_job_for_its_work_left_and_time_value() -> None:
+    from trainyard.schedule.candidates import price_option
+
+    s = spec("half", workload={"steps": 20000}, measured={"step_time_s": {"a100-80gb": 1.0}},
+             objective={"minimize": "time"})  # fmt: skip
+    half = QueuedJob("half", "t", s, 0.0, progress_fraction=0.5)
+    pools = [pool(n, "a100-80gb", price) for n, price in (("a", 2.0), ("b", 2.2), ("c", 2.4), ("d", 2.6))]
+    cfg = replace(CFG, time_value_usd_per_hour=10.0)
+    cache = CandidateCache()
+    assert schedule_round([half], pools, config=cfg, cache=cache).placements[0].pool == "a"
+    # one price of four moves: only that pool is priced again, for the half left and at this time value
+    pools[2] = pools[2].model_copy(update={"price_usd_per_device_hour": 1.0})
+    r = schedule_round([half], pools, config=cfg, cache=cache)
+    (p,) = r.placements
+    left = price_option(s, pools[2], 1, 0.5, CandidateCache())
+    assert (p.pool, p.expected_cost_usd) == ("c", left.expected_cost_usd)
+    assert r.objective_usd == pytest.approx(left.expected_cost_usd + 10.0 * left.expected_hours, rel=1e-9)
