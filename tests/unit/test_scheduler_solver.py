@@ -529,3 +529,269 @@ def test_the_rounding_follows_the_relaxation_and_the_quota_edge_is_allowed() -> 
         assert got[1] / CFG.cost_scale == pytest.approx(bound_usd), limits
     sol = solve(jobs, pools, {"t": TenantLimit(None, None)}, CFG)
     assert sol.choice == {"big": 0, "mid": None, "small": 0} and sol.objective_usd == pytest.approx(92.0)
+
+
+# --- when the search runs, and what the round reports when it does not ---------------------------------
+
+
+def test_an_empty_round_spends_no_search_time() -> None:
+    assert solve([], {}, {}, CFG).wall_time_s == 0.0
+    assert solve([ProblemJob("a", "t", (), 7.5)], {}, {}, CFG).wall_time_s == 0.0
+
+
+def test_a_round_with_no_feasible_answer_keeps_the_greedy_one_and_proves_nothing() -> None:
+    """A running job without a stay option whose only move does not fit: the relaxation is infeasible
+    (it must take exactly one option), so is the search; the greedy answer stands and no bound is known."""
+    pools = {"p": PoolCapacity("p", 0, 0, 8), "q": cap("q", 8)}
+    jobs = [
+        ProblemJob("r", "t", (cand("r", "p", 4, 1.0),), None, current_devices=4),
+        ProblemJob("w", "t", (cand("w", "q", 2, 3.0),), 50.0),
+    ]
+    sol = solve(jobs, pools, {}, CFG)
+    assert sol.choice == {"r": None, "w": 0} == greedy(jobs, pools, {})
+    assert sol.objective_usd == 3.0 and sol.status == "greedy"
+    assert sol.lower_bound_usd is None
+
+
+def test_a_rounding_better_than_the_greedy_pass_by_cents_is_taken_without_a_search() -> None:
+    """The conflict of ``_conflict`` at a smaller scale: the greedy pass moves the running job ($1.00) and
+    leaves the queued one out ($1.50), $2.50 in all; the rounding keeps it ($1.40) and places the queued one
+    ($1.00), $2.40, which its bound proves: the rounding's answer is reported, no search is run."""
+    pools = {"p": PoolCapacity("p", 4, 0, 8), "home": PoolCapacity("home", 0, 0, 8)}
+    run = ProblemJob("r", "t", (cand("r", "p", 4, 1.0), stay("r", "home", 4, 1.4)), None, current_devices=4)
+    jobs = [run, ProblemJob("q", "t", (cand("q", "p", 4, 1.0),), 1.5)]
+    assert greedy(jobs, pools, {}) == {"r": 0, "q": None}
+    sol = solve(jobs, pools, {}, CFG)
+    assert sol.choice == {"r": 1, "q": 0}
+    assert sol.objective_usd == pytest.approx(2.4) and sol.greedy_objective_usd == pytest.approx(2.5)
+    assert sol.status == "lp" and sol.wall_time_s == 0.0
+
+
+def test_the_search_is_skipped_when_the_bound_is_within_the_relative_gap() -> None:
+    """The big/mid/small round: the greedy answer is $92 (the optimum), the LP bound $52.50, a gap of
+    39.5 / 92 = 42.9 % of the answer. A tolerance of 43 % skips the search (the greedy answer, its bound
+    the LP's); 42 % does not (the search proves the optimum)."""
+    pools = {"a": cap("a", 8), "b": cap("b", 8)}
+    jobs = [
+        ProblemJob("big", "t", (cand("big", "a", 8, 1.0),), unplaced_usd=100, rank_usd=1),
+        ProblemJob("mid", "t", (cand("mid", "a", 4, 1.0),), unplaced_usd=90, rank_usd=1),
+        ProblemJob("small", "t", (cand("small", "b", 2, 1.0),), unplaced_usd=80, rank_usd=1),
+    ]
+    want = {"big": 0, "mid": None, "small": 0}
+    skipped = solve(jobs, pools, {}, replace(CFG, skip_search_gap=0.43))
+    assert skipped.choice == want and skipped.objective_usd == pytest.approx(92.0)
+    assert skipped.status == "greedy" and skipped.wall_time_s == 0.0
+    assert skipped.lower_bound_usd == pytest.approx(52.5)
+    searched = solve(jobs, pools, {}, replace(CFG, skip_search_gap=0.42))
+    assert searched.choice == want and searched.status == "optimal"
+    assert searched.lower_bound_usd == pytest.approx(92.0, abs=1e-3)
+
+
+def test_a_bound_that_meets_the_answer_skips_the_search_even_without_tolerance() -> None:
+    pools = {"a": cap("a", 8), "b": cap("b", 8)}
+    jobs = [
+        ProblemJob("x", "t", (cand("x", "a", 2, 3.0), cand("x", "b", 2, 5.0)), unplaced_usd=50, rank_usd=1),
+        ProblemJob("y", "t", (cand("y", "b", 4, 2.0), cand("y", "a", 4, 9.0)), unplaced_usd=50, rank_usd=1),
+    ]
+    sol = solve(jobs, pools, {}, replace(CFG, skip_search_gap=0.0))
+    assert sol.choice == {"x": 0, "y": 0} and sol.objective_usd == 5.0
+    assert sol.status == "greedy" and sol.wall_time_s == 0.0 and sol.lower_bound_usd == 5.0
+
+
+def test_the_skip_tolerance_is_never_below_one_unit_of_the_objective() -> None:
+    """A $0.0004 option rounds to 0 units of 1/1000 $, so the LP bound is $0 and the gap 0.4 units. The
+    tolerance is ``skip_search_gap`` of the answer in units, but of at least 1 unit: 0.5 of a unit skips
+    the search, 0.3 does not."""
+    pools = {"p": cap("p", 8)}
+    jobs = [ProblemJob("x", "t", (cand("x", "p", 1, 0.0004),), unplaced_usd=1.0)]
+    assert CFG.cost_scale == 1000
+    skipped = solve(jobs, pools, {}, replace(CFG, skip_search_gap=0.5))
+    assert skipped.choice == {"x": 0} and skipped.status == "greedy" and skipped.wall_time_s == 0.0
+    searched = solve(jobs, pools, {}, replace(CFG, skip_search_gap=0.3))
+    assert searched.choice == {"x": 0} and searched.status == "optimal"
+
+
+def test_the_rounds_time_limit_overrides_the_configured_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainyard.schedule.solver as solver_module
+
+    limits: list[float] = []
+
+    def recording(solver: cp_model.CpSolver, config: SchedulerConfig, limit_s: float) -> None:
+        limits.append(limit_s)
+        set_parameters(solver, config, limit_s)
+
+    monkeypatch.setattr(solver_module, "set_parameters", recording)
+    per5 = {"p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0)
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]
+    assert solve(jobs, per5, {}, replace(CFG, time_limit_s=0.3)).status == "optimal"
+    assert solve(jobs, per5, {}, replace(CFG, time_limit_s=0.3), time_limit_s=0.7).status == "optimal"
+    assert limits == [0.3, 0.7]
+
+
+def test_a_queued_job_the_search_chose_but_no_node_holds_is_left_out() -> None:
+    """3 + 4 + 3 devices on two 5-device nodes: all three fit in total (the search's answer) but not node
+    by node. Packed largest first, the 4-device job and one 3-device job get nodes; the other, a queued job
+    with no allocation to keep, is left out."""
+    per5 = {"p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0)
+        for j, d in zip("ace", (3, 4, 3), strict=True)
+    ]
+    sol = solve(jobs, per5, {}, CFG)
+    assert sol.choice == {"a": 0, "c": 0, "e": None}
+    assert sol.objective_usd == 102.0 and sol.status == "feasible"
+
+
+def test_a_running_job_that_shrinks_frees_more_quota_than_any_row_bound_limits() -> None:
+    """A running job holding 200 devices can shrink to 1 ($1, staying costs $9): its tenant row counts
+    1 - 200 = -199 devices, far below zero, which the search must allow. The greedy and LP passes shrink it
+    but pack only three of the four queued jobs ($104); the search packs all four: $5."""
+    pools = {"p": PoolCapacity("p", 10, 2, 5), "q": PoolCapacity("q", 5, 1, 5)}
+    run = ProblemJob(
+        "r", "t", (cand("r", "q", 1, 1.0, per_node=5), stay("r", "home", 200, 9.0)), None, current_devices=200
+    )
+    queued = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0)
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]
+    tenants = {"t": TenantLimit(devices_left=10, jobs_left=None)}
+    sol = solve([run, *queued], pools, tenants, CFG)
+    assert sol.greedy_objective_usd == 104.0
+    assert sol.choice == {"r": 0, "a": 0, "b": 0, "c": 0, "d": 0}
+    assert sol.objective_usd == 5.0 and sol.status == "optimal"
+
+
+def test_greedy_skips_an_option_that_breaks_a_limit_and_tries_the_next() -> None:
+    pools = {"p": PoolCapacity("p", 4, 0, 8), "q": cap("q", 8)}
+    # the cheaper option needs 8 devices, the tenant has 4 left: the 2-device one is taken
+    quota = [ProblemJob("a", "t", (cand("a", "q", 8, 1.0), cand("a", "q", 2, 2.0)), 100.0)]
+    assert greedy(quota, pools, {"t": TenantLimit(4, None)}) == {"a": 1}
+    # exactly one device left is enough for a one-device job
+    one = [ProblemJob(f"j{i}", "t", (cand(f"j{i}", "q", 1, 1.0),), 100.0) for i in range(2)]
+    assert greedy(one, pools, {"t": TenantLimit(1, None)}) == {"j0": 0, "j1": None}
+    # a 16-device gang finds no two whole nodes on p: the 4-device option on p is taken instead
+    gang = [ProblemJob("g", "t", (cand("g", "p", 16, 1.0), cand("g", "p", 4, 2.0)), 100.0)]
+    assert greedy(gang, pools, {}) == {"g": 1}
+    # two gangs on one pool of four whole nodes: the second sees the two nodes the first left
+    two = [ProblemJob(g, "t", (cand(g, "p", 16, 1.0),), 100.0) for g in ("g1", "g2")]
+    assert greedy(two, {"p": PoolCapacity("p", 32, 4, 8)}, {}) == {"g1": 0, "g2": 0}
+    assert greedy(two, {"p": PoolCapacity("p", 24, 3, 8)}, {}) == {"g1": 0, "g2": None}
+
+
+def test_a_running_job_of_a_tenant_over_its_quota_keeps_its_allocation() -> None:
+    """The tenant's quota was lowered below what it runs (devices left -2): the running job may not grow,
+    and even its stay option (0 more devices) exceeds what is left, yet it keeps running where it is, in
+    the greedy pass, the LP rounding and the round."""
+    pools = {"p": cap("p", 8), "home": PoolCapacity("home", 0, 0, 8)}
+    run = ProblemJob("r", "t", (cand("r", "p", 6, 1.0), stay("r", "home", 4, 9.0)), None, current_devices=4)
+    tenants = {"t": TenantLimit(devices_left=-2, jobs_left=None)}
+    assert greedy([run], pools, tenants) == {"r": 1}
+    got = _lp_round(_build([run], pools, tenants, CFG.cost_scale), [run], pools, tenants, CFG)
+    assert got is not None and got[0] == {"r": 1}
+    assert solve([run], pools, tenants, CFG).choice == {"r": 1}
+
+
+def test_the_rounding_leaves_a_running_job_without_stay_unplaced_when_it_cannot_be_packed() -> None:
+    pools = {"p": PoolCapacity("p", 12, 1, 8)}
+    jobs = [ProblemJob(r, "t", (cand(r, "p", 6, 1.0),), None, current_devices=6) for r in ("r1", "r2")]
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None and got[0] == {"r1": 0, "r2": None}
+
+
+def test_the_rounding_goes_on_after_an_option_that_no_longer_fits_or_breaks_the_quota() -> None:
+    """After an option it has to skip, the rounding still takes the later ones that fit."""
+    # nodes of 8 and 4: A and B (6 devices each) both fit in total, B finds no node; C (4) takes the 4
+    pools = {"p": PoolCapacity("p", 12, 1, 8)}
+    jobs = [
+        ProblemJob("A", "t", (cand("A", "p", 6, 1.0),), 100.0),
+        ProblemJob("B", "t", (cand("B", "p", 6, 1.0),), 90.0),
+        ProblemJob("C", "t", (cand("C", "p", 4, 1.0),), 50.0),
+    ]
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None and got[0] == {"A": 0, "B": None, "C": 0}
+    # 6 devices left: A (4) whole, B (4) half in the relaxation; B breaks the quota, C (1) does not
+    pools = {"q": cap("q", 64)}
+    jobs = [
+        ProblemJob("A", "t", (cand("A", "q", 4, 1.0),), 100.0),
+        ProblemJob("B", "t", (cand("B", "q", 4, 1.0),), 90.0),
+        ProblemJob("C", "t", (cand("C", "q", 1, 1.0),), 6.0),
+    ]
+    tenants = {"t": TenantLimit(devices_left=6, jobs_left=None)}
+    got = _lp_round(_build(jobs, pools, tenants, CFG.cost_scale), jobs, pools, tenants, CFG)
+    assert got is not None and got[0] == {"A": 0, "B": None, "C": 0}
+
+
+def test_the_rounding_does_not_take_an_option_that_costs_what_waiting_does() -> None:
+    pools = {"p": cap("p", 8)}
+    jobs = [ProblemJob("x", "t", (cand("x", "p", 1, 5.0),), 5.0)]
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None and got[0] == {"x": None}
+
+
+def test_a_job_that_costs_nothing_to_leave_out_is_not_placed_at_a_price() -> None:
+    """Beside the four jobs only the search packs, a job whose waiting costs nothing ($0) and whose only
+    option costs $0.50 stays out: $4 in all."""
+    per5 = {"p": PoolCapacity("p", 10, 2, 5), "z": cap("z", 8)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0)
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]
+    jobs.append(ProblemJob("free", "t", (cand("free", "z", 1, 0.5),), 0.0))
+    sol = solve(jobs, per5, {}, CFG)
+    assert sol.choice == {"a": 0, "b": 0, "c": 0, "d": 0, "free": None}
+    assert sol.objective_usd == 4.0 and sol.status == "optimal" and sol.wall_time_s > 0.0
+    assert objective_usd(jobs, {"a": None, "b": 0, "c": 0, "d": 0, "free": None}) == 103.0
+
+
+def test_the_model_counts_a_two_node_gangs_nodes() -> None:
+    """18 free devices on nodes of 8 but no whole node: a 16-device gang (two nodes) fits the devices,
+    not the nodes. The model knows it, so the bound is the answer (the 8-device job placed, the gang
+    out) and no search is needed."""
+    pools = {"p": PoolCapacity("p", 18, 0, 8)}
+    jobs = [
+        ProblemJob("gang", "t", (cand("gang", "p", 16, 1.0),), 1000.0),
+        ProblemJob("s", "t", (cand("s", "p", 8, 1.0),), 500.0),
+    ]
+    sol = solve(jobs, pools, {}, CFG)
+    assert sol.choice == {"gang": None, "s": 0} and sol.objective_usd == 1001.0
+    assert sol.wall_time_s == 0.0 and sol.lower_bound_usd == pytest.approx(1001.0)
+
+
+def test_the_search_keeps_a_groups_start_limit_exactly() -> None:
+    """The four jobs only the search packs, as one group that may start four: all four start."""
+    per5 = {"p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "p", d, 1.0, per_node=5),), 100.0, group="g")
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]
+    sol = solve(jobs, per5, {}, CFG, groups={"g": GroupLimit(starts_left=4)})
+    assert sol.choice == {"a": 0, "b": 0, "c": 0, "d": 0} and sol.status == "optimal"
+    three = solve(jobs, per5, {}, CFG, groups={"g": GroupLimit(starts_left=3)})
+    assert sum(v is not None for v in three.choice.values()) == 3
+
+
+def test_a_group_without_budget_starts_no_member_however_cheap() -> None:
+    pools = {"p": cap("p", 8)}
+    jobs = [ProblemJob("m", "t", (cand("m", "p", 1, 1e-6),), 100.0, group="g")]
+    for units in (0, -5):
+        sol = solve(jobs, pools, {}, CFG, groups={"g": GroupLimit(budget_units=units)})
+        assert sol.choice == {"m": None} and sol.objective_usd == 100.0
+    assert solve(jobs, pools, {}, CFG, groups={"g": GroupLimit(budget_units=1)}).choice == {"m": 0}
+
+
+def test_a_repaired_search_answer_worse_than_the_rounding_is_not_taken() -> None:
+    """3 + 4 + 3 devices on two 5-device nodes again. The rounding leaves out a ($1.50 to wait); the
+    search places all three and its repair drops e ($1.80 to wait): 30 cents worse, so the rounding's
+    answer stands."""
+    per5 = {"p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob("a", "t", (cand("a", "p", 3, 1.0, per_node=5),), 1.5, rank_usd=1.0),
+        ProblemJob("c", "t", (cand("c", "p", 4, 1.0, per_node=5),), 100.0, rank_usd=1.0),
+        ProblemJob("e", "t", (cand("e", "p", 3, 1.0, per_node=5),), 1.8, rank_usd=2.0),
+    ]
+    sol = solve(jobs, per5, {}, CFG)
+    assert sol.choice == {"a": None, "c": 0, "e": 0}
+    assert sol.objective_usd == pytest.approx(3.5) and sol.status == "lp" and sol.wall_time_s > 0.0
