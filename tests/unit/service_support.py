@@ -49,6 +49,9 @@ class Logged:
     def info(self, event: str, **fields: Any) -> None:
         self._log("info", event, **fields)
 
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log("warning", event, **fields)
+
     def exception(self, event: str, **fields: Any) -> None:
         self._log("error", event, **fields)
 
