@@ -95,6 +95,12 @@ def test_a_ready_replica_answering_its_probe_costs_no_write_transaction(
         view = svc.lookup(tenant.id, "chat")
         assert view is not None and svc.try_acquire(view.routes[0].pool_key, None) is not None
 
+        # the controller's clock stands still from here: a tick that re-resolves the deployment's model
+        # (once a second, a read of the registry) is not what this counts, and on a loaded machine
+        # three ticks can take longer than that second
+        frozen_s = svc.clock()
+        monkeypatch.setattr(svc, "clock", lambda: frozen_s)
+        svc.tick()  # any resolution that was due is made now, at the frozen time
         opened: list[Any] = []
         session = platform.db.session
 
