@@ -9,8 +9,13 @@ from typing import Any, cast
 
 from sqlalchemy import Table, insert
 
+from trainyard.services.domain import Job, Placement
+from trainyard.services.jobs import JobService
+from trainyard.services.lifecycle import JobState
+from trainyard.services.pools import PoolService
 from trainyard.store.db import Database
 from trainyard.store.models import TenantRow
+from trainyard.store.repositories import JobRepo
 
 
 def sqlite_template(path: Path, tenants: Sequence[tuple[str, str]] = ()) -> Path:
@@ -58,3 +63,42 @@ class Logged:
     def take(self) -> list[dict[str, Any]]:
         out, self.records = self.records, []
         return out
+
+
+def job_services(path: Path, now_s: float) -> tuple[Database, Clock, PoolService, JobService]:
+    """A database at ``path`` (a copy of a template), a manual clock at ``now_s``, and the pool and job
+    services on them (no catalog, no quotes): what the supervisor and scheduler tests build on."""
+    db = Database(f"sqlite:///{path}")
+    clock = Clock(now_s)
+    pools = PoolService(db, clock)
+    jobs = JobService(
+        db, quoter=lambda spec, pools: [], live_pools=pools.pools, clock=clock, with_catalog=False
+    )
+    return db, clock, pools, jobs
+
+
+def add_job(
+    db: Database, job_id: str, state: JobState, spec: dict[str, Any], now_s: float, **fields: Any
+) -> None:
+    """Insert a job row in ``state`` (created 100 s before ``now_s``; ``tenant``, ``name``, ``created``,
+    ``attempt``, ``reason`` and ``quote`` go on the row, any other field, a ``Placement`` included, is
+    set on it after)."""
+    job = Job(
+        id=job_id,
+        seq=0,
+        tenant_id=fields.pop("tenant", "t1"),
+        name=fields.pop("name", job_id),
+        state=state,
+        spec=spec,
+        created_at_s=fields.pop("created", now_s - 100),
+        updated_at_s=now_s - 100,
+        attempt=fields.pop("attempt", 0),
+        reason=fields.pop("reason", ""),
+        quote=fields.pop("quote", None),
+    )
+    with db.session() as s:
+        JobRepo(s).add(job)
+        if isinstance(fields.get("placement"), Placement):
+            fields["placement"] = fields["placement"].to_dict()
+        if fields:
+            JobRepo(s).update(job_id, **fields)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_support import Clock, Logged, sqlite_template
+from service_support import Logged, add_job, job_services, sqlite_template
 from sqlalchemy import text
 
 from fakes import FakeExecutor
@@ -40,9 +40,7 @@ from trainyard.schedule import Unplaced as SUnplaced
 from trainyard.services import scheduler_adapter as adapter
 from trainyard.services.domain import Job, Placement
 from trainyard.services.execution import DEFAULT_NOTICE_S
-from trainyard.services.jobs import JobService
 from trainyard.services.lifecycle import JobState
-from trainyard.services.pools import PoolService
 from trainyard.services.scheduler_adapter import (
     OptimizerRound,
     ReplanningSupervisor,
@@ -55,7 +53,6 @@ from trainyard.services.scheduler_adapter import (
 )
 from trainyard.services.scheduling import GreedyCheapestRound, Migration, QueuedJobView, RunningJobView
 from trainyard.spec.loader import spec_from_dict
-from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo
 
 NOW = 1_800_000_000.0
@@ -591,16 +588,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 class Env:
     def __init__(self, path: Path, runs: Path) -> None:
-        self.db = Database(f"sqlite:///{path}")
-        self.clock = Clock(NOW)
-        self.pools = PoolService(self.db, self.clock)
-        self.jobs = JobService(
-            self.db,
-            quoter=lambda spec, pools: [],
-            live_pools=self.pools.pools,
-            clock=self.clock,
-            with_catalog=False,
-        )
+        self.db, self.clock, self.pools, self.jobs = job_services(path, NOW)
         self.ex = FakeExecutor()
         self.feedback = FakeFeedback()
         self.replanner = Recorder()
@@ -624,23 +612,7 @@ class Env:
         spec: dict[str, Any] | None = None,
         **fields: Any,
     ) -> None:
-        job = Job(
-            id=job_id,
-            seq=0,
-            tenant_id=fields.pop("tenant", "t1"),
-            name=job_id,
-            state=state,
-            spec=spec or doc(job_id),
-            created_at_s=fields.pop("created", NOW - 100),
-            updated_at_s=NOW - 100,
-            attempt=fields.pop("attempt", 0),
-        )
-        with self.db.session() as s:
-            JobRepo(s).add(job)
-            if "placement" in fields and isinstance(fields["placement"], Placement):
-                fields["placement"] = fields["placement"].to_dict()
-            if fields:
-                JobRepo(s).update(job_id, **fields)
+        add_job(self.db, job_id, state, spec or doc(job_id), NOW, **fields)
 
     def set(self, job_id: str, **fields: Any) -> None:
         with self.db.session() as s:

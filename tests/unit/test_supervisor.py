@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_support import Clock, Logged, sqlite_template
+from service_support import Logged, add_job, job_services, sqlite_template
 from sqlalchemy import text
 
 from fakes import FakeExecutor
@@ -33,12 +33,10 @@ from trainyard.predict import predict
 from trainyard.services import execution
 from trainyard.services.domain import Job, Placement, TenantLimits
 from trainyard.services.execution import DEFAULT_NOTICE_S, Supervisor, attempt_cost_usd, launch_plan
-from trainyard.services.jobs import JobService
 from trainyard.services.lifecycle import JobState
-from trainyard.services.pools import PoolService, planning_only_reason
+from trainyard.services.pools import planning_only_reason
 from trainyard.services.scheduling import RoundResult
 from trainyard.spec.loader import spec_from_dict
-from trainyard.store.db import Database
 from trainyard.store.repositories import EventRepo, JobRepo
 from trainyard.tenancy import ledger
 from trainyard.tenancy.storage import StoragePolicy
@@ -122,16 +120,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 class Env:
     def __init__(self, path: Path, runs: Path) -> None:
-        self.db = Database(f"sqlite:///{path}")
-        self.clock = Clock(NOW)
-        self.pools = PoolService(self.db, self.clock)
-        self.jobs = JobService(
-            self.db,
-            quoter=lambda spec, pools: [],
-            live_pools=self.pools.pools,
-            clock=self.clock,
-            with_catalog=False,
-        )
+        self.db, self.clock, self.pools, self.jobs = job_services(path, NOW)
         self.ex = FakeExecutor(clock=NOW)
         self.runs = runs
         self.sup = Supervisor(
@@ -148,25 +137,7 @@ class Env:
     def add(
         self, job_id: str, state: JobState = S.QUEUED, spec: dict[str, Any] | None = None, **fields: Any
     ) -> None:
-        job = Job(
-            id=job_id,
-            seq=0,
-            tenant_id=fields.pop("tenant", "t1"),
-            name=fields.pop("name", job_id),
-            state=state,
-            spec=spec or doc(job_id),
-            created_at_s=fields.pop("created", NOW - 100),
-            updated_at_s=NOW - 100,
-            attempt=fields.pop("attempt", 0),
-            reason=fields.pop("reason", ""),
-            quote=fields.pop("quote", None),
-        )
-        with self.db.session() as s:
-            JobRepo(s).add(job)
-            if isinstance(fields.get("placement"), Placement):
-                fields["placement"] = fields["placement"].to_dict()
-            if fields:
-                JobRepo(s).update(job_id, **fields)
+        add_job(self.db, job_id, state, spec or doc(job_id), NOW, **fields)
 
     def running(self, job_id: str, devices: int = 1, *, started: float = NOW - 100, **fields: Any) -> None:
         self.add(
