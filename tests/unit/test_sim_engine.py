@@ -14,10 +14,15 @@ from trainyard.cost import model as cm
 from trainyard.sim import (
     PoolChange,
     SimConfig,
+    Simulator,
     TraceJob,
     TraceMix,
+    common_span_s,
     generate_trace,
+    make_policy,
+    run_policies,
     simulate,
+    simulate_policies,
 )
 from trainyard.sim.policy import OptionBook, capacity_devices
 from trainyard.spec import spec_from_dict
@@ -428,6 +433,59 @@ def test_unused_reserved_capacity_is_billed_to_every_policy() -> None:
         assert out.pools == ("a100-on_demand",)
         assert r.committed_cost_usd == pytest.approx(r.end_s / 3600.0 * PRICE)
         assert r.total_cost_usd == pytest.approx(out.cost_usd + r.committed_cost_usd)
+
+
+def _reserved_and_on_demand() -> tuple[list[TraceJob], list[Pool]]:
+    """Two one-hour jobs, one on-demand device and one reserved one: on-demand-only takes both devices
+    and runs the jobs side by side, fastest keeps to the on-demand device and runs them one after the
+    other."""
+    jobs = [replace(one_job(), job_id=f"j{i}") for i in range(2)]
+    return jobs, [pool("on_demand"), pool("reserved", name="res")]
+
+
+def test_policies_compared_on_one_workload_pay_the_same_committed_spend() -> None:
+    jobs, pools = _reserved_and_on_demand()
+    policies = ("on-demand-only", "fastest")
+    sims = run_policies(jobs, pools, policies, cfg())
+    own = {p: sim.result(None) for p, sim in sims.items()}
+    spans = {p: r.end_s for p, r in own.items()}
+    longer, shorter = "fastest", "on-demand-only"
+    assert spans[longer] > 1.8 * spans[shorter]  # the two runs really differ in length
+    assert common_span_s(sims) == pytest.approx(spans[longer])
+    common = simulate_policies(jobs, pools, policies, cfg())
+    for p in policies:
+        r, o = common[p], own[p]
+        assert r.committed_span_s == pytest.approx(spans[longer])
+        assert r.committed_cost_usd == pytest.approx(spans[longer] / 3600.0 * PRICE)  # one reserved device
+        assert o.committed_cost_usd == pytest.approx(spans[p] / 3600.0 * PRICE)
+        assert r.jobs == o.jobs and r.usage_cost_usd == pytest.approx(o.usage_cost_usd)  # the run is the same
+        assert r.total_cost_usd == pytest.approx(r.usage_cost_usd + r.committed_cost_usd)
+        assert r.committed_cost_usd <= r.lower_bound_cost_usd <= r.total_cost_usd * (1 + 1e-9)
+    # the shorter run pays for the reservation until the longer one ends; the longer one is unchanged
+    assert common[longer] == own[longer]
+    assert common[shorter].committed_cost_usd == pytest.approx(common[longer].committed_cost_usd)
+    # the bound's capacities are over the common span too: over its own span the reserved device has room
+    # for one of the two jobs only, over the longer span for both, so no usage is left to bound
+    assert own[shorter].lower_bound_cost_usd - own[shorter].committed_cost_usd > 0.9 * PRICE
+    assert common[shorter].lower_bound_cost_usd == pytest.approx(common[shorter].committed_cost_usd)
+
+
+def test_a_configured_committed_span_longer_than_the_run_bills_the_whole_term() -> None:
+    jobs, pools = _reserved_and_on_demand()
+    term_s = 5 * 86400.0
+    sim = Simulator(jobs, pools, make_policy("on-demand-only", OptionBook()), cfg(committed_span_s=term_s))
+    with pytest.raises(RuntimeError):
+        sim.result(None)
+    r = sim.run()
+    assert r.end_s < 3 * 3600.0 and sim.span_s == term_s and r.committed_span_s == pytest.approx(term_s)
+    assert r.committed_cost_usd == pytest.approx(term_s / 3600.0 * PRICE)
+    assert sim.result(term_s) == r
+    assert sim.result(None).committed_cost_usd == pytest.approx(r.end_s / 3600.0 * PRICE)
+    # a span shorter than the run bills the run's own span
+    assert sim.result(60.0).committed_cost_usd == pytest.approx(r.end_s / 3600.0 * PRICE)
+    # the pool statistics keep the run's own capacity (utilisation is of the run, not of the term)
+    (res,) = [ps for ps in r.pools if ps.name == "res"]
+    assert res.capacity_device_s == pytest.approx(r.end_s)
 
 
 def test_capacity_aware_bound_sees_a_scarce_cheap_pool() -> None:

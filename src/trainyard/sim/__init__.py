@@ -18,7 +18,7 @@ from trainyard.sim.policy import (
     Start,
     make_policy,
 )
-from trainyard.sim.run import simulate
+from trainyard.sim.run import common_span_s, run_policies, simulate, simulate_policies
 from trainyard.sim.spot import SpotTrace, parse_spot_trace
 from trainyard.sim.trace import TraceError, TraceJob, dump_trace, parse_trace
 
@@ -43,11 +43,14 @@ __all__ = [
     "TraceError",
     "TraceJob",
     "TraceMix",
+    "common_span_s",
     "dump_trace",
     "generate_trace",
     "make_policy",
     "parse_spot_trace",
     "parse_trace",
+    "run_policies",
     "simulate",
+    "simulate_policies",
     "summarize",
 ]

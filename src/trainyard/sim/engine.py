@@ -84,6 +84,11 @@ class SimConfig:
     # Poisson interruptions hit each node of an allocation (True) or the allocation as a whole (False).
     per_node_interruptions: bool = True
     changes: tuple[PoolChange, ...] = ()
+    # Reserved capacity is a commitment bought for a term, paid for whether used or not. None: bill it (and
+    # bound every pool's capacity) over this run's own span. A span set here bills at least that long, at
+    # each pool's capacity when the run ended, so policies compared on one workload pay the same committed
+    # spend however soon each one finishes (``run.simulate_policies`` sets it to their longest span).
+    committed_span_s: float | None = None
 
 
 @dataclass
@@ -261,6 +266,7 @@ class SimResult:
     lower_bound_cost_usd: float = 0.0  # committed + the capacity-aware LP bound on usage (sim.bound)
     per_job_lower_bound_usd: float = 0.0  # committed + each job alone on its cheapest option
     lower_bound_status: str = ""  # the LP's status ("optimal", or why the per-job bound stands in)
+    committed_span_s: float = 0.0  # the span committed spend and the bound's capacities are over
 
     def summary(self) -> dict[str, Any]:
         from trainyard.sim.metrics import summarize
@@ -297,6 +303,8 @@ class Simulator:
         from trainyard.sim.trace import TraceError
 
         self.config = config or SimConfig()
+        self._start_s = 0.0
+        self._end_s: float | None = None
         self.policy = policy
         self.timer = timer
         self.book = book if book is not None else OptionBook()
@@ -425,6 +433,7 @@ class Simulator:
         last_arrival = max((j.submit_s for j in self.jobs.values()), default=0.0)
         first_arrival = min((j.submit_s for j in self.jobs.values()), default=0.0)
         self.now = min(0.0, first_arrival)
+        self._start_s = self.now
         max_s = cfg.max_sim_s if cfg.max_sim_s is not None else last_arrival + 30 * 86400.0
         sample_every = cfg.sample_interval_s or max(600.0, (last_arrival - self.now + 2 * 86400.0) / 400.0)
         for ps in self.pools.values():
@@ -476,7 +485,24 @@ class Simulator:
             self._settle(att, end)
             self._account_hold(self.jobs[att.job_id], att, end)
         self._sample()
-        return self._result(end)
+        for ps in self.pools.values():
+            self._close_capacity_window(ps)
+        self._end_s = end
+        return self._result(end, cfg.committed_span_s)
+
+    @property
+    def span_s(self) -> float:
+        """The finished run's span, or the configured committed span when that is longer."""
+        if self._end_s is None:
+            raise RuntimeError("the simulation has not run yet")
+        return max(self._end_s - self._start_s, self.config.committed_span_s or 0.0)
+
+    def result(self, committed_span_s: float | None) -> SimResult:
+        """The finished run's result with committed spend (and the capacity-aware bound) over at least
+        ``committed_span_s`` seconds; the run itself does not change."""
+        if self._end_s is None:
+            raise RuntimeError("the simulation has not run yet")
+        return self._result(self._end_s, committed_span_s)
 
     def _finished(self) -> bool:
         return self._done == len(self.jobs) or self._give_up
@@ -857,7 +883,7 @@ class Simulator:
         )
 
     # ---- result ------------------------------------------------------------------------------------
-    def _result(self, end: float) -> SimResult:
+    def _result(self, end: float, committed_span_s: float | None) -> SimResult:
         outcomes = []
         for job_id in self.order:
             job = self.jobs[job_id]
@@ -885,10 +911,13 @@ class Simulator:
 
         stats = []
         committed = 0.0
+        # past the run's end a pool keeps the capacity it had then
+        beyond_s = max(0.0, (committed_span_s or 0.0) - (end - self._start_s))
+        span_capacity = {}
         for ps in self.pools.values():
-            self._close_capacity_window(ps)
+            span_capacity[ps.base.name] = ps.capacity_device_s + ps.capacity * beyond_s
             if ps.market == "reserved":
-                committed += ps.capacity_device_s * ps.price() / 3600.0
+                committed += span_capacity[ps.base.name] * ps.price() / 3600.0
             stats.append(
                 PoolStats(
                     name=ps.base.name,
@@ -902,7 +931,7 @@ class Simulator:
         done = {
             j.job_id: self._bound_options.get(j.job_id, []) for j in outcomes if j.completion_s is not None
         }
-        bound = capacity_lower_bound(done, {ps.base.name: ps.capacity_device_s for ps in self.pools.values()})
+        bound = capacity_lower_bound(done, span_capacity)
         return SimResult(
             policy=self.policy.name,
             seed=self.config.seed,
@@ -922,4 +951,5 @@ class Simulator:
             lower_bound_cost_usd=committed + bound.usage_usd,
             per_job_lower_bound_usd=committed + sum(self._lower_bounds.values()),
             lower_bound_status=bound.status,
+            committed_span_s=end - self._start_s + beyond_s,
         )
