@@ -390,6 +390,53 @@ def test_a_tenants_concurrent_job_cap_lets_its_oldest_queued_jobs_take_its_free_
     assert [v.job_id for v in rnd.calls[2][0]] == ["a"]
 
 
+def add_many(env: Env, prefix: str, n: int, state: JobState = S.QUEUED) -> list[str]:
+    """``n`` jobs in ``state`` inserted oldest first in one transaction (no placement); their ids."""
+    ids = [f"{prefix}{i:04d}" for i in range(n)]
+    with env.db.session() as s:
+        for jid in ids:
+            JobRepo(s).add(
+                Job(
+                    id=jid,
+                    seq=0,
+                    tenant_id="t1",
+                    name=jid,
+                    state=state,
+                    spec=doc(),
+                    created_at_s=NOW - 100,
+                    updated_at_s=NOW - 100,
+                )
+            )
+    return ids
+
+
+def test_a_round_sees_at_most_500_queued_jobs_the_oldest_first(env: Env) -> None:
+    rnd = Round()
+    env.sup.schedule_round = rnd
+    ids = add_many(env, "q", 501)
+    env.sup.schedule_once()
+    assert [v.job_id for v in rnd.calls[0][0]] == ids[:500]
+
+
+def test_a_capped_tenant_with_nothing_active_has_its_whole_cap_one_slot_a_job(env: Env) -> None:
+    rnd = Round()
+    env.sup.schedule_round = rnd
+    env.sup.tenant_limits = lambda: {"t2": TenantLimits(max_concurrent_jobs=2)}
+    for jid in ("x", "y", "z"):
+        env.add(jid, tenant="t2")
+    env.sup.schedule_once()
+    assert [v.job_id for v in rnd.calls[0][0]] == ["x", "y"]
+
+
+def test_a_tenants_active_jobs_past_the_fiftieth_count_against_its_cap(env: Env) -> None:
+    rnd = Round()
+    env.sup.schedule_round = rnd
+    env.sup.tenant_limits = lambda: {"t1": TenantLimits(max_concurrent_jobs=51)}
+    add_many(env, "r", 51, S.RUNNING)
+    env.add("q")
+    assert env.sup.schedule_once() is None and rnd.calls == []
+
+
 def test_a_failing_round_falls_back_to_the_greedy_one(env: Env, logged: Logged) -> None:
     env.sup.schedule_round = Round(RuntimeError("solver crashed"))
     env.add("q1", quote=[{"pool": "cpu", "devices": 2, "feasible": True}])
@@ -1175,6 +1222,41 @@ def test_spot_capacity_is_reclaimed_at_each_pools_rate_on_the_seeded_clock(env: 
     assert all(env.events(j, "preemption_notice")[0]["by"] == "spot" for j in want)
     env.clock.now -= 5  # a clock that went back reclaims nothing
     assert env.sup.spot_interruptions() == 0
+
+
+def test_a_spot_reclaims_probability_is_one_less_exp_of_the_hourly_rate_times_the_hours(env: Env) -> None:
+    u = random.Random(0).random()  # the seeded first draw: a reclaim needs 1 - exp(-rate x dt) above it
+    env.pools.put(cpu("spot", market="spot", interruption_rate_per_hour=1.0))
+    env.running("s", placement=placed("spot", market="spot"))
+    env.sup.spot_interruptions()
+    env.clock.now += 3600.0 * -math.log(1.0 - u) * (1.0 - 1e-6)  # just short of the draw: no reclaim
+    assert env.sup.spot_interruptions() == 0
+    env.sup._spot_rng = random.Random(0)
+    env.clock.now += 3600.0 * -math.log(1.0 - u) * (1.0 + 1e-6)  # just past it: reclaimed
+    assert env.sup.spot_interruptions() == 1 and env.ex.preempted == [("s", DEFAULT_NOTICE_S)]
+
+
+def test_a_spot_reclaim_whose_probability_rounds_to_zero_never_happens_even_on_a_zero_draw(env: Env) -> None:
+    class Zero:
+        def random(self) -> float:
+            return 0.0
+
+    env.pools.put(cpu("spot", market="spot", interruption_rate_per_hour=1e-15))
+    env.running("s", placement=placed("spot", market="spot"))
+    env.sup._spot_rng = Zero()  # type: ignore[assignment]
+    env.sup.spot_interruptions()
+    env.clock.now += 1.0
+    assert 1.0 - math.exp(-1e-15 / 3600.0) == 0.0
+    assert env.sup.spot_interruptions() == 0 and env.ex.preempted == []
+
+
+def test_spot_reclaims_reach_running_jobs_past_the_fiftieth(env: Env) -> None:
+    env.pools.put(cpu("spot", market="spot", interruption_rate_per_hour=1000.0))
+    env.running("old", placement=placed("spot", market="spot"))  # the oldest of 51 running jobs
+    add_many(env, "r", 50, S.RUNNING)
+    env.sup.spot_interruptions()
+    env.clock.now += 3600.0  # exp(-1000) rounds to 0: a sure reclaim
+    assert env.sup.spot_interruptions() == 1 and env.ex.preempted == [("old", DEFAULT_NOTICE_S)]
 
 
 def test_spot_reclaims_that_cannot_be_delivered_are_logged(env: Env, logged: Logged) -> None:
