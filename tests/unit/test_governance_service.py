@@ -179,6 +179,10 @@ def test_a_time_is_a_utc_date_or_an_iso_timestamp() -> None:
     assert parse_time("2026-12-01T12:00:00Z", field="from", end_of_day=True) == DEC + 43200.0
     assert parse_time("2026-12-01T12:00:00", field="from") == DEC + 43200.0  # no zone: UTC
     assert parse_time("2026-12-01T12:00:00+01:00", field="from") == DEC + 39600.0
+    # RFC 3339 §5.6: "T" and "Z" may be lowercase
+    assert parse_time("2026-12-01t12:00:00z", field="from") == DEC + 43200.0
+    assert parse_time("2026-12-01T12:00:00.5z", field="from") == DEC + 43200.5
+    assert parse_time("2026-12-01t12:00:00-01:00", field="from") == DEC + 46800.0
 
 
 def test_dates_and_naive_timestamps_are_utc_whatever_the_servers_time_zone(
@@ -457,6 +461,19 @@ def test_more_than_50_running_jobs_are_all_stopped(env: Env) -> None:
         env.job(f"j{i:02d}", JobState.RUNNING, started=MID - 1000)
     assert len(env.gov.over_budget_running(0.0)) == 51
     assert {b for _, b in env.gov.over_budget_running(0.0)} == {bid}
+
+
+def test_a_pass_reads_the_oldest_running_jobs_up_to_its_bound(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gov_module, "MAX_RUNNING_SCANNED", 2)
+    bid = env.gov.set_budget("acme", usd=1.0, hard=True)["id"]
+    for job_id in ("j0", "j1", "j2"):
+        env.job(job_id, JobState.RUNNING, started=MID - 1000)
+    assert env.gov.over_budget_running(0.0) == [("j0", bid), ("j1", bid)]
+    with env.db.engine.begin() as c:  # the oldest has stopped: the next pass reaches the newest
+        c.execute(update(JOBS).where(JOBS.c.id == "j0").values(state=JobState.SUCCEEDED.value))
+    assert env.gov.over_budget_running(0.0) == [("j1", bid), ("j2", bid)]
 
 
 def test_no_hard_budget_stops_nothing(env: Env) -> None:

@@ -30,6 +30,7 @@ _BUDGETS = cast(Table, BudgetRow.__table__)
 _HOLDS = cast(Table, BudgetHoldRow.__table__)
 _EVENTS = cast(Table, GovernanceEventRow.__table__)
 MAX_EVENTS = 1000
+MAX_RUNNING_SCANNED = 100_000  # running jobs a hard-budget pass reads, the oldest first
 
 
 def parse_tag(tag: str | None) -> tuple[str, str]:
@@ -53,7 +54,7 @@ def parse_time(text: str | None, *, field: str, end_of_day: bool = False) -> flo
         if len(text) == 10:
             d = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
             return d.timestamp() + (86400.0 if end_of_day else 0.0)
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        t = datetime.fromisoformat(text.upper())  # RFC 3339 §5.6 allows a lowercase t and z
         return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
     except ValueError:
         raise InvalidInputError(
@@ -299,7 +300,9 @@ class GovernanceService:
             if not hard:
                 return []
             running = JobRepo(s).list(
-                states=[JobState.STARTING.value, JobState.RUNNING.value], limit=100_000, newest_first=False
+                states=[JobState.STARTING.value, JobState.RUNNING.value],
+                limit=MAX_RUNNING_SCANNED,
+                newest_first=False,
             )
             held = {r[0] for r in conn.execute(select(_HOLDS.c.job_id))}
             for b in hard:
