@@ -1331,6 +1331,22 @@ def test_cancelled_work_is_stopped_and_charged_once(env: Env, logged: Logged) ->
     }
 
 
+def test_an_old_job_cancelled_late_is_stopped_however_many_cancelled_jobs_came_after_it(env: Env) -> None:
+    env.running("old", state=S.CANCELLED, started=NOW - 10)  # cancelled while it ran
+    add_many(env, "c", 3, S.CANCELLED)  # newer jobs cancelled before they started: nothing to stop
+    assert env.sup.sweep_cancelled(limit=2) == 1
+    assert env.ex.cancelled == ["old"] and env.job("old").cost_usd == pytest.approx(0.01)
+
+
+def test_cancelled_work_past_the_sweeps_limit_is_stopped_on_the_next_sweep(env: Env) -> None:
+    for jid in ("a", "b", "c"):
+        env.running(jid, state=S.CANCELLED, started=NOW - 10)
+    assert env.sup.sweep_cancelled(limit=2) == 2 and env.ex.cancelled == ["c", "b"]  # newest first
+    assert env.sup.sweep_cancelled(limit=2) == 1 and env.ex.cancelled == ["c", "b", "a"]
+    assert env.sup.sweep_cancelled(limit=2) == 0
+    assert [env.job(j).cost_usd for j in ("a", "b", "c")] == [pytest.approx(0.01)] * 3
+
+
 def test_a_cancel_already_charged_meanwhile_is_not_charged_again(env: Env) -> None:
     env.running("d", state=S.CANCELLED, started=NOW - 10)  # swept after c (newest first)
     env.running("c", state=S.CANCELLED, started=NOW - 10)
@@ -1378,6 +1394,13 @@ def test_after_a_restart_work_whose_workers_are_gone_is_billed_to_its_last_heart
     assert env.job("s").state == S.QUEUED and env.job("s").cost_usd == pytest.approx(0.03)
     assert env.states("p") == [("preempted", "queued", "requeued after a control-plane restart")]
     assert env.ex.cancelled == ["c"] and env.job("c").cost_usd == pytest.approx(0.01)
+
+
+def test_after_a_restart_active_work_past_the_fiftieth_is_reconciled_too(env: Env) -> None:
+    env.running("old", started=NOW - 10, progress={"time_s": NOW})  # the oldest of 51 active jobs
+    add_many(env, "p", 50, S.PREEMPTED)
+    assert env.sup.reconcile() == {"adopted": 0, "requeued": 51, "cancelled_stopped": 0}
+    assert env.job("old").state == S.QUEUED and env.job("old").cost_usd == pytest.approx(0.01)
 
 
 def test_after_a_restart_work_held_at_its_budget_stays_held(env: Env) -> None:

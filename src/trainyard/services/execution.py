@@ -757,14 +757,12 @@ class Supervisor:
         return hits
 
     # ---- cancellation ----------------------------------------------------------------------------
-    def sweep_cancelled(self) -> int:
-        """Stop the workers of jobs cancelled while they held capacity, and charge the attempt."""
+    def sweep_cancelled(self, limit: int = 100_000) -> int:
+        """Stop the workers of jobs cancelled while they held capacity, and charge the attempt (at most
+        ``limit`` a call; the rest on the next). Only cancelled jobs whose attempt is still open are read:
+        cancelled jobs stay cancelled, so a cap on all of them would skip an old job cancelled late."""
         with self.db.session() as s:
-            cancelled = [
-                j
-                for j in JobRepo(s).list(states=[JobState.CANCELLED.value], limit=100_000)
-                if j.attempt_started_at_s is not None
-            ]
+            cancelled = JobRepo(s).list(states=[JobState.CANCELLED.value], attempt_open=True, limit=limit)
         for job in cancelled:
             try:
                 self.executor.cancel(job.id)

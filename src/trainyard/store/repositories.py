@@ -310,8 +310,13 @@ class JobRepo:
         after_seq: int | None = None,
         limit: int = 50,
         newest_first: bool = True,
+        attempt_open: bool = False,
     ) -> builtins.list[Job]:
+        """Jobs matching every filter given, by sequence, at most ``limit``. ``attempt_open`` keeps only jobs
+        whose current attempt is not closed (``attempt_started_at_s`` set: started, not yet charged)."""
         q = select(JobRow)
+        if attempt_open:
+            q = q.where(JobRow.attempt_started_at_s.is_not(None))
         if tenant_id is not None:
             q = q.where(JobRow.tenant_id == tenant_id)
         if states:
