@@ -5,8 +5,9 @@ mutmut names a mutant by its function and its position among that function's mut
 the mutants after it, and ``benchmarks/data/mutation_equivalent.json`` would name other mutants than the
 ones whose reasons it gives. This script generates the mutants of the module at a base revision and in the
 working tree (mutmut's own generator; no test is run), identifies each by what it changes (the function,
-the source lines of the node it replaces, that node, the node as the mutant writes it, and which
-occurrence of that change in the function it is), and renames
+the statement holding the node it replaces, that node, the node as the mutant writes it, and which
+occurrence of that change in the function it is; code compared without comments, whitespace or
+parentheses, so a statement the formatter lays out again is still the same), and renames
 each recorded equivalent to the mutant that makes the same change now. A recorded mutant whose change no
 longer exists (its line was edited or removed) is listed to be examined again and, with ``--write``,
 dropped from the file.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT = ROOT / "benchmarks" / "data" / "mutation_equivalent.json"
 
-Signature = tuple[str, tuple[str, ...], str, str, int]
+Signature = tuple[str, str, str, str, int]
 
 
 def module_name(path: str) -> str:
@@ -38,13 +40,19 @@ def module_name(path: str) -> str:
     return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
 
 
+def _normalised(code: str) -> str:
+    """Code without comments, whitespace or parentheses: the same statement however it is laid out."""
+    return re.sub(r"[\s()]+", "", re.sub(r"#[^\n]*", "", code))
+
+
 def signatures(source: str, filename: str = "module.py", *, check: bool = False) -> dict[str, Signature]:
     """Each mutant of ``source`` (by mutmut's name without the module prefix, such as
-    ``x_fn__mutmut_3``) and what it changes: (function, the source lines of the mutated node, that node,
-    the node as the mutant writes it, which occurrence of that change in the function it is).
+    ``x_fn__mutmut_3``) and what it changes: (function, the statement holding the mutated node, that
+    node, the node as the mutant writes it, which occurrence of that change in the function it is), the
+    code compared without comments, whitespace or parentheses, so a reformatted statement is the same.
     ``check``: compare the names with those of mutmut's own generator (which renders every mutant: slow)."""
     import libcst as cst
-    from libcst.metadata import MetadataWrapper, PositionProvider
+    from libcst.metadata import MetadataWrapper, ParentNodeProvider
     from mutmut.mutation.file_mutation import (
         combine_mutations_to_source,
         create_mutations,
@@ -53,8 +61,20 @@ def signatures(source: str, filename: str = "module.py", *, check: bool = False)
     from mutmut.mutation.trampoline_templates import mangle_function_name
 
     module, mutations, ignored_classes, ignored_functions = create_mutations(filename, source)
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    lines = module.code.splitlines()
+    parents = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+
+    def context(node: cst.CSTNode) -> cst.CSTNode:
+        """The simple statement holding ``node``, or the part of a compound statement's header."""
+        while not isinstance(node, cst.BaseSmallStatement):
+            parent = parents.get(node)
+            if parent is None or isinstance(parent, cst.BaseCompoundStatement):
+                return node
+            node = parent
+        return node
+
+    def text(node: cst.CSTNode) -> str:
+        return _normalised(module.code_for_node(node))
+
     grouped = group_by_top_level_node(mutations)
     functions: list[tuple[cst.FunctionDef, str | None]] = []
     for statement in module.body:
@@ -70,14 +90,12 @@ def signatures(source: str, filename: str = "module.py", *, check: bool = False)
         if not func_mutants:
             continue
         mangled = mangle_function_name(name=func.name.value, class_name=class_name)
-        seen: Counter[tuple[tuple[str, ...], str, str]] = Counter()
+        seen: Counter[tuple[str, str, str]] = Counter()
         for i, mutant in enumerate(func_mutants):
-            span = positions[mutant.original_node]
-            where = tuple(line.strip() for line in lines[span.start.line - 1 : span.end.line])
             change = (
-                where,
-                module.code_for_node(mutant.original_node),
-                module.code_for_node(mutant.mutated_node),
+                text(context(mutant.original_node)),
+                text(mutant.original_node),
+                text(mutant.mutated_node),
             )
             seen[change] += 1
             out[f"{mangled}__mutmut_{i + 1}"] = (mangled, *change, seen[change])

@@ -52,11 +52,11 @@ def test_names_and_order_are_mutmuts_own() -> None:
 def test_a_mutant_keeps_its_change_across_an_edit_that_renumbers_it() -> None:
     old, new = mr.signatures(OLD, "m.py"), mr.signatures(NEW, "m.py")
     # the mutant that turns `hours <= 0` into `hours < 0`
-    (before,) = [k for k, s in old.items() if s[1] == ("if hours <= 0:",) and s[3] == " < 0"]
-    (after,) = [k for k, s in new.items() if s[1] == ("if hours <= 0:",) and s[3] == " < 0"]
+    (before,) = [k for k, s in old.items() if s[1] == "hours<=0" and s[3] == "<0"]
+    (after,) = [k for k, s in new.items() if s[1] == "hours<=0" and s[3] == "<0"]
     assert before != after  # the inserted statement's mutants come first
     # the one that turns the last line's `*` into `/` is on an edited line: its change is gone
-    (edited,) = [k for k, s in old.items() if s[3] == "hours / rate"]
+    (edited,) = [k for k, s in old.items() if s[3] == "hours/rate"]
     method = next(k for k in old if k.startswith("xǁPoolǁfree"))
     names = [f"m.{before}", f"m.{edited}", f"m.{method}"]
     result = mr.remap(OLD, NEW, "m", names)
@@ -92,3 +92,20 @@ def test_the_recorded_equivalents_of_the_cost_model_are_its_mutants_now() -> Non
     source = (ROOT / "src" / "trainyard" / "cost" / "model.py").read_text()
     result = mr.remap(source, source, "trainyard.cost.model", names)
     assert names and result.kept == names and not result.renamed and not result.lost
+
+
+def test_a_statement_the_formatter_lays_out_again_keeps_its_mutants() -> None:
+    old = "def f(hours, rate):\n    return hours * rate if hours > 1 else rate\n"
+    new = (
+        "def f(hours, rate):\n"
+        "    with open('x'):  # a new block around the old body\n"
+        "        return (\n"
+        "            hours * rate  # the product\n"
+        "            if hours > 1\n"
+        "            else rate\n"
+        "        )\n"
+    )
+    names = [f"m.{k}" for k in mr.signatures(old, "m.py")]
+    assert len(names) >= 3
+    result = mr.remap(old, new, "m", names)
+    assert not result.lost and len(result.kept) + len(result.renamed) == len(names)
