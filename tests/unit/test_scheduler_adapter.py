@@ -53,7 +53,7 @@ from trainyard.services.scheduler_adapter import (
 )
 from trainyard.services.scheduling import GreedyCheapestRound, Migration, QueuedJobView, RunningJobView
 from trainyard.spec.loader import spec_from_dict
-from trainyard.store.repositories import EventRepo, JobRepo
+from trainyard.store.repositories import EventRepo, JobRepo, insert_jobs
 
 NOW = 1_800_000_000.0
 STEPS = 200_000
@@ -265,6 +265,18 @@ def test_the_feedback_hook_falls_back_when_the_calibrated_predictor_refuses(
     monkeypatch.setattr("trainyard.predict.predict", refuse)
     hook = calibrated_predictions(cal)
     assert hook is not None and hook(s, h, 1, {}) is None
+
+
+def test_the_feedback_hook_predicts_on_the_pools_topology() -> None:
+    s = spec_from_dict(doc(resources={"min_devices": 1, "max_devices": 4}))
+    h = pool_accelerator(a100("a"))
+    cal = ingest_measurement(default_calibration(), s, h, 1, 4 * predict(s, h, 1).step_time_s)
+    hook = calibrated_predictions(cal)
+    assert hook is not None
+    slow = {"devices_per_node": 1, "inter_node_gbps": 1.0}  # two devices on two nodes, a slow network
+    got = hook(s, h, 2, slow).step_time_s
+    assert got == pytest.approx(predict(s, h, 2, calibration=cal, **slow).step_time_s)
+    assert got > 5 * predict(s, h, 2, calibration=cal).step_time_s  # the catalog's topology: one node
 
 
 # ---- the round ---------------------------------------------------------------------------------------
@@ -734,6 +746,47 @@ def test_queued_work_is_placed_every_tick_and_running_work_only_in_a_due_round(
     assert isinstance(env.sup.schedule_round, OptimizerRound)
     env.sup.schedule_once(limit=1)  # the oldest queued job only, for the round and the Replanner
     assert [q.job_id for q in stub.calls[2]["queued"]] == ["q1"]
+
+
+def test_a_round_reads_the_oldest_500_queued_jobs_by_default(env: Env, stub: StubRound) -> None:
+    env.pools.put(a100("a", 1.0))
+    spec = doc("q")
+    jobs = [
+        Job(id=f"q{i:03d}", seq=0, tenant_id="t1", name=f"q{i:03d}", state=JobState.QUEUED, spec=spec,
+            created_at_s=NOW - 100, updated_at_s=NOW - 100)
+        for i in range(501)
+    ]  # fmt: skip
+    with env.db.engine.begin() as c:
+        insert_jobs(c, [(j, ("submitted", {}, NOW - 100)) for j in jobs])
+    env.replanner.force = False
+    env.sup.schedule_once()
+    assert [q.job_id for q in stub.calls[0]["queued"]] == [f"q{i:03d}" for i in range(500)]
+    assert len(env.replanner.take()) == 500  # the arrivals of the jobs read, q500 not yet
+
+
+def test_a_due_round_reads_the_newest_active_jobs_up_to_its_bound(
+    env: Env, stub: StubRound, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(adapter, "MAX_ACTIVE_READ", 2)
+    env.pools.put(a100("a", 1.0, nodes=4))
+    for job_id in ("r1", "r2", "r3"):
+        env.add(job_id, JobState.RUNNING, placement=placed("a"), attempt_started_at_s=NOW - 50)
+    env.replanner.force = True
+    env.sup.schedule_once()
+    assert [r.job_id for r in stub.calls[0]["running"]] == ["r3", "r2"]
+
+
+def test_the_replanner_hears_only_of_the_queued_jobs_a_round_reads(env: Env, stub: StubRound) -> None:
+    env.pools.put(a100("a", 1.0))
+    env.add("q1")
+    env.add("q2", spec=doc("q2", objective={"deadline": "48h"}))
+    env.replanner.force = False
+    env.sup.schedule_once(limit=1)  # the oldest queued job only
+    r = EventKind
+    assert env.replanner.take() == [(r.ARRIVAL, "q1", None, None, None, False)]
+    assert [q.job_id for q in stub.calls[0]["queued"]] == ["q1"]
+    env.sup.schedule_once(limit=2)
+    assert env.replanner.take() == [(r.ARRIVAL, "q2", None, None, None, True)]
 
 
 def test_a_due_round_with_nothing_queued_still_replans_the_running_jobs(env: Env, stub: StubRound) -> None:

@@ -58,6 +58,7 @@ from trainyard.spec.models import JobSpec
 from trainyard.store.repositories import EventRepo, JobRepo
 
 log = structlog.get_logger("trainyard.replan")
+MAX_ACTIVE_READ = 100_000  # active jobs a round reads (the newest first) for re-planning and its events
 
 
 def _fmt_usd(usd: float) -> str:
@@ -353,7 +354,7 @@ class ReplanningSupervisor(Supervisor):
         now = self.clock()
         with self.db.session() as s:
             queued = JobRepo(s).list(states=[JobState.QUEUED.value], limit=limit, newest_first=False)
-            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000)
+            active = JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=MAX_ACTIVE_READ)
         pools = self.pools.pools()
         self._observe(now, queued, active, pools)
         if self.moved:
