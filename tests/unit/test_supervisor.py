@@ -233,6 +233,31 @@ def test_the_launch_plan_is_the_predictors_plan_for_the_placement(logged: Logged
     }
 
 
+def test_the_launch_plan_is_priced_on_the_pools_topology(logged: Logged) -> None:
+    pool = Pool(
+        name="nodes",
+        accelerator="cpu",
+        devices_per_node=1,
+        nodes=4,
+        market="on_demand",
+        price_usd_per_device_hour=PRICE,
+        region="local",
+        inter_node_gbps=1.0,
+    )
+    plan = launch_plan(doc(), pool, 2)
+    assert plan is not None and (plan["data"], plan["pipeline"]) == (1, 2)  # two nodes on a slow network
+    assert launch_plan(doc(), cpu(), 2)["pipeline"] == 1  # type: ignore[index]  # one node: data parallel
+    long_name = {**doc(), "name": "x" * 400}
+    assert launch_plan(long_name, pool, 2) is None
+    try:
+        spec_from_dict(long_name)
+    except InvalidInputError as exc:
+        message = str(exc)
+    assert len(message) > 300
+    (rec,) = logged.take()
+    assert rec["event"] == "launch_plan_failed" and rec["error"] == message[:300]
+
+
 # ---- the control loop --------------------------------------------------------------------------------
 def test_a_tick_runs_every_phase_in_order_and_a_failing_one_stops_none_of_the_others(
     env: Env, logged: Logged
@@ -726,9 +751,9 @@ def test_a_placement_no_executor_serves_or_of_a_job_no_longer_queued_starts_noth
     env.sup._start("j", placed(), env.pools.pools()[0])
     env.sup._start("j", placed("nowhere"), None)
     assert env.job("j").state == S.QUEUED and env.ex.launches == []
-    assert [(r["event"], r["pool"]) for r in logged.take()] == [
-        ("placement_not_executable", "cpu"),
-        ("placement_not_executable", "nowhere"),
+    assert [(r["event"], r["job_id"], r["pool"]) for r in logged.take()] == [
+        ("placement_not_executable", "j", "cpu"),
+        ("placement_not_executable", "j", "nowhere"),
     ]
     env.ex.unserved = set()
     env.add("r", S.CANCELLED)
@@ -1077,6 +1102,17 @@ def test_only_restarts_count_against_the_failure_budget(env: Env) -> None:
         for kind in ("restart", "preempted", "restart", "state"):
             EventRepo(s).append("j", kind, {}, NOW)
         assert env.sup._failure_restarts(s, "j") == 2
+
+
+def test_restarts_recorded_after_a_thousand_other_events_still_use_up_the_budget(env: Env) -> None:
+    env.sup.restart_policy = RestartPolicy(max_restarts=1)
+    env.running("j")
+    with env.db.session() as s:
+        for i in range(1000):  # about 3 hours of heartbeat events
+            EventRepo(s).append("j", "heartbeat", {"step": i}, NOW)
+        EventRepo(s).append("j", "restart", {"restart": 1}, NOW)
+    env.ev("j", "failed", {"classification": "infra"})
+    assert env.job("j").state == S.FAILED and env.job("j").reason == "infra failure: the job failed"
 
 
 def test_a_preempted_attempt_is_charged_to_its_notice_and_requeued(env: Env) -> None:
