@@ -31,6 +31,7 @@ from trainyard.schedule.candidates import (
     screen_key,
     to_candidate,
 )
+from trainyard.schedule.gcpause import gc_paused
 from trainyard.schedule.grid import CandidateGrid, Rows, pool_markets, spec_grid
 from trainyard.schedule.migration import migration_cost, uniform_progress, worth_moving
 from trainyard.schedule.solver import (
@@ -645,193 +646,197 @@ def schedule_round(
     scheduled as one (:class:`JobGroup`: one pool, a limit on starts and on their summed expected cost);
     a group's running members keep their allocations.
     """
-    cfg = config or SchedulerConfig()
-    cache = cache if cache is not None else CandidateCache()
-    cache.trim()
-    groups = dict(groups or {})
-    limits_of = {
-        g: GroupLimit(jg.max_starts, None if jg.budget_usd is None else budget_left_units(jg.budget_usd))
-        for g, jg in sorted(groups.items())
-    }
-    pool_index = {p.name: i for i, p in enumerate(pools)}
-    pool_by_name = {p.name: p for p in pools}
-    problem: list[ProblemJob] = []
-    # job -> (feasible, fitting now: both by objective; feasible by expected cost)
-    info: dict[str, tuple[Sequence[Candidate], Sequence[Candidate], Sequence[Candidate]]] = {}
-    unplaced: list[Unplaced] = []
-    kept: list[str] = []
-    running_by_id: dict[str, RunningJob] = {}
-    forced_reason: dict[str, str] = {}
+    with gc_paused():  # a round allocates in bursts; see schedule.gcpause
+        cfg = config or SchedulerConfig()
+        cache = cache if cache is not None else CandidateCache()
+        cache.trim()
+        groups = dict(groups or {})
+        limits_of = {
+            g: GroupLimit(jg.max_starts, None if jg.budget_usd is None else budget_left_units(jg.budget_usd))
+            for g, jg in sorted(groups.items())
+        }
+        pool_index = {p.name: i for i, p in enumerate(pools)}
+        pool_by_name = {p.name: p for p in pools}
+        problem: list[ProblemJob] = []
+        # job -> (feasible, fitting now: both by objective; feasible by expected cost)
+        info: dict[str, tuple[Sequence[Candidate], Sequence[Candidate], Sequence[Candidate]]] = {}
+        unplaced: list[Unplaced] = []
+        kept: list[str] = []
+        running_by_id: dict[str, RunningJob] = {}
+        forced_reason: dict[str, str] = {}
 
-    views: dict[tuple[str, Minimize, float], _SpecView] = {}
-    late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
-    full: list[tuple[ProblemJob, Sequence[Candidate]]] = []
-    # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
-    pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
-    rnd = _RoundPools.of(pools, cache)
-    screened = _prefetch_queue(jobs, pools, rnd, pools_key, cfg, cache) if cfg.vectorised_pricing else None
-    tv = cfg.time_value_usd_per_hour
-    # a job's options this round depend on its spec's view, the time to its deadline, the pools' prices and
-    # free room and the configuration: the last round's are reused where all of those are equal
-    rkey = (rnd.whole.tobytes(), rnd.single.tobytes(), pools_key, cfg)
-    last_key, last = cache.round_memo.get("options", (None, {}))
-    before: dict[Any, Any] = last if last_key == rkey else {}
-    this_round: dict[Any, Any] = {}
-    cache.round_memo["options"] = (rkey, this_round)
-    for qj in jobs:
-        deadline = qj.deadline_abs_s
-        pinned = None if qj.group is None else (groups.get(qj.group) or JobGroup()).pool
-        pin = None if pinned is None else pool_index.get(pinned)
-        if pinned is not None and pin is None:
-            gone = f"its group {qj.group} runs on pool {pinned}, which is not among this round's pools"
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, gone))
-            continue
-        vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
-        jkey = (vkey, None if deadline is None else deadline - now_s, pin)
-        got = before.get(jkey)
-        if got is None:
-            got = _job_options(
-                qj, deadline, now_s, vkey, views, pools, rnd, pools_key, cfg, cache, screened, pin
-            )
-        this_round[jkey] = got
-        view, feasible_rows, feasible, fitting, pruned, by_cost, seed_pool, is_late = got
-        grid = view.static.grid
-        if is_late and deadline is not None:
-            late[qj.job_id] = deadline
-        if not feasible:
-            cannot = _infeasible_reason(view.cands, pools)
-            if pinned is not None:
-                cannot = f"its group {qj.group} runs on pool {pinned}, which cannot run it: " + cannot
-            unplaced.append(Unplaced(qj.job_id, qj.tenant, cannot))
-            continue
-        info[qj.job_id] = (feasible, fitting, by_cost)
-        # what the job is expected to cost when it runs later, in objective terms but at list prices
-        # (reserved capacity is not assumed to be free later)
-        if qj.spec.objective.minimize == Minimize.TIME:
-            reference = float((grid.cost[feasible_rows] + tv * grid.hours[feasible_rows]).min())
-        else:
-            reference = by_cost[0].expected_cost_usd
-        wait = waiting_cost_usd(
-            priority=qj.priority,
-            reference_usd=reference,
-            queued_s=now_s - qj.submit_s,
-            deadline_abs_s=deadline,
-            needed_s=(view.min_p90_h if deadline is None else float(grid.p90[feasible_rows].min())) * 3600.0,
-            now_s=now_s,
-            config=cfg,
+        views: dict[tuple[str, Minimize, float], _SpecView] = {}
+        late: dict[str, float] = {}  # job -> its deadline, for jobs no option can finish by it any more
+        full: list[tuple[ProblemJob, Sequence[Candidate]]] = []
+        # the pools' priced fields, as a small token of this cache (a view key hashes it once per job)
+        pools_key = (cache.pools_token(tuple(pool_price_key(p) for p in pools)),)
+        rnd = _RoundPools.of(pools, cache)
+        screened = (
+            _prefetch_queue(jobs, pools, rnd, pools_key, cfg, cache) if cfg.vectorised_pricing else None
         )
-        pj = ProblemJob(
-            job_id=qj.job_id,
-            tenant=qj.tenant,
-            options=tuple(pruned),
-            unplaced_usd=reference + wait,
-            rank_usd=wait,
-            group=qj.group,
-        )
-        full.append((pj, seed_pool))
-
-    # Keep the model small (the cheapest few options per job) without losing good packings: each job also
-    # keeps the option a greedy pass over a wider list of its fitting options gives it.
-    capacities = {
-        p.name: PoolCapacity(
-            p.name, p.free_devices, whole_nodes(p.free_devices, p.devices_per_node), p.devices_per_node
-        )
-        for p in pools
-    }
-    # (the wider lists are made into candidates only as far as the greedy pass reads them)
-    limits = _tenant_limits(cfg, running)
-    seeds = _memo(
-        cache, "greedy", (full, capacities, limits, limits_of),
-        lambda: greedy([replace(pj, options=f) for pj, f in full], capacities, limits, limits_of),
-    )  # fmt: skip
-    for pj, wider in full:
-        opts = list(pj.options)
-        g = seeds.get(pj.job_id)
-        if g is not None and not any(o is wider[g] for o in opts):
-            opts.append(wider[g])
-            opts.sort(key=_sort_key)
-        problem.append(replace(pj, options=tuple(opts)) if len(opts) != len(pj.options) else pj)
-
-    for rj in running:
-        running_by_id[rj.job_id] = rj
-        rpj = None  # a group's member stays: a move would split the pool its group shares
-        if rj.group is None:
-            rpj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
-        if rpj is None:
-            kept.append(rj.job_id)
-        else:
-            problem.append(rpj)
-
-    tenants = _tenant_limits(cfg, running)
-    # a model equal to the last round's (nothing it reads changed) has the same answer: the solver is
-    # deterministic (one worker, fixed seed, deterministic limits), so it is not searched again
-    key = (problem, capacities, tenants, limits_of, cfg, time_limit_s)
-    again = cache.round_memo.get("solve")
-    if again is not None and again[0] == key:
-        sol = replace(again[1], wall_time_s=0.0)
-    else:
-        sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s, groups=limits_of)
-        cache.round_memo["solve"] = (key, sol)
-
-    usage = _tenant_usage(problem, sol)
-    group_use = _group_usage(problem, sol)
-    placements: list[Placement] = []
-    for pj in problem:
-        idx = sol.choice.get(pj.job_id)
-        if pj.job_id in running_by_id:
-            rj = running_by_id[pj.job_id]
-            chosen = pj.options[idx] if idx is not None else None
-            if chosen is None or chosen.is_stay:
-                kept.append(pj.job_id)
+        tv = cfg.time_value_usd_per_hour
+        # a job's options this round depend on its spec's view, the time to its deadline, the pools' prices and
+        # free room and the configuration: the last round's are reused where all of those are equal
+        rkey = (rnd.whole.tobytes(), rnd.single.tobytes(), pools_key, cfg)
+        last_key, last = cache.round_memo.get("options", (None, {}))
+        before: dict[Any, Any] = last if last_key == rkey else {}
+        this_round: dict[Any, Any] = {}
+        cache.round_memo["options"] = (rkey, this_round)
+        for qj in jobs:
+            deadline = qj.deadline_abs_s
+            pinned = None if qj.group is None else (groups.get(qj.group) or JobGroup()).pool
+            pin = None if pinned is None else pool_index.get(pinned)
+            if pinned is not None and pin is None:
+                gone = f"its group {qj.group} runs on pool {pinned}, which is not among this round's pools"
+                unplaced.append(Unplaced(qj.job_id, qj.tenant, gone))
                 continue
-            why = forced_reason.get(pj.job_id)
-            saving = next((o for o in pj.options if o.is_stay), None)
-            head = f"move {rj.pool} → {_label(chosen)}"
-            if why:
-                reason = f"{head}: {why}; moving to on-demand capacity to meet the deadline"
-            else:
-                stay_usd = saving.expected_cost_usd if saving else 0.0
-                reason = (
-                    f"{head}: remaining work {_fmt_usd(stay_usd)} here vs "
-                    f"{_fmt_usd(chosen.expected_cost_usd - chosen.migration_cost_usd)} there, "
-                    f"migration {_fmt_usd(chosen.migration_cost_usd)}"
+            vkey = (cache.key(qj.spec), qj.spec.objective.minimize, queued_progress(qj))
+            jkey = (vkey, None if deadline is None else deadline - now_s, pin)
+            got = before.get(jkey)
+            if got is None:
+                got = _job_options(
+                    qj, deadline, now_s, vkey, views, pools, rnd, pools_key, cfg, cache, screened, pin
                 )
-            others = tuple(_alternative(o) for o in pj.options if o is not chosen)[:2]
-            placements.append(_placement(pj, chosen, reason, others, from_pool=rj.pool))
-            continue
-        feasible_now, fitting_now, by_cost_now = info[pj.job_id]
-        if idx is None:
-            held = _group_reason(pj, fitting_now, group_use, groups)
-            if held is None:
-                held = _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants)
-            unplaced.append(Unplaced(pj.job_id, pj.tenant, held))
-            continue
-        chosen = pj.options[idx]
-        reason = _placement_reason(chosen, fitting_now, feasible_now, by_cost_now, pool_by_name)
-        if pj.group is not None:
-            reason += f"; group {pj.group} shares {chosen.pool}"
-        if pj.job_id in late:
-            over_s = now_s + chosen.expected_hours_p90 * 3600.0 - late[pj.job_id]
-            reason += (
-                f"; misses its deadline: no option finishes by it any more (p90 finish "
-                f"{_fmt_dur(max(over_s, 0.0))} after it)"
+            this_round[jkey] = got
+            view, feasible_rows, feasible, fitting, pruned, by_cost, seed_pool, is_late = got
+            grid = view.static.grid
+            if is_late and deadline is not None:
+                late[qj.job_id] = deadline
+            if not feasible:
+                cannot = _infeasible_reason(view.cands, pools)
+                if pinned is not None:
+                    cannot = f"its group {qj.group} runs on pool {pinned}, which cannot run it: " + cannot
+                unplaced.append(Unplaced(qj.job_id, qj.tenant, cannot))
+                continue
+            info[qj.job_id] = (feasible, fitting, by_cost)
+            # what the job is expected to cost when it runs later, in objective terms but at list prices
+            # (reserved capacity is not assumed to be free later)
+            if qj.spec.objective.minimize == Minimize.TIME:
+                reference = float((grid.cost[feasible_rows] + tv * grid.hours[feasible_rows]).min())
+            else:
+                reference = by_cost[0].expected_cost_usd
+            wait = waiting_cost_usd(
+                priority=qj.priority,
+                reference_usd=reference,
+                queued_s=now_s - qj.submit_s,
+                deadline_abs_s=deadline,
+                needed_s=(view.min_p90_h if deadline is None else float(grid.p90[feasible_rows].min()))
+                * 3600.0,
+                now_s=now_s,
+                config=cfg,
             )
-        placements.append(_placement(pj, chosen, reason, _alternatives(chosen, by_cost_now)))
-    order = {qj.job_id: i for i, qj in enumerate(jobs)}
-    order.update({rj.job_id: len(jobs) + i for i, rj in enumerate(running)})
-    placements.sort(key=lambda p: order.get(p.job_id, 0))
-    unplaced.sort(key=lambda u: order.get(u.job_id, 0))
-    kept.sort(key=lambda j: order.get(j, 0))
-    return RoundResult(
-        placements=tuple(placements),
-        unplaced=tuple(unplaced),
-        kept=tuple(kept),
-        solve_time_s=sol.wall_time_s,
-        objective_usd=sol.objective_usd,
-        solver_status=sol.status,
-        greedy_objective_usd=sol.greedy_objective_usd,
-        lower_bound_usd=sol.lower_bound_usd,
-    )
+            pj = ProblemJob(
+                job_id=qj.job_id,
+                tenant=qj.tenant,
+                options=tuple(pruned),
+                unplaced_usd=reference + wait,
+                rank_usd=wait,
+                group=qj.group,
+            )
+            full.append((pj, seed_pool))
+
+        # Keep the model small (the cheapest few options per job) without losing good packings: each job also
+        # keeps the option a greedy pass over a wider list of its fitting options gives it.
+        capacities = {
+            p.name: PoolCapacity(
+                p.name, p.free_devices, whole_nodes(p.free_devices, p.devices_per_node), p.devices_per_node
+            )
+            for p in pools
+        }
+        # (the wider lists are made into candidates only as far as the greedy pass reads them)
+        limits = _tenant_limits(cfg, running)
+        seeds = _memo(
+            cache, "greedy", (full, capacities, limits, limits_of),
+            lambda: greedy([replace(pj, options=f) for pj, f in full], capacities, limits, limits_of),
+        )  # fmt: skip
+        for pj, wider in full:
+            opts = list(pj.options)
+            g = seeds.get(pj.job_id)
+            if g is not None and not any(o is wider[g] for o in opts):
+                opts.append(wider[g])
+                opts.sort(key=_sort_key)
+            problem.append(replace(pj, options=tuple(opts)) if len(opts) != len(pj.options) else pj)
+
+        for rj in running:
+            running_by_id[rj.job_id] = rj
+            rpj = None  # a group's member stays: a move would split the pool its group shares
+            if rj.group is None:
+                rpj = _running_problem(rj, pool_by_name, pools, now_s, cfg, cache, forced_reason)
+            if rpj is None:
+                kept.append(rj.job_id)
+            else:
+                problem.append(rpj)
+
+        tenants = _tenant_limits(cfg, running)
+        # a model equal to the last round's (nothing it reads changed) has the same answer: the solver is
+        # deterministic (one worker, fixed seed, deterministic limits), so it is not searched again
+        key = (problem, capacities, tenants, limits_of, cfg, time_limit_s)
+        again = cache.round_memo.get("solve")
+        if again is not None and again[0] == key:
+            sol = replace(again[1], wall_time_s=0.0)
+        else:
+            sol = solve(problem, capacities, tenants, cfg, time_limit_s=time_limit_s, groups=limits_of)
+            cache.round_memo["solve"] = (key, sol)
+
+        usage = _tenant_usage(problem, sol)
+        group_use = _group_usage(problem, sol)
+        placements: list[Placement] = []
+        for pj in problem:
+            idx = sol.choice.get(pj.job_id)
+            if pj.job_id in running_by_id:
+                rj = running_by_id[pj.job_id]
+                chosen = pj.options[idx] if idx is not None else None
+                if chosen is None or chosen.is_stay:
+                    kept.append(pj.job_id)
+                    continue
+                why = forced_reason.get(pj.job_id)
+                saving = next((o for o in pj.options if o.is_stay), None)
+                head = f"move {rj.pool} → {_label(chosen)}"
+                if why:
+                    reason = f"{head}: {why}; moving to on-demand capacity to meet the deadline"
+                else:
+                    stay_usd = saving.expected_cost_usd if saving else 0.0
+                    reason = (
+                        f"{head}: remaining work {_fmt_usd(stay_usd)} here vs "
+                        f"{_fmt_usd(chosen.expected_cost_usd - chosen.migration_cost_usd)} there, "
+                        f"migration {_fmt_usd(chosen.migration_cost_usd)}"
+                    )
+                others = tuple(_alternative(o) for o in pj.options if o is not chosen)[:2]
+                placements.append(_placement(pj, chosen, reason, others, from_pool=rj.pool))
+                continue
+            feasible_now, fitting_now, by_cost_now = info[pj.job_id]
+            if idx is None:
+                held = _group_reason(pj, fitting_now, group_use, groups)
+                if held is None:
+                    held = _unplaced_reason(pj, feasible_now, fitting_now, usage, pool_by_name, tenants)
+                unplaced.append(Unplaced(pj.job_id, pj.tenant, held))
+                continue
+            chosen = pj.options[idx]
+            reason = _placement_reason(chosen, fitting_now, feasible_now, by_cost_now, pool_by_name)
+            if pj.group is not None:
+                reason += f"; group {pj.group} shares {chosen.pool}"
+            if pj.job_id in late:
+                over_s = now_s + chosen.expected_hours_p90 * 3600.0 - late[pj.job_id]
+                reason += (
+                    f"; misses its deadline: no option finishes by it any more (p90 finish "
+                    f"{_fmt_dur(max(over_s, 0.0))} after it)"
+                )
+            placements.append(_placement(pj, chosen, reason, _alternatives(chosen, by_cost_now)))
+        order = {qj.job_id: i for i, qj in enumerate(jobs)}
+        order.update({rj.job_id: len(jobs) + i for i, rj in enumerate(running)})
+        placements.sort(key=lambda p: order.get(p.job_id, 0))
+        unplaced.sort(key=lambda u: order.get(u.job_id, 0))
+        kept.sort(key=lambda j: order.get(j, 0))
+        return RoundResult(
+            placements=tuple(placements),
+            unplaced=tuple(unplaced),
+            kept=tuple(kept),
+            solve_time_s=sol.wall_time_s,
+            objective_usd=sol.objective_usd,
+            solver_status=sol.status,
+            greedy_objective_usd=sol.greedy_objective_usd,
+            lower_bound_usd=sol.lower_bound_usd,
+        )
 
 
 def _running_problem(
