@@ -6,6 +6,7 @@ privileges)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -16,6 +17,9 @@ import stat
 import subprocess
 import sys
 import tarfile
+import termios
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -940,6 +944,46 @@ def test_a_gang_rank_joins_its_gangs_network_instead_of_a_namespace_of_its_own()
     assert got[: len(SHELL) + 3] == [*SHELL, "/usr/bin/nsenter", "--net=/proc/self/fd/9", "/opt/bwrap"]
     assert "--unshare-net" not in got
     assert "--unshare-net" in _sandbox().command(["true"], Mounts(share_net=False))
+
+
+def _unread(fd: int) -> int:
+    """Bytes written to a pipe that its reader has not read yet."""
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+
+
+def test_bubblewraps_info_written_in_two_pieces_while_it_is_read_is_read_whole() -> None:
+    """A writer racing the reader: the first piece is read (and does not parse) before the second is
+    written, 0.2 s later; the reader waits for it within its timeout and parses both pieces together."""
+    r, w = os.pipe()
+
+    def write() -> None:
+        os.write(w, b'{"child-pid": ')
+        give_up = time.monotonic() + 5.0
+        while _unread(r) and time.monotonic() < give_up:  # until the reader has taken the first piece
+            time.sleep(0.001)
+        time.sleep(0.2)
+        os.write(w, b"42}")
+
+    writer = threading.Thread(target=write)
+    try:
+        writer.start()
+        assert sb._read_json_fd(r, 5.0) == {"child-pid": 42}
+    finally:
+        writer.join()
+        os.close(r)
+        os.close(w)
+
+
+def test_bubblewraps_info_is_waited_for_no_longer_than_the_timeout() -> None:
+    r, w = os.pipe()
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError, match=r"^bubblewrap reported nothing on its info descriptor$"):
+            sb._read_json_fd(r, 0.01)
+        assert time.monotonic() - start < 0.9
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_bubblewraps_info_is_read_until_it_parses() -> None:
