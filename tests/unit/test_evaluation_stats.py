@@ -260,6 +260,25 @@ def test_a_degenerate_bca_interval_falls_back_to_the_percentile_interval() -> No
     assert pct.high - pct.low < 1e-12  # resampled in pairs: the differences, not the scores, are resampled
 
 
+def test_the_percentile_fallback_draws_the_resamples_it_was_asked_for() -> None:
+    """One difference a unit in the last place above 1.0: the jackknife means all round to 1.0 (BCa is
+    0/0), while a resample mean is 1.0 + 2**-52 when it draws that difference three or four times in
+    four (5 % of resamples). 20 resamples of seed 1 draw it so too few times to reach the upper bound;
+    scipy's default of 9999 would."""
+    model, base = np.array([1.0, 1.0, 1.0, 1.0 + 2.0**-52]), np.zeros(4)
+    kw = dict(paired=True, vectorized=True, method="percentile")
+    pct = sps.bootstrap(
+        (model, base), _mean_diff_ref, n_resamples=20, random_state=np.random.default_rng(1), **kw
+    )
+    assert (
+        S._scipy_ci(model, base, 20, 1)
+        == (pct.confidence_interval.low, pct.confidence_interval.high)
+        == (1.0, 1.0)
+    )
+    many = sps.bootstrap((model, base), _mean_diff_ref, random_state=np.random.default_rng(1), **kw)
+    assert many.confidence_interval.high == 1.0 + 2.0**-52  # so the resample count shows
+
+
 def test_bootstrap_counts_draw_n_examples_per_resample_in_batches() -> None:
     n, resamples = 7, 2600  # ten full batches of 250 and one of 100
     counts = S._bootstrap_counts(n, resamples, np.random.default_rng(0))
