@@ -675,8 +675,8 @@ def schedule_round(
             _prefetch_queue(jobs, pools, rnd, pools_key, cfg, cache) if cfg.vectorised_pricing else None
         )
         tv = cfg.time_value_usd_per_hour
-        # a job's options this round depend on its spec's view, the time to its deadline, the pools' prices and
-        # free room and the configuration: the last round's are reused where all of those are equal
+        # a job's options this round depend on its spec's view, the time to its deadline, the pools' prices
+        # and free room and the configuration: the last round's are reused where all of those are equal
         rkey = (rnd.whole.tobytes(), rnd.single.tobytes(), pools_key, cfg)
         last_key, last = cache.round_memo.get("options", (None, {}))
         before: dict[Any, Any] = last if last_key == rkey else {}
