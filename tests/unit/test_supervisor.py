@@ -319,6 +319,19 @@ def test_alerts_are_scanned_when_the_platform_gave_an_alert_service(env: Env) ->
 
 
 # ---- capacity and scheduling -------------------------------------------------------------------------
+def test_a_pool_nothing_runs_on_offers_all_its_devices(env: Env) -> None:
+    assert [(p.name, p.free_devices, p.available_devices) for p in env.sup.free_pools()] == [("cpu", 4, 4)]
+
+
+def test_without_a_round_given_the_greedy_round_places_work_and_nothing_is_logged_as_failed(
+    env: Env, logged: Logged
+) -> None:
+    env.add("q1", quote=[{"pool": "cpu", "devices": 2, "feasible": True}])
+    result = env.sup.schedule_once()
+    assert result is not None and result.placements["q1"].devices == 2
+    assert [r["event"] for r in logged.take()] == ["launched"]
+
+
 def test_free_capacity_is_what_the_served_pools_have_less_what_active_jobs_hold(env: Env) -> None:
     env.pools.put(cpu("small", devices=1))
     env.pools.put(cpu("far", devices=8))
@@ -569,6 +582,28 @@ def test_a_launch_takes_the_specs_storage_and_interval_else_the_servers(env: Env
     assert (c.checkpoint_url, c.checkpoint_interval_s) == ("file:///ck", None)
 
 
+def test_a_storage_policy_given_to_the_supervisor_places_checkpoints_in_the_tenants_area(
+    env: Env, tmp_path: Path
+) -> None:
+    policy = StoragePolicy(f"file://{tmp_path}/store")
+    sup = Supervisor(
+        env.db,
+        env.jobs,
+        env.pools,
+        env.ex,
+        runs_dir=env.runs,
+        checkpoint_url="file:///ck",
+        clock=env.clock,
+        storage_policy=policy,
+    )
+    env.add("a")
+    sup._start("a", placed(), env.pools.pools()[0])
+    (req,) = env.ex.launches
+    assert req.checkpoint_url == policy.area("acme", "checkpoints")
+    assert req.storage_roots == policy.roots("acme")
+    assert (req.metrics_every_steps, req.metrics_max_rows_per_s) == (1, 100.0)  # the defaults: every step
+
+
 def test_with_a_storage_policy_a_launch_gets_the_tenants_roots_and_checkpoint_area(
     env: Env, tmp_path: Path
 ) -> None:
@@ -652,6 +687,15 @@ def test_unusable_checkpoint_storage_fails_the_attempt_without_a_restart(env: En
         "error": "cannot write file:///ck",
         "log_level": "warning",
     }
+
+    def refuse_long(req: Any) -> Any:
+        raise StorageError("w" * 600)
+
+    env.ex.launch = refuse_long  # type: ignore[method-assign]
+    env.add("k")
+    env.sup._start("k", placed(), env.pools.pools()[0])
+    (rec,) = events_of(logged, "launch_refused_storage")
+    assert rec["job_id"] == "k" and rec["error"] == "w" * 500
 
 
 def test_a_storage_failure_of_an_attempt_that_moved_on_changes_nothing(env: Env) -> None:
@@ -760,6 +804,29 @@ def test_a_placement_no_executor_serves_or_of_a_job_no_longer_queued_starts_noth
     env.sup._start("r", placed(), env.pools.pools()[0])
     env.sup._start("nope", placed(), env.pools.pools()[0])
     assert env.ex.launches == [] and env.events("r") == []
+
+
+def test_the_launched_workers_are_recorded_at_the_time_the_launch_returned(env: Env) -> None:
+    env.add("j")
+    real = env.ex.launch
+
+    def slow_launch(req: Any) -> Any:
+        env.clock.now += 7.0  # the executor took 7 s
+        return real(req)
+
+    env.ex.launch = slow_launch  # type: ignore[method-assign]
+    env.sup._start("j", placed(), env.pools.pools()[0])
+    job = env.job("j")
+    assert job.attempt_started_at_s == NOW and job.updated_at_s == NOW + 7.0 and len(job.workers) == 1
+
+
+def test_a_terminal_event_without_a_log_keeper_archives_nothing_and_logs_no_failure(
+    env: Env, logged: Logged
+) -> None:
+    env.running("j")
+    env.ex.emit("j", "succeeded", {}, attempt=1)
+    env.sup.poll_once()
+    assert env.job("j").state == S.SUCCEEDED and logged.take() == []
 
 
 def test_workers_of_an_attempt_that_moved_on_during_the_launch_are_not_recorded(env: Env) -> None:
