@@ -377,7 +377,7 @@ def _fast_permutation_ps(d: np.ndarray, n_resamples: int, rng: np.random.Generat
     eps = 1e-6 * np.maximum(1.0, np.abs(observed))  # scipy's relative tolerance for ties
     for start in range(0, n_resamples, _BATCH):
         rows = min(_BATCH, n_resamples - start)
-        bits = np.unpackbits(rng.integers(0, 256, size=(rows, (n + 7) // 8), dtype=np.uint8), axis=1)
+        bits = np.unpackbits(rng.integers(256, size=(rows, (n + 7) // 8), dtype=np.uint8), axis=1)  # bytes
         signs = bits[:, :n].astype(np.float32) * 2.0 - 1.0
         null = (signs @ d32).astype(np.float64) / n  # (rows, k)
         ge += np.sum(null >= observed - eps, axis=0)
