@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from mutation_score import module_of  # noqa: E402
+
 EQUIVALENT = ROOT / "benchmarks" / "data" / "mutation_equivalent.json"
 
 Signature = tuple[str, str, str, str, int]
@@ -161,7 +164,7 @@ def main() -> int:
     lost_any = False
     for path in config["only_mutate"]:
         mod = module_name(path)
-        names = [k for k in equivalent if k.startswith(mod + ".x")]
+        names = [k for k in equivalent if module_of(k) == mod]
         old = _git_show(args.base, path)
         new = (ROOT / path).read_text()
         if not names or old is None or old == new:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,23 @@ def test_applying_a_remap_renames_in_place_and_drops_what_is_lost() -> None:
     ]
     with pytest.raises(RuntimeError):
         mr.apply({"m.x_a__mutmut_2": "r", "m.x_a__mutmut_5": "s"}, result)  # two onto one
+
+
+def test_every_recorded_equivalent_names_a_mutant_of_a_mutated_module() -> None:
+    """A name left behind by an edit (a function renamed or removed, fewer mutants than its number) or a
+    module no longer mutated is caught here; mutation_remap.py is how to carry the names across."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    equivalent = json.loads((ROOT / "benchmarks" / "data" / "mutation_equivalent.json").read_text())
+    modules = {mr.module_name(p): p for p in config["only_mutate"]}
+    unknown = [k for k in equivalent if mr.module_of(k) not in modules]
+    assert unknown == []
+    missing = []
+    for mod, path in modules.items():
+        names = [k for k in equivalent if mr.module_of(k) == mod]
+        if names:
+            made = mr.signatures((ROOT / path).read_text(), path)
+            missing += [k for k in names if k.removeprefix(mod + ".") not in made]
+    assert missing == []
 
 
 def test_the_recorded_equivalents_of_the_cost_model_are_its_mutants_now() -> None:
