@@ -304,6 +304,12 @@ def test_a_tick_runs_every_phase_in_order_and_a_failing_one_stops_none_of_the_ot
     ]
 
 
+def test_a_tick_of_a_supervisor_without_observers_places_queued_work(env: Env) -> None:
+    env.add("q1", quote=[{"pool": "cpu", "devices": 1, "feasible": True}])
+    env.sup.tick()
+    assert env.job("q1").state == S.STARTING and len(env.ex.launches) == 1
+
+
 def test_alerts_are_scanned_when_the_platform_gave_an_alert_service(env: Env) -> None:
     env.sup.scan_alerts()  # none: nothing to do
 
