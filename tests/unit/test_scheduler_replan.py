@@ -456,3 +456,71 @@ def test_a_spot_job_with_no_on_demand_pool_is_checked_on_the_progress_line_alone
     )
     assert forced == {"d": uniform_progress(behind, now, None, CFG).reason}
     assert forced["d"].startswith("behind uniform progress: 20% done")
+
+
+def test_a_running_job_on_reserved_capacity_stays_on_it() -> None:
+    from trainyard.schedule.candidates import price_option
+    from trainyard.schedule.round import _running_problem
+
+    # reserved capacity is already paid for: even 4× cheaper on-demand capacity elsewhere is no saving
+    s = long_spec()
+    res = pool("res", "a100-80gb", 4.0, market="reserved", available=3)
+    cheap = pool("cheap", "a100-80gb", 1.0)
+    rj = running(s, "res", market="reserved", progress=0.25)
+    r = schedule_round([], [res, cheap], [rj], now_s=7200.0, config=CFG)
+    assert not r.placements and r.kept == ("r",)
+    # its stay is priced as reserved (the token share of the objective) against a move that does pay off
+    dear = pool("dear", "a100-80gb", 8.0, market="reserved", available=3)
+    cfg = replace(CFG, reserved_cost_factor=1.0)
+    cache = CandidateCache()
+    rd = running(s, "dear", market="reserved", progress=0.25)
+    pj = _running_problem(rd, {"dear": dear, "cheap": cheap}, [dear, cheap], 7200.0, cfg, cache, {})
+    assert pj is not None
+    (stay,) = [o for o in pj.options if o.is_stay]
+    q = price_option(s, dear, 1, 0.25, cache)
+    assert stay.objective_usd == q.expected_cost_usd * 1.0 + 1e-3 * q.expected_hours * 1
+
+
+def test_a_running_job_moves_onto_free_reserved_capacity_at_the_same_list_price() -> None:
+    s = long_spec()
+    # the same price per device-hour, but the reserved devices are already paid for: the move pays off
+    od, res = pool("od", "a100-80gb", 4.0, available=3), pool("res", "a100-80gb", 4.0, market="reserved")
+    r = schedule_round([], [od, res], [running(s, "od")], now_s=7200.0, config=CFG)
+    (p,) = r.placements
+    assert (p.job_id, p.pool, p.market, p.from_pool) == ("r", "res", "reserved", "od")
+
+
+def test_a_running_job_does_not_move_where_it_would_miss_its_deadline() -> None:
+    def with_deadline(deadline: str):
+        return long_spec(objective={"deadline": deadline})
+
+    # on the H100 at $4/h, 2.5 h of work left; the A100 at $1/h is cheaper but needs over 4 h
+    dear, cheap = pool("dear", "h100", 4.0, available=3), pool("cheap", "a100-80gb", 1.0)
+    rj = running(with_deadline("6h"), "dear", progress=0.25)
+    r = schedule_round([], [dear, cheap], [rj], now_s=7200.0, config=CFG)
+    assert not r.placements and r.kept == ("r",)
+    # with time to spare the same move is taken
+    relaxed = replace(rj, spec=with_deadline("12h"))
+    (p,) = schedule_round([], [dear, cheap], [relaxed], now_s=7200.0, config=CFG).placements
+    assert (p.pool, p.from_pool) == ("cheap", "dear")
+
+
+def test_the_deadline_slack_rule_counts_the_on_demand_p90_hours_in_seconds() -> None:
+    from trainyard.schedule.round import _running_problem
+
+    s = long_spec("d", objective={"deadline": "6h"})
+    spot, od = pool("spot", "a100-80gb", 0.7, market="spot", available=3), pool("od", "a100-80gb", 2.5)
+    pools = [spot, od]
+    now = 3 * 3600.0
+    (od_c,) = candidates_for(job_id="d", tenant="t", spec=s, pools=[od], now_s=now, deadline_abs_s=None,
+                             config=CFG, cache=CandidateCache(), elapsed_fraction=0.9)  # fmt: skip
+    left_s = od_c.expected_hours_p90 * 3600.0
+    assert od_c.expected_hours_p90 > 0.1  # so an hour's worth of seconds off would show
+    for margin, behind in ((0.05, False), (-0.05, True)):
+        # the deadline falls so that the on-demand slack is the safety margin give or take 0.05 s; placed
+        # just now, so only the deadline rule can make it move; well ahead of the progress line
+        submit = now + left_s + CFG.deadline_safety_s + margin - 6 * 3600.0
+        rj = running(s, "spot", market="spot", progress=0.9, placed_s=now - 60.0, submit_s=submit)
+        forced: dict[str, str] = {}
+        pj = _running_problem(rj, {p.name: p for p in pools}, pools, now, CFG, CandidateCache(), forced)
+        assert (pj is not None, "d" in forced) == (behind, behind)

@@ -302,8 +302,9 @@ def test_priority_weights_double_per_level_within_minus_3_and_6() -> None:
 
 
 def test_dollars_and_durations_read_as_in_the_reasons() -> None:
-    assert [_fmt_usd(x) for x in (1234.5, 1.0, 0.996, 0.994, 0.5, 0.1234, 0.0)] == [
-        "$1,234.50", "$1.00", "$1.00", "$0.994", "$0.5", "$0.1234", "$0"
+    # from 0.995 up amounts read in cents (0.995 itself, a float just below it, reads as $0.99)
+    assert [_fmt_usd(x) for x in (1234.5, 1.0, 0.996, 0.995, 0.994, 0.5, 0.1234, 0.0)] == [
+        "$1,234.50", "$1.00", "$1.00", "$0.99", "$0.994", "$0.5", "$0.1234", "$0"
     ]  # fmt: skip
     assert [_fmt_dur(s) for s in (59.0, 1800.0, 3599.0, 3600.0, 5400.0)] == [
         "1 min", "30 min", "60 min", "1.0 h", "1.5 h"
@@ -401,6 +402,9 @@ def test_a_placement_explains_its_choice_against_the_others() -> None:
     assert _placement_reason(spot, [spot], [spot], [spot], free) == (
         "1 × a100-80gb spot on a: $0.5, ~30 min — the only feasible option; checkpoint every 15 min"
     )
+    # however short the interval (the cost model's floor is a parameter), a spot job that checkpoints says so
+    often = replace(spot, checkpoint_interval_s=1.0)
+    assert _placement_reason(often, [often], [often], [often], free).endswith("; checkpoint every 0 min")
     unsaved = replace(spot, checkpoint_interval_s=0.0)
     assert _placement_reason(unsaved, [unsaved], [unsaved], [unsaved], free).endswith(
         "the only feasible option"
@@ -552,6 +556,11 @@ def test_a_late_job_is_told_how_far_past_its_deadline_it_will_finish() -> None:
     assert p.reason.endswith(
         f"; misses its deadline: no option finishes by it any more (p90 finish {_fmt_dur(over_s)} after it)"
     )
+    # 29 min 29 s after it reads as 29 min: the p90 run counts 3600 s an hour (a second more per hour of a
+    # run over an hour long would make it past 29.5 min, read as 30)
+    now = 3 * 3600.0 + 1769.0 - p90_h * 3600.0
+    (p,) = schedule_round([job(s, submit_s=0.0)], [a100], now_s=now, config=CFG).placements
+    assert p.reason.endswith("(p90 finish 29 min after it)") and p90_h > 1.0
 
 
 def test_a_price_move_on_a_quarter_of_the_pools_reprices_only_those(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -830,6 +839,10 @@ def test_a_deadline_job_is_reconsidered_as_its_deadline_nears_on_one_cache() -> 
     cache = CandidateCache()
     s = spec("dl", measured=m, objective={"deadline": "3h"})
     assert schedule_round([job(s)], pools, config=CFG, cache=cache).placements[0].pool == "a100"
+    # an hour and a half later, the same spec submitted 3 h ago has no time left (its options are not the
+    # ones of the job whose deadline plus clock was the same 3 h)
+    (p,) = schedule_round([job(s, submit_s=-5400.0)], pools, now_s=5400.0, config=CFG, cache=cache).placements
+    assert p.pool == "t4" and "misses its deadline" in p.reason
     # ten hours later (re-queued), nothing can make it any more: the cheapest option, the miss named
     (p,) = schedule_round([job(s)], pools, now_s=10 * 3600.0, config=CFG, cache=cache).placements
     assert p.pool == "t4" and "misses its deadline" in p.reason
@@ -1000,3 +1013,191 @@ def test_a_price_move_reprices_a_requeued_job_for_its_work_left_and_time_value()
     left = price_option(s, pools[2], 1, 0.5, CandidateCache())
     assert (p.pool, p.expected_cost_usd) == ("c", left.expected_cost_usd)
     assert r.objective_usd == pytest.approx(left.expected_cost_usd + 10.0 * left.expected_hours, rel=1e-9)
+
+
+def test_a_jobs_model_options_are_the_undominated_ones_that_fit_now() -> None:
+    # one node of 2 free devices on "a"; "b" is dearer; two cheaper pools are full. Per job the model keeps
+    # two options, and the greedy seed looks at two
+    m = {"step_time_s": {"a100-80gb": 1.0}}
+    jobs = [job(spec(n, resources={"min_devices": 1, "max_devices": 2}, measured=m)) for n in ("x", "y", "z")]
+    pools = [pool("full1", "a100-80gb", 0.8, per_node=2, available=0),
+             pool("full2", "a100-80gb", 0.85, per_node=2, available=0),
+             pool("a", "a100-80gb", 1.0, per_node=2, nodes=1),
+             pool("b", "a100-80gb", 1.12, per_node=2)]  # fmt: skip
+    cfg = replace(CFG, max_options_per_job=2, seed_options_per_job=2)
+    # the full pools take no place, nor does the 2-device option on "a" (it costs more and takes more than
+    # the 1-device one): each job keeps 1 device on "a" and on "b", and the third job goes to "b"
+    r = schedule_round(jobs, pools, config=cfg)
+    placed = [(p.job_id, p.pool, p.devices) for p in r.placements]
+    assert placed == [("x", "a", 1), ("y", "a", 1), ("z", "b", 1)]
+    # without the pruning, the dominated 2 devices on "a" (dearer than 1, cheaper than "b") take the second
+    # place: the third job has no option left that fits
+    r = schedule_round(jobs, pools, config=replace(cfg, pareto_pruning=False))
+    assert [(p.job_id, p.pool) for p in r.placements] == [("x", "a"), ("y", "a")]
+    assert [u.job_id for u in r.unplaced] == ["z"]
+
+
+def test_a_deadline_its_p90_run_meets_exactly_or_by_half_a_second_is_met() -> None:
+    from trainyard.schedule.candidates import price_option
+
+    s = spec("dl2", measured={"step_time_s": {"a100-80gb": 4.0}}, objective={"deadline": "3h"})
+    a100 = pool("a100", "a100-80gb", 3.0)
+    p90_s = price_option(s, a100, 1, 0.0, CandidateCache()).expected_hours_p90 * 3600.0
+    assert p90_s < 3 * 3600.0
+    exact = 3 * 3600.0 - p90_s
+    while 3 * 3600.0 - exact > p90_s:  # the clock at which the time left is the p90 run to the last bit
+        exact = math.nextafter(exact, math.inf)
+    assert 3 * 3600.0 - exact == p90_s
+    for now, misses in ((exact - 0.5, False), (exact, False), (exact + 0.5, True)):
+        # submitted at 0: the deadline is at 3 h; alone, and as a member of a group pinned to the pool
+        (p,) = schedule_round([job(s)], [a100], now_s=now, config=CFG).placements
+        assert ("misses its deadline" in p.reason) is misses, now - exact
+        member = QueuedJob("m", "t", s, 0.0, group="g")
+        (p,) = schedule_round(
+            [member], [a100], now_s=now, config=CFG, groups={"g": JobGroup(pool="a100")}
+        ).placements
+        assert ("misses its deadline" in p.reason) is misses, now - exact
+
+
+def test_a_round_predicts_its_new_specs_in_one_batch_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import Counter
+
+    from scheduler_paths import decisions
+
+    import trainyard.schedule.candidates as cands
+    import trainyard.schedule.round as rnd
+
+    batches: list[list[str]] = []
+    calls: Counter[str] = Counter()
+    real_many = rnd.prefetch_predictions_many
+
+    def batched(work: Any, cache: Any) -> Any:
+        batches.append([s.name for s, _ in work])
+        return real_many(work, cache)
+
+    monkeypatch.setattr(rnd, "prefetch_predictions_many", batched)
+    for name in ("predict", "predict_many"):  # the predictor called spec by spec
+        real = getattr(cands, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(cands, name, counting)
+    pools = [pool(n, "a100-80gb", price) for n, price in (("a", 2.0), ("b", 2.2), ("c", 2.4), ("d", 2.6))]
+    first = list(pools)
+    sa, sb = spec("a"), spec("b", model={"d_model": 1024, "n_heads": 8})
+    sc = spec("c", model={"d_model": 3072, "n_heads": 24})
+    # "a2" is the spec of "a" under another name: one spec to price
+    queue = [job(sa), QueuedJob("a2", "t", spec("a2"), 0.0), job(sb)]
+    cache = CandidateCache()
+
+    def round_(jobs: list[QueuedJob], ps: list[Pool]) -> None:
+        warm = rnd.schedule_round(jobs, ps, config=CFG, cache=cache)
+        batches.append(["(fresh)"])  # the same round on a fresh cache decides alike
+        assert decisions(warm) == decisions(rnd.schedule_round(jobs, ps, config=CFG, cache=CandidateCache()))
+
+    round_(queue, pools)
+    assert batches[0] == ["a", "b"] and calls == {}
+    batches.clear()
+    round_(queue, pools)  # every spec's candidates are memoised: nothing to predict
+    assert batches[0] == ["(fresh)"] and calls == {}
+    # one price moved: the memoised specs are priced again on their predictions, the new one predicted
+    pools[1] = pools[1].model_copy(update={"price_usd_per_device_hour": 1.0})
+    batches.clear()
+    round_([job(sa), job(sb), job(sc)], pools)
+    assert batches[0] == ["c"] and calls == {}
+    # three of four moved: every spec is priced again from its screening and predictions ...
+    far = [
+        p.model_copy(update={"price_usd_per_device_hour": 9.0}) if i != 2 else p for i, p in enumerate(pools)
+    ]
+    batches.clear()
+    round_([job(sa), job(sb), job(sc)], far)
+    assert batches[0] == ["a", "b", "c"] and calls == {}
+    # ... and back at the first prices, the first round's candidates answer for "a" and "b" (never for "c")
+    batches.clear()
+    round_([job(sa), job(sb), job(sc)], first)
+    assert batches[0] == ["c"] and calls == {}
+
+
+def test_a_pinned_deadline_jobs_urgency_is_its_own_pools_fastest_run() -> None:
+    from trainyard.schedule.candidates import candidates_for
+
+    # pinned to the T4 pool (full now), with an A100 pool elsewhere twice as fast: its wait is as urgent
+    # as the T4's run to the deadline, and the reference is the T4's cost
+    m = {"step_time_s": {"t4": 2.0, "a100-80gb": 1.0}}
+    s = spec("m", measured=m, objective={"deadline": "3h"})
+    t4, a100 = pool("t4", "t4", 0.2, available=0), pool("a100", "a100-80gb", 3.0)
+    member = QueuedJob("m", "t", s, 0.0, group="g")
+    r = schedule_round([member], [t4, a100], config=CFG, groups={"g": JobGroup(pool="t4")})
+    assert not r.placements and [u.job_id for u in r.unplaced] == ["m"]
+    (c,) = candidates_for(job_id="", tenant="", spec=s, pools=[t4], now_s=0.0, deadline_abs_s=None,
+                          config=CFG, cache=CandidateCache())  # fmt: skip
+    wait = waiting_cost_usd(priority=0, reference_usd=c.expected_cost_usd, queued_s=0.0, now_s=0.0,
+                            deadline_abs_s=3 * 3600.0, needed_s=c.expected_hours_p90 * 3600.0,
+                            config=CFG)  # fmt: skip
+    assert r.objective_usd == pytest.approx(c.expected_cost_usd + wait, rel=1e-12)
+
+
+def test_the_greedy_pass_places_the_more_pressing_job_first() -> None:
+    # one device for two jobs: the higher-priority "b" has the larger waiting cost, so the greedy pass
+    # already gives it the device (and reaches the optimum); in name order "a" would come first
+    m = {"step_time_s": {"a100-80gb": 1.0}}
+    pools = [pool("a100", "a100-80gb", 2.0, nodes=1)]
+    r = schedule_round(
+        [job(spec("a", measured=m)), job(spec("b", measured=m), priority=3)], pools, config=CFG
+    )
+    assert [p.job_id for p in r.placements] == ["b"]
+    assert r.greedy_objective_usd == pytest.approx(r.objective_usd, rel=1e-12)
+
+
+def test_the_greedy_seed_keeps_within_a_groups_start_limit() -> None:
+    # one job's option per model, plus the greedy seed's pick. Pools p (1 device) < q (2) < r in price; in
+    # the order of their priorities y takes p, m1 starts its group on q, m2 may not start (one start), so x
+    # is seeded with q's second device. A seed that let m2 start would have left x only r
+    m = {"step_time_s": {"a100-80gb": 1.0}}
+    s = spec("s", measured=m)
+    pools = [pool("p", "a100-80gb", 1.0, nodes=1), pool("q", "a100-80gb", 1.1, nodes=2),
+             pool("r", "a100-80gb", 1.2)]  # fmt: skip
+    jobs = [QueuedJob("y", "t", s, 0.0, priority=3), QueuedJob("m1", "t", s, 0.0, priority=2, group="g"),
+            QueuedJob("m2", "t", s, 0.0, priority=1, group="g"), QueuedJob("x", "t", s, 0.0)]  # fmt: skip
+    r = schedule_round(jobs, pools, config=replace(CFG, max_options_per_job=1),
+                       groups={"g": JobGroup(max_starts=1)})  # fmt: skip
+    assert [(p.job_id, p.pool) for p in r.placements] == [("y", "p"), ("m1", "q"), ("x", "q")]
+    assert [u.job_id for u in r.unplaced] == ["m2"]
+
+
+def test_a_rounds_time_limit_is_its_searchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainyard.schedule.round as rnd
+    import trainyard.schedule.solver as solver
+
+    limits: list[float] = []
+    real = solver.set_parameters
+
+    def recording(cp: Any, config: SchedulerConfig, limit_s: float) -> None:
+        limits.append(limit_s)
+        real(cp, config, limit_s)
+
+    monkeypatch.setattr(solver, "set_parameters", recording)
+    # three 2-device jobs, room for one on x (3 of its 4 devices free) and one on y: the LP bound does not
+    # prove its rounding here, so the search runs, under the round's limit rather than the configuration's
+    jobs = [job(spec(n, resources={"min_devices": 2, "max_devices": 2})) for n in ("a", "b", "c")]
+    pools = [
+        pool("x", "a100-80gb", 1.0, per_node=4, nodes=1, available=3),
+        pool("y", "a100-80gb", 1.5, per_node=2, nodes=1),
+    ]
+    rnd.schedule_round(jobs, pools, config=CFG, cache=CandidateCache(), time_limit_s=0.05)
+    rnd.schedule_round(jobs, pools, config=CFG, cache=CandidateCache())
+    assert limits == [0.05, CFG.time_limit_s]
+
+
+def test_a_round_predicts_nothing_on_a_pool_the_spec_cannot_use() -> None:
+    import trainyard.schedule.round as rnd
+
+    # a CUDA-only job and a TPU pool: the TPU is screened out, so nothing is predicted for it
+    cuda = spec("cuda", requirements={"frameworks": ["cuda-kernels"]})
+    cache = CandidateCache()
+    pools = [pool("a100", "a100-80gb", 2.0), pool("tpu", "tpu-v4", 1.0)]
+    (p,) = rnd.schedule_round([job(cuda)], pools, config=CFG, cache=cache).placements
+    assert p.pool == "a100"
+    assert [k[1] for k in cache.predictions] == ["a100-80gb"]
