@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_paths import both_paths, decisions
@@ -30,7 +31,14 @@ from trainyard.schedule.candidates import (
     eligibility,
     prefetch_predictions_many,
 )
-from trainyard.schedule.grid import poisson_quantiles, spec_candidates
+from trainyard.schedule.grid import (
+    CandidateGrid,
+    Rows,
+    poisson_quantiles,
+    pool_markets,
+    spec_candidates,
+    spec_grid,
+)
 from trainyard.schedule.round import _objective_for_job
 from trainyard.schedule.types import Candidate
 from trainyard.spec import spec_from_dict
@@ -171,11 +179,14 @@ def test_vectorised_pricing_equals_the_scalar_quotes_on_the_benchmark_queues() -
 def test_poisson_quantiles_equal_the_scalar_quantile() -> None:
     rng = np.random.default_rng(3)
     means = np.concatenate(
-        [[0.0, 1e-9, 0.1, 0.105, 1.0, 2.3, 499.9, 500.0, 500.1, 2e4], 10 ** rng.uniform(-4, 3.2, 400)]
+        [[0.0, 1e-9, 0.1, 0.105, 1.0, 2.3, 499.9, 500.0, 500.1, 500.71, 2e4], 10 ** rng.uniform(-4, 3.2, 400)]
     )
     for q in (0.5, 0.9, 0.99):
-        got = poisson_quantiles(means, q)
-        assert got.tolist() == [poisson_quantile(float(m), q) for m in means]
+        got = poisson_quantiles(means, q).tolist()
+        assert got == [poisson_quantile(float(m), q) for m in means]
+        assert all(type(k) is int for k in got)  # counts, as the scalar quantile gives them
+    # just above 500 the normal approximation is the scalar's answer, not the exact sum's (553 at 0.99)
+    assert poisson_quantiles(np.array([500.71]), 0.99).tolist() == [poisson_quantile(500.71, 0.99)] == [554]
 
 
 def _distinct_round(n_jobs: int, seed: int) -> tuple[list[QueuedJob], list[Pool], list[RunningJob]]:
@@ -292,3 +303,249 @@ def test_a_rounds_batch_predictions_price_and_decide_as_the_scalar_reference(
     ]
     assert [u.job_id for u in fast.unplaced] == [u.job_id for u in ref.unplaced]
     assert math.isclose(fast.objective_usd, ref.objective_usd, rel_tol=1e-9, abs_tol=1e-9)
+
+
+# --- the grid as a data structure: its columns, its rows, repricing, rows priced one by one -------------
+
+
+def _grid_spec(**extra: Any) -> Any:
+    doc: dict[str, Any] = {
+        "name": "g",
+        "model": {"architecture": "custom", "params_b": 13.0},
+        "workload": {"seq_len": 2048, "global_batch": 64, "steps": 20_000, "method": "full"},
+        "resources": {"min_devices": 1, "max_devices": 16},
+        "objective": {"markets": ["spot", "on_demand", "reserved"]},
+    }
+    for k, v in extra.items():
+        doc[k] = {**doc.get(k, {}), **v}
+    return spec_from_dict(doc)
+
+
+def _grid_pools() -> list[Pool]:
+    """Pools with every kind of row: feasible on each market, rows that do not fit in memory (t4), rows
+    spanning nodes, a pool priced at zero and one of another accelerator family (Trainium)."""
+
+    def pool(name: str, acc: str, market: str, price: float, **kw: Any) -> Pool:
+        return Pool(
+            name=name, accelerator=acc, devices_per_node=kw.pop("dpn", 8), nodes=kw.pop("nodes", 2),
+            available_devices=None, market=market, price_usd_per_device_hour=price, region="us-east-1",
+            cloud="aws", **kw,
+        )  # fmt: skip
+
+    return [
+        pool("od-a100", "a100-80gb", "on_demand", 2.0, inter_node_gbps=400.0),
+        pool("spot-h100", "h100", "spot", 1.5, interruption_rate_per_hour=0.05, inter_node_gbps=400.0),
+        pool("res-a100", "a100-80gb", "reserved", 1.2),
+        pool("od-t4", "t4", "on_demand", 0.3, dpn=4),
+        pool("free-l4", "l4", "on_demand", 0.0, dpn=4, nodes=1),
+        pool("od-trn1", "trn1", "on_demand", 1.0, dpn=16, nodes=1),
+    ]
+
+
+def test_a_grids_columns_hold_its_feasible_candidates_and_its_pool_index_points_into_its_pools() -> None:
+    """The documented layout: ``pool`` indexes ``pools``, and for every feasible row the numeric columns are
+    the row's candidate, whichever path made it (arrays, the scalar path for an interconnect spec, or a
+    list of candidates through ``CandidateGrid.of``)."""
+    pools = _grid_pools()
+    cfg = SchedulerConfig(reserved_cost_factor=0.5)
+    cache = CandidateCache()
+    plain = _grid_spec()
+    wired = _grid_spec(resources={"min_interconnect_gbps": 100.0})  # priced the scalar way, row by row
+    markets = pool_markets(pools, cache)
+    grids = [spec_grid(plain, pools, cfg, cache), spec_grid(wired, pools, cfg, cache)]
+    grids.append(CandidateGrid.of(spec_candidates(plain, pools, cfg, CandidateCache()), pools, markets))
+    for g in grids:
+        cands = g.candidates()
+        assert g.n == len(cands) and any(c.feasible for c in cands) and not all(c.feasible for c in cands)
+        assert g.pools is pools
+        for i, c in enumerate(cands):
+            assert g.pools[int(g.pool[i])].name == c.pool
+            assert bool(g.feasible[i]) == c.feasible
+            if not c.feasible:
+                continue
+            assert (int(g.devices[i]), int(g.nodes[i]), int(g.capacity[i])) == (
+                c.devices, c.nodes, c.capacity_devices,
+            )  # fmt: skip
+            assert [float(g.cost[i]), float(g.hours[i]), float(g.p90[i]), float(g.finish[i])] == [
+                c.expected_cost_usd, c.expected_hours, c.expected_hours_p90, c.finish_s,
+            ]  # fmt: skip
+            assert [float(g.step[i]), float(g.price_h[i]), float(g.interval[i]), float(g.objective[i])] == [
+                c.step_time_s, c.price_usd_per_hour, c.checkpoint_interval_s, c.objective_usd,
+            ]  # fmt: skip
+    # the scalar path's rows went into the columns too (interconnect: every feasible row is scalar)
+    assert any(grids[1].feasible) and all(isinstance(m, Candidate) for m in grids[1].made)
+
+
+def _repriced(pools: list[Pool]) -> tuple[list[Pool], list[int]]:
+    new = list(pools)
+    new[1] = pools[1].model_copy(update={"price_usd_per_device_hour": 9.0})
+    new[3] = pools[3].model_copy(update={"price_usd_per_device_hour": 0.05})
+    return new, [1, 3]
+
+
+def test_a_repriced_grid_is_the_grid_priced_from_scratch_on_the_new_prices() -> None:
+    """``with_pools_repriced`` takes the moved pools' rows from their own grid and keeps the others: row
+    for row (feasible, not fitting in memory, never usable) it equals a grid priced afresh on the new
+    pools, for a grid of arrays and for one made from a list of candidates."""
+    pools = _grid_pools()
+    new, changed = _repriced(pools)
+    cfg = SchedulerConfig()
+    for spec in (_grid_spec(), _grid_spec(objective={"markets": ["on_demand"], "minimize": "time"})):
+        cache = CandidateCache()
+        want = spec_candidates(spec, new, cfg, CandidateCache())
+        assert any(c.feasible for c in want) and any(not c.feasible for c in want)
+        sub = spec_grid(
+            spec,
+            [new[i] for i in changed],
+            cfg,
+            cache,
+            markets=pool_markets([new[i] for i in changed], cache),
+        )
+        olds = [
+            spec_grid(spec, pools, cfg, cache),
+            CandidateGrid.of(spec_candidates(spec, pools, cfg, cache), pools, pool_markets(pools, cache)),
+        ]
+        for old in olds:
+            before = old.candidates()
+            got = old.with_pools_repriced(new, changed, sub)
+            assert got.pools is new and got.n == old.n
+            _assert_same(got.candidates(), want)
+            fresh = spec_grid(spec, new, cfg, CandidateCache())
+            for name in ("pool", "feasible", "devices", "nodes", "capacity", "cost", "hours", "p90", "step",
+                         "price_h", "interval", "finish", "objective"):  # fmt: skip
+                a, b = getattr(got, name), getattr(fresh, name)
+                f = fresh.feasible
+                assert np.allclose(a[f], b[f], rtol=1e-12, atol=1e-12), name
+            # the rows of the pools that kept their price are the old grid's own candidates
+            for i, c in enumerate(got.candidates()):
+                if int(got.pool[i]) not in changed:
+                    assert c is before[i]
+            assert old.candidates() == before  # the old grid is left as it was
+
+
+def test_a_repriced_grid_refuses_rows_that_are_not_the_moved_pools() -> None:
+    pools = _grid_pools()
+    new, _ = _repriced(pools)
+    cfg = SchedulerConfig()
+    cache = CandidateCache()
+    spec = _grid_spec()
+    old = spec_grid(spec, pools, cfg, cache)
+    sub = spec_grid(spec, [new[1], new[3]], cfg, cache)
+    with pytest.raises(ValueError, match=r"^the repriced pools' rows do not match the grid's$"):
+        old.with_pools_repriced(new, [1], sub)
+
+
+def test_rows_are_a_sequence_of_the_grids_candidates_in_their_order() -> None:
+    pools = _grid_pools()
+    cfg = SchedulerConfig()
+    cache = CandidateCache()
+    grid = spec_grid(_grid_spec(), pools, cfg, cache)
+    other = spec_grid(_grid_spec(), pools, cfg, cache)
+    idx = [int(i) for i in np.flatnonzero(grid.feasible)[::-1][:4]]
+    rows = Rows(grid, idx)
+    want = [grid.candidate(i) for i in idx]
+    assert len(rows) == 4 and list(rows) == want and rows[0] is want[0] and rows[-1] is want[-1]
+    assert rows[1:3] == want[1:3] and rows[::2] == want[::2] and rows[5:] == []
+    assert rows == Rows(grid, list(idx))
+    assert rows != Rows(grid, idx[::-1]) and rows != Rows(grid, idx[:3])
+    assert rows != Rows(other, list(idx))  # the same numbers on another grid are other rows
+    assert rows != want  # a list is not rows
+    with pytest.raises(TypeError):
+        hash(rows)
+
+
+def _refusing(accelerator: str, calls: list[tuple[str, int]]) -> Any:
+    """A calibration hook that cannot model ``accelerator`` (``ValueError``) and declines the others."""
+
+    def hook(spec: Any, acc: Any, devices: int, topology: Any) -> Any:
+        if acc.name == accelerator:
+            calls.append((acc.name, devices))
+            raise ValueError(f"no model of {acc.name} on {devices}")
+        return None
+
+    return hook
+
+
+def test_rows_the_predictor_cannot_model_are_the_scalar_paths_refusals() -> None:
+    """A count the predictor cannot model (the calibration hook raises ``ValueError``) is refused with the
+    predictor's words and priced at the pool's own price per hour (zero when the pool's price is zero),
+    as the scalar path prices it, whether the round prefetched the spec's predictions or not."""
+    pools = _grid_pools()
+    free = next(p for p in pools if p.name == "free-l4")
+    pools.append(free.model_copy(update={"name": "paid-l4", "price_usd_per_device_hour": 0.7}))
+    cfg = SchedulerConfig()
+    spec = _grid_spec(model={"params_b": 0.7})
+    for refused in ("l4", "h100"):
+        raw = candidates_for(
+            job_id="", tenant="", spec=spec, pools=pools, now_s=0.0, deadline_abs_s=None, config=cfg,
+            cache=CandidateCache(calibrated=_refusing(refused, [])),
+        )  # fmt: skip
+        want = [_objective_for_job(c, spec.objective.minimize, cfg) for c in raw]
+        no_model = [c for c in want if not c.feasible and c.reasons[0].startswith("predictor: no model")]
+        assert len(no_model) >= 4 and any(c.price_usd_per_hour > 0 for c in no_model)
+        for prefetched in (False, True):
+            cache = CandidateCache(calibrated=_refusing(refused, []))
+            _assert_same(spec_candidates(spec, pools, cfg, cache, prefetched=prefetched), want)
+
+
+def test_a_count_the_predictor_cannot_model_is_asked_once_per_spec_pool_class_and_count() -> None:
+    """The allocation times of such a count are memoised like the others: two pools of one class (they
+    differ only in region and price) and pricing the spec again ask the hook nothing more."""
+    spec = _grid_spec(model={"params_b": 0.7})
+    one = _grid_pools()[1]
+    pools = [
+        one,
+        one.model_copy(
+            update={"name": "spot-h100-eu", "region": "eu-west-1", "price_usd_per_device_hour": 1.1}
+        ),
+    ]
+    calls: list[tuple[str, int]] = []
+    cache = CandidateCache(calibrated=_refusing("h100", calls))
+    cfg = SchedulerConfig()
+    first = spec_candidates(spec, pools, cfg, cache, prefetched=True)
+    counts = device_counts(spec, pools[0], cache)
+    assert len(counts) > 1 and sorted(calls) == [("h100", d) for d in counts]
+    assert all(not c.feasible and c.reasons[0].startswith("predictor: no model") for c in first)
+    again = spec_candidates(spec, pools, cfg, cache, prefetched=True)
+    _assert_same(again, first)
+    assert len(calls) == len(counts)
+
+
+def test_a_prediction_without_a_finite_step_time_is_refused_with_no_step_time() -> None:
+    """A prediction that says it fits but has no finite step time (a calibration hook's answer) is refused
+    as not fitting, with a step time of 0 and the allocation's price per hour, as the scalar path says."""
+
+    def endless(spec: Any, acc: Any, devices: int, topology: Any) -> Any:
+        if acc.name == "h100" or devices == 4:
+            return replace(predict(spec, acc, devices, **topology), step_time_s=math.inf, fits=True)
+        return None
+
+    pools = _grid_pools()
+    cfg = SchedulerConfig()
+    spec = _grid_spec(model={"params_b": 0.7})
+    raw = candidates_for(
+        job_id="", tenant="", spec=spec, pools=pools, now_s=0.0, deadline_abs_s=None, config=cfg,
+        cache=CandidateCache(calibrated=endless),
+    )  # fmt: skip
+    want = [_objective_for_job(c, spec.objective.minimize, cfg) for c in raw]
+    endless_rows = [c for c in want if c.accelerator == "h100" or c.devices == 4]
+    assert len(endless_rows) > 3 and not any(c.feasible or c.step_time_s for c in endless_rows)
+    assert all(c.price_usd_per_hour > 0 for c in endless_rows if c.pool != "free-l4")
+    for prefetched in (False, True):
+        got = spec_candidates(spec, pools, cfg, CandidateCache(calibrated=endless), prefetched=prefetched)
+        _assert_same(got, want)
+
+
+def test_a_callers_screen_decides_which_counts_are_priced() -> None:
+    """``screened`` (each pool's device counts and eligibility, as a round found them) is what is priced:
+    given only each pool's first count, the candidates are those rows of the full list."""
+    pools = _grid_pools()
+    cfg = SchedulerConfig()
+    spec = _grid_spec()
+    cache = CandidateCache()
+    screened = [(p, device_counts(spec, p, cache)[:1], eligibility(spec, p, cache)) for p in pools]
+    keep = {(p.name, counts[0] if counts else p.devices_per_node) for p, counts, _why in screened}
+    full = spec_candidates(spec, pools, cfg, CandidateCache())
+    want = [c for c in full if (c.pool, c.devices) in keep]
+    assert len(want) == len(pools) < len(full)
+    _assert_same(spec_candidates(spec, pools, cfg, cache, screened=screened), want)
