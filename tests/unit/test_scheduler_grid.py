@@ -34,6 +34,8 @@ from trainyard.schedule.candidates import (
 from trainyard.schedule.grid import (
     CandidateGrid,
     Rows,
+    _market,
+    _never_memo,
     poisson_quantiles,
     pool_markets,
     spec_candidates,
@@ -185,6 +187,12 @@ def test_poisson_quantiles_equal_the_scalar_quantile() -> None:
         got = poisson_quantiles(means, q).tolist()
         assert got == [poisson_quantile(float(m), q) for m in means]
         assert all(type(k) is int for k in got)  # counts, as the scalar quantile gives them
+    # a first term exactly at q is enough: P(N = 0) = 0.5 at mean ln 2 gives the median 0
+    assert (
+        poisson_quantiles(np.array([math.log(2)]), 0.5).tolist()
+        == [poisson_quantile(math.log(2), 0.5)]
+        == [0]
+    )
     # just above 500 the normal approximation is the scalar's answer, not the exact sum's (553 at 0.99)
     assert poisson_quantiles(np.array([500.71]), 0.99).tolist() == [poisson_quantile(500.71, 0.99)] == [554]
 
@@ -549,3 +557,50 @@ def test_a_callers_screen_decides_which_counts_are_priced() -> None:
     want = [c for c in full if (c.pool, c.devices) in keep]
     assert len(want) == len(pools) < len(full)
     _assert_same(spec_candidates(spec, pools, cfg, cache, screened=screened), want)
+
+
+def test_the_grids_memos_are_bounded_and_never_take_another_object_for_their_key() -> None:
+    """The per-pool market memo is cleared past 4096 pools, the memo of refusals shared across specs past
+    65536 entries; an entry whose id is now another object's (the old one freed) is not taken for it."""
+    base = _grid_pools()[0]
+    pools = [base.model_copy(update={"name": f"p{i}"}) for i in range(4098)]
+    cache = CandidateCache()
+    assert pool_markets(pools[:4097], cache) == ["on_demand"] * 4097 and len(cache._markets) == 4097
+    assert _market(cache, pools[0]) == "on_demand" and len(cache._markets) == 4097  # answered from it
+    assert _market(cache, pools[4097]) == "on_demand" and len(cache._markets) == 1
+    spot = _grid_pools()[1]
+    cache._markets[id(pools[5])] = (spot, "spot")  # a stale entry: another object under this id
+    assert _market(cache, pools[5]) == "on_demand" and cache._markets[id(pools[5])][0] is pools[5]
+
+    od_only = _grid_spec(objective={"markets": ["on_demand"]})
+    why = eligibility(od_only, spot, cache)
+    counts = device_counts(od_only, spot, cache)
+    assert why and counts
+    first = _never_memo(od_only, spot, counts, why, cache)
+    assert (first.feasible, first.reasons, first.devices) == (False, (why,), counts[0])
+    assert _never_memo(_grid_spec(objective={"markets": ["reserved"]}), spot, counts, why, cache) is first
+    cache._nevers[(id(spot), counts[0], why)] = (base, first)  # a stale entry: another pool under this id
+    again = _never_memo(od_only, spot, counts, why, cache)
+    assert again is not first and again == first
+    cache._nevers.clear()
+    cache._nevers.update({("filler", i, ""): (base, first) for i in range(65536)})
+    _never_memo(od_only, spot, counts, why, cache)
+    assert len(cache._nevers) == 65537  # at the bound: kept
+    _never_memo(od_only, spot, [2], why, cache)
+    assert len(cache._nevers) == 1  # past it: cleared
+    # a pool with no count for the spec: one refusal on a whole node, in the device range's words
+    none = _never_memo(od_only, base, [], "", cache)
+    assert none.devices == base.devices_per_node and none.reasons and not none.feasible
+
+
+def test_a_shorter_or_longer_pool_list_is_priced_on_its_own_pools() -> None:
+    """The pools' prices and classes are memoised for the last pool list seen, object by object: a list
+    that is a prefix of it, or that it is a prefix of, is priced on its own pools."""
+    pools = _grid_pools()
+    cfg = SchedulerConfig()
+    spec = _grid_spec()
+    cache = CandidateCache()
+    for some in (pools[:2], pools, pools[:3], pools[1:]):
+        _assert_same(
+            spec_candidates(spec, some, cfg, cache), spec_candidates(spec, some, cfg, CandidateCache())
+        )
