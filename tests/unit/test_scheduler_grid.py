@@ -604,3 +604,24 @@ def test_a_shorter_or_longer_pool_list_is_priced_on_its_own_pools() -> None:
         _assert_same(
             spec_candidates(spec, some, cfg, cache), spec_candidates(spec, some, cfg, CandidateCache())
         )
+
+
+def test_preemptions_that_cost_as_much_as_they_train_are_refused_in_words_within_budget_and_hours() -> None:
+    """A spot row whose preemptions lose at least as much wall time as it trains (``preemption_frac >= 1``)
+    is the scalar path's refusal in words even when the spec's budget and device-hour limit would take
+    it: at 30 interruptions an hour, and at the rate where the fraction is exactly 1 (a 5-minute interval
+    pinned, a restart of 183.27 s: 10.80216... an hour)."""
+    spec = _grid_spec(
+        model={"params_b": 0.7},
+        resources={"max_devices": 8, "accelerator_hours": 1e6},
+        checkpoint={"interval": "5m"},
+        objective={"markets": ["spot"], "budget_usd": 1e6},
+    )
+    base = _grid_pools()[1].model_copy(update={"nodes": 1, "inter_node_gbps": None})
+    cfg = SchedulerConfig()
+    for rate in (30.0, 10.802160432086419, 10.8):
+        pools = [base.model_copy(update={"interruption_rate_per_hour": rate})]
+        want = _reference(spec, pools, cfg, 0.0)
+        refused = [c for c in want if c.reasons and c.reasons[0].startswith("preemptions every")]
+        assert len(refused) == (len(want) if rate != 10.8 else 0) and want, rate
+        _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
