@@ -625,3 +625,33 @@ def test_preemptions_that_cost_as_much_as_they_train_are_refused_in_words_within
         refused = [c for c in want if c.reasons and c.reasons[0].startswith("preemptions every")]
         assert len(refused) == (len(want) if rate != 10.8 else 0) and want, rate
         _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
+
+
+def test_a_pool_without_a_price_and_a_cache_the_scalar_path_filled_are_priced_as_the_reference() -> None:
+    """A pool with neither a price nor an instance type is refused in the scalar path's words; a cache whose
+    allocation times the scalar path memoised (a round on it, or a spec priced one option at a time) gives
+    the array path the same candidates."""
+    pools = _grid_pools()
+    pools.append(pools[0].model_copy(update={"name": "unpriced", "price_usd_per_device_hour": None}))
+    cfg = SchedulerConfig()
+    spec = _grid_spec()
+    want = _reference(spec, pools, cfg, 0.0)
+    assert [c.feasible for c in want if c.pool == "unpriced"] == [False] * sum(
+        c.pool == "unpriced" for c in want
+    )
+    assert any(c.pool == "unpriced" for c in want)
+    _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
+    cache = CandidateCache()
+    candidates_for(
+        job_id="", tenant="", spec=spec, pools=pools, now_s=0.0, deadline_abs_s=None, config=cfg, cache=cache
+    )
+    assert cache.times and not cache.time_rows
+    _assert_same(spec_candidates(spec, pools, cfg, cache), want)
+    _assert_same(spec_candidates(spec, pools, cfg, cache), want)  # and again, from the rows it memoised
+
+
+def test_a_grid_is_refused_for_work_already_done() -> None:
+    pools = _grid_pools()
+    for bad in (1.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=rf"^elapsed_fraction must be in \[0, 1\), got {bad}$"):
+            spec_grid(_grid_spec(), pools, SchedulerConfig(), CandidateCache(), bad)
