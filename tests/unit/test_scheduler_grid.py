@@ -625,6 +625,8 @@ def test_preemptions_that_cost_as_much_as_they_train_are_refused_in_words_within
         refused = [c for c in want if c.reasons and c.reasons[0].startswith("preemptions every")]
         assert len(refused) == (len(want) if rate != 10.8 else 0) and want, rate
         _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
+        grid = spec_grid(spec, pools, cfg, CandidateCache())  # its feasibility column says so too
+        assert [bool(f) for f in grid.feasible] == [c.feasible for c in want]
 
 
 def test_a_pool_without_a_price_and_a_cache_the_scalar_path_filled_are_priced_as_the_reference() -> None:
@@ -655,3 +657,27 @@ def test_a_grid_is_refused_for_work_already_done() -> None:
     for bad in (1.0, 1.5, -0.1):
         with pytest.raises(ValueError, match=rf"^elapsed_fraction must be in \[0, 1\), got {bad}$"):
             spec_grid(_grid_spec(), pools, SchedulerConfig(), CandidateCache(), bad)
+
+
+def test_a_reserved_pool_priced_from_the_catalog_gets_the_reserved_discount() -> None:
+    """A pool with an instance type and no price of its own is priced from the catalog, reserved at the cost
+    model's discount, as the scalar path prices it; a budget that refuses some rows marks them infeasible
+    in the grid's feasibility column too."""
+
+    def p4de(name: str, market: str) -> Pool:
+        return Pool(
+            name=name, accelerator="a100-80gb", devices_per_node=8, nodes=2, available_devices=None,
+            market=market, instance_type="p4de.24xlarge", region="us-east-1", cloud="aws",
+        )  # fmt: skip
+
+    pools = [p4de("res-p4de", "reserved"), p4de("od-p4de", "on_demand")]
+    cfg = SchedulerConfig()
+    spec = _grid_spec(model={"params_b": 0.7}, objective={"budget_usd": 60.0})
+    want = _reference(spec, pools, cfg, 0.0)
+    res = [c for c in want if c.pool == "res-p4de" and c.price_usd_per_hour]
+    od = {c.devices: c.price_usd_per_hour for c in want if c.pool == "od-p4de"}
+    assert res and all(math.isclose(c.price_usd_per_hour, 0.65 * od[c.devices]) for c in res)
+    assert any(c.feasible for c in want) and any(c.reasons[:1] and "budget" in c.reasons[0] for c in want)
+    _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
+    grid = spec_grid(spec, pools, cfg, CandidateCache())
+    assert [bool(f) for f in grid.feasible] == [c.feasible for c in want]
