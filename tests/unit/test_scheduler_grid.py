@@ -681,3 +681,23 @@ def test_a_reserved_pool_priced_from_the_catalog_gets_the_reserved_discount() ->
     _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
     grid = spec_grid(spec, pools, cfg, CandidateCache())
     assert [bool(f) for f in grid.feasible] == [c.feasible for c in want]
+
+
+def test_a_pessimistic_finish_of_exactly_one_hour_is_kept() -> None:
+    """``to_candidate`` falls back to the expected hours only when the pessimistic hours are 0: a p90 of
+    exactly 1.0 h (a measured step time of 3.2047978259851004 s over 1000 steps) is kept as it is."""
+    spec = _grid_spec(
+        model={"params_b": 0.7},
+        resources={"min_devices": 1, "max_devices": 1},
+        workload={"steps": 1000},
+        checkpoint={"interval": "5m"},
+        objective={"markets": ["on_demand"]},
+        measured={"step_time_s": {"a100-80gb": 3.2047978259851004}},
+    )
+    pools = [_grid_pools()[0].model_copy(update={"nodes": 1})]
+    cfg = SchedulerConfig()
+    want = _reference(spec, pools, cfg, 0.0)
+    assert [(c.expected_hours_p90, c.finish_s) for c in want] == [(1.0, 3600.0)] and want[
+        0
+    ].expected_hours < 1.0
+    _assert_same(spec_candidates(spec, pools, cfg, CandidateCache()), want)
