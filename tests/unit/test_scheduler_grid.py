@@ -193,6 +193,9 @@ def test_poisson_quantiles_equal_the_scalar_quantile() -> None:
         == [poisson_quantile(math.log(2), 0.5)]
         == [0]
     )
+    # a later running sum exactly at q is enough too: P(N <= 1) at mean 1 is 2 / e, the median there is 1
+    q1 = math.exp(-1.0) + math.exp(-1.0)
+    assert poisson_quantiles(np.array([1.0]), q1).tolist() == [poisson_quantile(1.0, q1)] == [1]
     # just above 500 the normal approximation is the scalar's answer, not the exact sum's (553 at 0.99)
     assert poisson_quantiles(np.array([500.71]), 0.99).tolist() == [poisson_quantile(500.71, 0.99)] == [554]
 
