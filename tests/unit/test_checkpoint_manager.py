@@ -338,6 +338,24 @@ def test_staging_reuses_the_buffers_of_a_state_with_the_same_structure() -> None
     assert stager.synchronize_staging() is None and stager.close() is None
 
 
+def test_staging_copies_a_state_held_on_an_accelerator_into_cpu_memory() -> None:
+    """The snapshot of a GPU state is made in CPU memory, not a second copy on the GPU. PyTorch's fake
+    tensors stand in for CUDA ones on a machine without a GPU: they carry a tensor's device through
+    every operation exactly as real ones do, with no data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainyard.runtime.checkpoint import ReusedBufferStager
+
+    stager = ReusedBufferStager()
+    with FakeTensorMode():
+        state = {"model": {"w": torch.empty(4, 2, device="cuda")}, "opt": [torch.empty(3, device="cuda")]}
+        assert state["model"]["w"].device.type == "cuda"
+        first = stager.stage(state)
+        assert first["model"]["w"].device.type == "cpu" and first["opt"][0].device.type == "cpu"
+        second = stager.stage(state)  # into the same CPU buffers
+        assert second["model"]["w"] is first["model"]["w"] and second["model"]["w"].device.type == "cpu"
+
+
 def test_staging_signatures_name_the_structure() -> None:
     from trainyard.runtime.checkpoint import ReusedBufferStager
 
