@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from service_support import Clock, sqlite_template
+from sqlalchemy import Connection, Table, insert, select, update
 
+from trainyard.services.domain import Job
+from trainyard.services.lifecycle import JobState
+from trainyard.store.datasets_models import DatasetVersionRow
+from trainyard.store.db import Database
+from trainyard.store.governance_models import BudgetRow, GovernanceEventRow, LedgerEntryRow
+from trainyard.store.models import JobRow
+from trainyard.store.registry_models import ModelVersionRow
+from trainyard.store.repositories import job_insert_params
+from trainyard.tenancy import ledger
 from trainyard.tenancy.storage_meter import (
     MAX_BACKFILL_INTERVALS,
+    StorageMeter,
     StoredResource,
     accruals,
+    accrue,
+    billed_until_s,
     last_boundary_s,
+    stored_resources,
     usd_per_gb_hour,
 )
 
@@ -105,3 +125,280 @@ def test_the_first_tick_bills_at_most_the_backfill_window() -> None:
     old = StoredResource("dataset", "1", "t1", 10**9, T0 - 10 * 365 * 86400.0)
     got = list(accruals([old], after_s=None, now_s=T0, interval_s=3600.0))
     assert len(got) == MAX_BACKFILL_INTERVALS
+
+
+# ---- what the store records, billed on a real SQLite file -------------------------------------------------
+H = 3600.0
+GB = 10**9
+LEDGER = cast(Table, LedgerEntryRow.__table__)
+EVENTS = cast(Table, GovernanceEventRow.__table__)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sqlite_template(
+        tmp_path_factory.mktemp("storage_meter") / "template.sqlite", [("t1", "acme"), ("t2", "beta")]
+    )
+
+
+@pytest.fixture
+def db(template: Path, tmp_path: Path) -> Iterator[Database]:
+    shutil.copy(template, tmp_path / "db.sqlite")
+    d = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    yield d
+    d.dispose()
+
+
+def _dataset(conn: Connection, tenant_id: str, size: int, created_s: float) -> int:
+    row = {
+        "tenant_id": tenant_id,
+        "name": "d",
+        "version": 1,
+        "sha256": "0" * 64,
+        "split_key": "k",
+        "format": "jsonl",
+        "rows": 1,
+        "bytes": size,
+        "duplicates_removed": 0,
+        "eval_fraction": 0.1,
+        "seed": 0,
+        "tokenizer": "tok",
+        "splits": {},
+        "stats": {},
+        "storage_url": "file:///d",
+        "created_at_s": created_s,
+    }
+    table = cast(Table, DatasetVersionRow.__table__)
+    return int(conn.execute(insert(table).values(**row).returning(table.c.seq)).scalar_one())
+
+
+def _job(
+    conn: Connection, job_id: str, tenant_id: str, spec: dict[str, Any] | None, checkpoints: Any
+) -> None:
+    job = Job(
+        id=job_id,
+        seq=0,
+        tenant_id=tenant_id,
+        name=job_id,
+        state=JobState.RUNNING,
+        spec={},
+        created_at_s=0.0,
+        updated_at_s=0.0,
+    )
+    jobs = cast(Table, JobRow.__table__)
+    conn.execute(insert(jobs), job_insert_params(job))
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(spec=spec, checkpoints=checkpoints))
+
+
+def _model(
+    conn: Connection, tenant_id: str, name: str, version: int, doc: dict[str, Any], source_job: str | None
+) -> int:
+    table = cast(Table, ModelVersionRow.__table__)
+    row = {
+        "tenant_id": tenant_id,
+        "name": name,
+        "version": version,
+        "kind": "full",
+        "sha256": "0" * 64,
+        "source_job": source_job,
+        "datasets": [],
+        "doc": doc,
+        "created_by": "x",
+        "created_at_s": T0 + 2 * H,
+    }
+    return int(conn.execute(insert(table).values(**row).returning(table.c.seq)).scalar_one())
+
+
+def _store(db: Database) -> dict[str, int]:
+    """Two tenants' datasets, a job's checkpoints (some not billable) and models."""
+    with db.engine.begin() as c:
+        ds = _dataset(c, "t1", 2 * GB, T0 + 0.5 * H)
+        empty = _dataset(c, "t2", 0, T0)
+        _job(
+            c,
+            "j1",
+            "t1",
+            {"tags": {"team": "x", "n": 5}},
+            [
+                {"attempt": 1, "step": 10, "bytes": GB, "time_s": T0, "removed_at_s": T0 + 2.25 * H},
+                {"attempt": 2, "step": 20, "bytes": GB // 2, "time_s": T0 + H, "removed_at_s": None},
+                {"attempt": 2, "step": 30, "bytes": 1.5e9, "time_s": T0},  # a size that is no int
+                {"attempt": 2, "step": 40, "bytes": GB, "time_s": None},  # no time
+                {"attempt": 2, "step": 50, "time_s": T0},  # no size
+            ],
+        )
+        _job(c, "j2", "t2", None, None)
+        m1 = _model(c, "t1", "m", 3, {"bytes": 3 * GB}, "j1")
+        m2 = _model(c, "t2", "n", 1, {"bytes": GB}, None)
+        _model(c, "t2", "n", 2, {"bytes": "1 GB"}, None)
+        _model(c, "t2", "n", 3, {}, None)
+        gone = _model(c, "t-gone", "g", 1, {"bytes": GB}, None)  # its tenant was removed
+        unknown_job = _model(c, "t2", "u", 1, {"bytes": GB}, "j-gone")
+    return {"ds": ds, "empty": empty, "m1": m1, "m2": m2, "gone": gone, "unknown_job": unknown_job}
+
+
+def test_stored_resources_are_what_the_store_records_with_a_size(db: Database) -> None:
+    ids = _store(db)
+    tags = {"team": "x", "n": "5"}
+    with db.engine.connect() as c:
+        got = stored_resources(c)
+    assert got == [
+        StoredResource("dataset", str(ids["ds"]), "t1", 2 * GB, T0 + 0.5 * H),
+        StoredResource("dataset", str(ids["empty"]), "t2", 0, T0),
+        StoredResource(
+            "checkpoint", "j1:1:10", "t1", GB, T0, removed_s=T0 + 2.25 * H, job_id="j1", tags=tags
+        ),
+        StoredResource("checkpoint", "j1:2:20", "t1", GB // 2, T0 + H, job_id="j1", tags=tags),
+        StoredResource(
+            "model", str(ids["m1"]), "t1", 3 * GB, T0 + 2 * H, job_id="j1", model="m@3", tags=tags
+        ),
+        StoredResource("model", str(ids["m2"]), "t2", GB, T0 + 2 * H, model="n@1"),
+        StoredResource("model", str(ids["gone"]), "t-gone", GB, T0 + 2 * H, model="g@1"),
+        StoredResource("model", str(ids["unknown_job"]), "t2", GB, T0 + 2 * H, job_id="j-gone", model="u@1"),
+    ]
+    assert all(type(r.bytes) is int and type(r.created_s) is float for r in got)
+    assert type(got[2].removed_s) is float
+
+
+def _entries(db: Database) -> dict[str, dict[str, Any]]:
+    with db.engine.connect() as c:
+        return {r.source_key: dict(r._mapping) for r in c.execute(select(LEDGER).order_by(LEDGER.c.id))}
+
+
+def test_accrue_bills_each_complete_interval_once_with_every_field(db: Database) -> None:
+    ids = _store(db)
+    price = 0.073  # $ per GB-month: 0.0001 per GB-hour
+    unit = price / 730.0
+    with db.engine.begin() as c:
+        assert billed_until_s(c) is None
+        # a device charge later than any storage entry is not a storage watermark
+        ledger.charge(
+            c,
+            ledger.Charge("dev:1", "t1", ledger.KIND_DEVICE, 1.0, "device_hours", 1.0, 0.0, T0 + 100 * H),
+        )
+        assert billed_until_s(c) is None
+        n = accrue(c, now_s=T0 + 2.5 * H, interval_s=H, price_usd_per_gb_month=price)
+    got = _entries(db)
+    storage = {k: v for k, v in got.items() if k.startswith("storage:")}
+    assert n == len(storage)
+    # two complete hours: the dataset from half past the first, the first checkpoint both, the second
+    # checkpoint the second hour; models are younger; the empty dataset accrues nothing
+    expect = {
+        f"storage:dataset:{ids['ds']}:{int(T0)}": (1.0, T0 + H, None, None, {}, "t1"),
+        f"storage:dataset:{ids['ds']}:{int(T0 + H)}": (2.0, T0 + 2 * H, None, None, {}, "t1"),
+        f"storage:checkpoint:j1:1:10:{int(T0)}": (1.0, T0 + H, "j1", None, {"team": "x", "n": "5"}, "t1"),
+        f"storage:checkpoint:j1:1:10:{int(T0 + H)}": (
+            1.0,
+            T0 + 2 * H,
+            "j1",
+            None,
+            {"team": "x", "n": "5"},
+            "t1",
+        ),
+        f"storage:checkpoint:j1:2:20:{int(T0 + H)}": (
+            0.5,
+            T0 + 2 * H,
+            "j1",
+            None,
+            {"team": "x", "n": "5"},
+            "t1",
+        ),
+    }
+    assert set(storage) == set(expect)
+    for key, (gbh, time_s, job_id, model, tags, tenant) in expect.items():
+        row = storage[key]
+        assert math.isclose(row["quantity"], gbh)
+        assert math.isclose(row["usd"], gbh * unit)
+        assert math.isclose(row["unit_price_usd"], unit)
+        assert (row["kind"], row["unit"], row["time_s"], row["job_id"], row["model"], row["tags"]) == (
+            ledger.KIND_STORAGE,
+            "gb_hours",
+            time_s,
+            job_id,
+            model,
+            tags,
+        )
+        assert row["tenant_id"] == tenant
+    with db.engine.begin() as c:
+        assert billed_until_s(c) == T0 + 2 * H
+        assert accrue(c, now_s=T0 + 2.9 * H, interval_s=H, price_usd_per_gb_month=price) == 0  # nothing new
+        assert accrue(c, now_s=T0 + 2 * H, interval_s=H, price_usd_per_gb_month=price) == 0
+        n = accrue(c, now_s=T0 + 3 * H, interval_s=H, price_usd_per_gb_month=price)
+    new = {k: v for k, v in _entries(db).items() if k not in got}
+    # the third hour: the dataset, the first checkpoint's last quarter, the second checkpoint, and the
+    # models of t1 and t2 (one of them names a job that is gone: no tags), not the removed tenant's
+    assert n == len(new) == 6
+    assert {k.rsplit(":", 1)[1] for k in new} == {str(int(T0 + 2 * H))}
+    hour = int(T0 + 2 * H)
+    assert {k: v["quantity"] for k, v in new.items() if ":model:" not in k} == {
+        f"storage:dataset:{ids['ds']}:{hour}": 2.0,
+        f"storage:checkpoint:j1:1:10:{hour}": 0.25,
+        f"storage:checkpoint:j1:2:20:{hour}": 0.5,
+    }
+    assert new[f"storage:model:{ids['m2']}:{hour}"]["quantity"] == 1.0
+    m1 = new[f"storage:model:{ids['m1']}:{int(T0 + 2 * H)}"]
+    assert (m1["quantity"], m1["job_id"], m1["model"], m1["tags"]) == (
+        3.0,
+        "j1",
+        "m@3",
+        {"team": "x", "n": "5"},
+    )
+    u = new[f"storage:model:{ids['unknown_job']}:{int(T0 + 2 * H)}"]
+    assert (u["tenant_id"], u["job_id"], u["model"], u["tags"]) == ("t2", "j-gone", "u@1", {})
+    assert not any(k.startswith(f"storage:model:{ids['gone']}:") for k in _entries(db))
+    with db.engine.begin() as c:
+        assert billed_until_s(c) == T0 + 3 * H
+
+
+def test_a_storage_charge_settles_the_budget_and_its_alert_names_the_tenant(db: Database) -> None:
+    with db.engine.begin() as c:
+        _dataset(c, "t1", 730 * GB, T0)  # 730 GB at $1 per GB-month: $1 an hour
+        c.execute(
+            insert(cast(Table, BudgetRow.__table__)),
+            {
+                "id": "b1",
+                "tenant_id": "t1",
+                "tag_key": "",
+                "tag_value": "",
+                "period": "month",
+                "limit_usd": 2.0,
+                "hard": False,
+                "created_at_s": 0.0,
+                "updated_at_s": 0.0,
+            },
+        )
+        assert accrue(c, now_s=T0 + H, interval_s=H, price_usd_per_gb_month=1.0) == 1
+        alerts = [(r.kind, r.data) for r in c.execute(select(EVENTS.c.kind, EVENTS.c.data))]
+    assert [(k, d["tenant"], d["threshold_pct"]) for k, d in alerts] == [("budget_alert", "acme", 50)]
+
+
+def test_the_meter_accrues_once_per_completed_interval_of_its_clock(db: Database) -> None:
+    ids = _store(db)
+    clock = Clock(T0 + 1.5 * H)
+    meter = StorageMeter(db, clock=clock, interval_s=H, price_usd_per_gb_month=0.05)
+    assert meter.tick() == 2  # the first hour: the dataset and the first checkpoint
+    assert set(_entries(db)) == {
+        f"storage:dataset:{ids['ds']}:{int(T0)}",
+        f"storage:checkpoint:j1:1:10:{int(T0)}",
+    }
+    unit = _entries(db)[f"storage:dataset:{ids['ds']}:{int(T0)}"]["unit_price_usd"]
+    assert math.isclose(unit, 0.05 / 730)
+
+    class Away:
+        def session(self) -> Any:
+            raise AssertionError("the meter read the database within an interval it has billed")
+
+    meter.db = Away()
+    clock.now = T0 + 1.99 * H
+    assert meter.tick() == 0
+    clock.now = T0 + 2 * H  # the second hour is complete
+    meter.db = db
+    assert meter.tick() == 3
+    meter.db = Away()
+    assert meter.tick() == 0
+    clock.now = T0 + 1.2 * H  # a clock that went back
+    assert meter.tick() == 0
+    # another process's meter, started afresh, finds the ledger's watermark and writes nothing twice
+    other = StorageMeter(db, clock=Clock(T0 + 2.5 * H), interval_s=H, price_usd_per_gb_month=0.05)
+    assert other.tick() == 0
+    assert (other.interval_s, other.price, other.clock()) == (H, 0.05, T0 + 2.5 * H)
