@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 from service_support import sqlite_template
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, event, insert, select
 
 from controlplane_support import postgres_database
 from trainyard.services.domain import Job
@@ -348,3 +348,39 @@ def test_a_lone_admission_on_sqlite_gives_the_other_threads_one_turn_and_no_more
     for i in range(5):
         assert isinstance(admit(adm, b, f"j{i}", 1.0), int)
     assert time.monotonic() - started < 2.5  # no sleep: five admissions well within their 5 x 0.5 s
+
+
+def test_on_postgresql_an_admission_alone_or_in_a_batch_is_one_statement_in_autocommit(db: Database) -> None:
+    """No BEGIN and COMMIT round trips around it: the reservation, the jobs and their events are one
+    statement, atomic on its own (psycopg sends BEGIN only outside autocommit)."""
+    if db.dialect != "postgresql":
+        pytest.skip("PostgreSQL's one-statement admission")
+    b = budget(db, "b1", 10.0)
+    sent: list[tuple[str, bool]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append((statement.split()[0], bool(conn.connection.dbapi_connection.autocommit)))
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        adm: BatchedAdmissions
+        crowd = Crowd(lambda: adm, [lambda: admit(adm, b, "j1", 1.0)])
+        adm = BatchedAdmissions(db, alone_pause=crowd.pause)
+        assert isinstance(admit(adm, b, "j0", 1.0), int)  # leads a batch of two
+        crowd.join()
+        assert isinstance(crowd.results[0], int)
+        assert sent == [("WITH", True)]
+        sent.clear()
+        assert isinstance(admit(adm, b, "j2", 1.0), int)  # alone (the crowd came already)
+        assert sent == [("WITH", True)]
+        sent.clear()
+        assert admit(adm, b, "j3", 100.0) is REFUSED
+        assert sent == [("WITH", True)]
+        sent.clear()
+        seq = adm.admit_alone(
+            budget=b, n_hard=1, job=job("j4"), first_event=first_event("j4"), amount_usd=1.0, now_s=NOW
+        )
+        assert isinstance(seq, int) and sent == [("WITH", True)]
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+    assert reserved(db, "b1") == 4.0

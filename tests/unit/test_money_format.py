@@ -46,6 +46,8 @@ def test_dollars_are_cents_from_one_dollar_whole_dollars_from_a_thousand(value: 
         (0.5, 1, "$0.50"),  # never fewer than cents
         (0.05, 1, "$0.05"),
         (12.345, 4, "$12.35"),  # from $1 the digits asked for do not matter
+        (1.0, 4, "$1.00"),
+        (1.5, 4, "$1.50"),
         (-0.0123, 3, "-$0.0123"),
     ],
 )
@@ -72,9 +74,11 @@ def test_money_that_is_not_a_number_is_a_dash(value: float) -> None:
         (5399.0, "90 min"),
         (5400.0, "1.5 h"),  # from 90 min hours, one decimal
         (16_200.0, "4.5 h"),
+        (36_185.0, "10.1 h"),  # 10.0514 h: the hour is 3600 s exactly
         (3 * 86400 - 360, "71.9 h"),
         (3 * 86400.0, "3.0 d"),  # from three days days, one decimal
         (276_480.0, "3.2 d"),
+        (868_325.0, "10.1 d"),  # 10.05006 d: the day is 86,400 s exactly
         (30 * 86400.0, "30.0 d"),
     ],
 )

@@ -277,3 +277,35 @@ def test_stop_without_start_forgets_the_trust(db: Database) -> None:
     assert w.fresh() is True
     w.stop()
     assert w.fresh() is False and w._thread is None
+
+
+def test_stop_waits_at_most_five_seconds_for_a_read_stuck_in_the_database(db: Database) -> None:
+    w = SettingsWatcher(db, Changes(), poll_s=0.01)
+    stuck = threading.Event()
+    release = threading.Event()
+    real_read = w.read
+
+    def read() -> int:
+        if w.version is not None:
+            stuck.set()
+            release.wait(30)
+        return real_read()
+
+    w.read = read  # type: ignore[method-assign]
+    w.start()
+    thread = w._thread
+    assert thread is not None
+    timer = threading.Timer(8.0, release.set)  # the database answers 8 s later
+    try:
+        wait_until(lambda: stuck.is_set())
+        timer.start()
+        started = time.monotonic()
+        w.stop()  # server shutdown does not hang on the database
+        elapsed = time.monotonic() - started
+        assert 4.9 <= elapsed < 5.9, elapsed
+        assert w._thread is None and w.fresh() is False
+    finally:
+        release.set()
+        timer.cancel()
+        thread.join(10)
+    assert not thread.is_alive()

@@ -402,3 +402,17 @@ def test_the_meter_accrues_once_per_completed_interval_of_its_clock(db: Database
     other = StorageMeter(db, clock=Clock(T0 + 2.5 * H), interval_s=H, price_usd_per_gb_month=0.05)
     assert other.tick() == 0
     assert (other.interval_s, other.price, other.clock()) == (H, 0.05, T0 + 2.5 * H)
+
+
+def test_after_an_outage_longer_than_the_backfill_window_every_interval_since_the_last_is_billed(
+    db: Database,
+) -> None:
+    with db.engine.begin() as c:
+        ds = _dataset(c, "t1", GB, T0 - 2 * H)
+        assert accrue(c, now_s=T0 + H, interval_s=H, price_usd_per_gb_month=0.05) == 3
+        # the control plane was down for 800 hours, longer than the 744 a first tick would bill
+        assert accrue(c, now_s=T0 + 801 * H, interval_s=H, price_usd_per_gb_month=0.05) == 800
+        assert billed_until_s(c) == T0 + 801 * H
+    got = [k for k in _entries(db) if k.startswith(f"storage:dataset:{ds}:")]
+    assert len(got) == 803 == len(set(got))
+    assert f"storage:dataset:{ds}:{int(T0 + H)}" in got  # the first hour after the last one billed
