@@ -384,3 +384,26 @@ def test_on_postgresql_an_admission_alone_or_in_a_batch_is_one_statement_in_auto
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
     assert reserved(db, "b1") == 4.0
+
+
+def test_the_others_in_a_batch_that_was_interrupted_are_told_to_decide_alone(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Interrupted(BaseException):  # not an Exception: the batch's own handler does not catch it
+        pass
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise Interrupted()
+
+    monkeypatch.setattr(admission, "insert_jobs", interrupted)
+    monkeypatch.setattr(ledger, "reserve_and_insert_jobs", interrupted)
+    b = budget(db, "b1", 10.0)
+    adm: BatchedAdmissions
+    crowd = Crowd(lambda: adm, [lambda: admit(adm, b, "j1", 1.0)])
+    adm = BatchedAdmissions(db, alone_pause=crowd.pause)
+    with pytest.raises(Interrupted):
+        admit(adm, b, "j0", 1.0)
+    crowd.join()
+    assert crowd.results == {0: ALONE}  # an answer, not None: it is decided on its own next
+    assert adm.queued == 0 and jobs(db) == {}
+    assert isinstance(admit(adm, b, "j2", 1.0), int)  # the period is not left without a leader
