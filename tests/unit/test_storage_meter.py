@@ -221,8 +221,8 @@ def _store(db: Database) -> dict[str, int]:
             {"tags": {"team": "x", "n": 5}},
             [
                 {"attempt": 1, "step": 10, "bytes": GB, "time_s": T0, "removed_at_s": T0 + 2.25 * H},
-                {"attempt": 2, "step": 20, "bytes": GB // 2, "time_s": T0 + H, "removed_at_s": None},
                 {"attempt": 2, "step": 30, "bytes": 1.5e9, "time_s": T0},  # a size that is no int
+                {"attempt": 2, "step": 20, "bytes": GB // 2, "time_s": T0 + H, "removed_at_s": None},
                 {"attempt": 2, "step": 40, "bytes": GB, "time_s": None},  # no time
                 {"attempt": 2, "step": 50, "time_s": T0},  # no size
             ],
