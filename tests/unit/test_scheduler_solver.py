@@ -712,6 +712,12 @@ def test_the_rounding_goes_on_after_an_option_that_no_longer_fits_or_breaks_the_
     ]
     got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
     assert got is not None and got[0] == {"A": 0, "B": None, "C": 0}
+    # ... and after another option of a job it has already placed (A's on a full pool, which comes before
+    # C's in the LP order: both at 0, A's the dearer to leave out)
+    full = {**pools, "full": cap("full", 0)}
+    jobs[0] = ProblemJob("A", "t", (cand("A", "p", 6, 1.0), cand("A", "full", 2, 1.0)), 100.0)
+    got = _lp_round(_build(jobs, full, {}, CFG.cost_scale), jobs, full, {}, CFG)
+    assert got is not None and got[0] == {"A": 0, "B": None, "C": 0}
     # 6 devices left: A (4) whole, B (4) half in the relaxation; B breaks the quota, C (1) does not
     pools = {"q": cap("q", 64)}
     jobs = [
@@ -795,3 +801,147 @@ def test_a_repaired_search_answer_worse_than_the_rounding_is_not_taken() -> None
     sol = solve(jobs, per5, {}, CFG)
     assert sol.choice == {"a": None, "c": 0, "e": 0}
     assert sol.objective_usd == pytest.approx(3.5) and sol.status == "lp" and sol.wall_time_s > 0.0
+
+
+def test_the_search_puts_a_group_on_the_pool_where_all_its_members_pack() -> None:
+    """The four jobs only the search packs, as one group with options on two pools: all four on the
+    cheaper one (a member on each pool needs a selector of each pool)."""
+    per5 = {"q": PoolCapacity("q", 10, 2, 5), "p": PoolCapacity("p", 10, 2, 5)}
+    jobs = [
+        ProblemJob(j, "t", (cand(j, "q", d, 1.0, per_node=5), cand(j, "p", d, 2.0, per_node=5)), 100.0,
+                   group="g")
+        for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+    ]  # fmt: skip
+    sol = solve(jobs, per5, {}, CFG)
+    assert sol.choice == {"a": 0, "b": 0, "c": 0, "d": 0} and sol.objective_usd == 4.0
+    assert sol.status == "optimal"
+
+
+def test_the_relaxation_of_a_groups_pool_choice_is_tight() -> None:
+    """Each member is cheap on a pool of its own, the group must share one: the best is $11 either way.
+    In the relaxation a member's share of a pool is at most that pool's selector, so splitting the
+    selectors gains nothing: the bound is $11, which proves the greedy answer, and the search is skipped."""
+    pools = {"p": cap("p", 8), "q": cap("q", 8)}
+    jobs = [
+        ProblemJob("m", "t", (cand("m", "p", 1, 1.0), cand("m", "q", 1, 10.0)), 100.0, group="g"),
+        ProblemJob("n", "t", (cand("n", "q", 1, 1.0), cand("n", "p", 1, 10.0)), 100.0, group="g"),
+    ]
+    sol = solve(jobs, pools, {}, CFG)
+    assert sol.objective_usd == 11.0 and sol.lower_bound_usd == pytest.approx(11.0)
+    assert sol.status == "greedy" and sol.wall_time_s == 0.0
+    # the selectors cost nothing: the relaxation's bound is the $11 to the unit
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None and got[1] == pytest.approx(11_000, abs=0.5)
+    assert jobs[0].options[sol.choice["m"]].pool == jobs[1].options[sol.choice["n"]].pool
+
+
+def test_the_relaxation_stops_at_its_iteration_cap_and_wall_clock() -> None:
+    """Twelve jobs of 1 to 4 devices on three pools of 4-device nodes, more than presolve solves alone:
+    capped at one simplex iteration, or at no wall time at all, the relaxation gives no rounding and no
+    bound (the round goes on from the greedy answer)."""
+    pools = {n: cap(n, f, 4) for n, f in (("p", 6), ("q", 5), ("r", 7))}
+    jobs = [
+        ProblemJob(f"j{i}", "t", tuple(sorted(
+            (cand(f"j{i}", p, 1 + (i * 7 + k) % 4, 1.0 + (i * 5 + 3 * k) % 9, per_node=4)
+             for k, p in enumerate(pools)), key=lambda c: c.objective_usd)), 10.0 + (i * 3) % 7)
+        for i in range(12)
+    ]  # fmt: skip
+    m = _build(jobs, pools, {}, CFG.cost_scale)
+    assert _lp_round(m, jobs, pools, {}, CFG) is not None
+    assert _lp_round(m, jobs, pools, {}, replace(CFG, lp_iteration_limit=1)) is None
+    assert _lp_round(m, jobs, pools, {}, replace(CFG, lp_wall_limit_s=0.0)) is None
+
+
+def test_the_rounding_goes_on_after_an_option_a_quota_or_a_group_refuses() -> None:
+    """Nodes of 8 and 4 again: A and B (6 devices each) fill the relaxation, B finds no node. D, the
+    next in the LP order (at 0, dearer to leave out than C), may not start: its tenant's one job is A,
+    or its group may start none. C (4) still takes the node of 4."""
+    pools = {"p": PoolCapacity("p", 12, 1, 8)}
+
+    def jobs(d_tenant: str, d_group: str | None) -> list[ProblemJob]:
+        return [
+            ProblemJob("A", "t", (cand("A", "p", 6, 1.0, tenant="t"),), 100.0),
+            ProblemJob("B", "u", (cand("B", "p", 6, 1.0, tenant="u"),), 90.0),
+            ProblemJob("D", d_tenant, (cand("D", "p", 6, 1.0, tenant=d_tenant),), 95.0, group=d_group),
+            ProblemJob("C", "u", (cand("C", "p", 4, 1.0, tenant="u"),), 50.0),
+        ]
+
+    want = {"A": 0, "B": None, "D": None, "C": 0}
+    quota = {"t": TenantLimit(devices_left=None, jobs_left=1)}
+    js = jobs("t", None)
+    got = _lp_round(_build(js, pools, quota, CFG.cost_scale), js, pools, quota, CFG)
+    assert got is not None and got[0] == want
+    closed = {"g": GroupLimit(starts_left=0)}
+    js = jobs("u", "g")
+    got = _lp_round(_build(js, pools, {}, CFG.cost_scale, closed), js, pools, {}, CFG, closed)
+    assert got is not None and got[0] == want
+
+
+def test_the_rounding_gives_a_two_node_gang_two_whole_nodes() -> None:
+    pools = {"p": cap("p", 16)}
+    jobs = [ProblemJob("g", "t", (cand("g", "p", 16, 1.0),), 100.0)]
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None and got[0] == {"g": 0}
+
+
+def test_the_rounding_reads_the_relaxations_fractions() -> None:
+    """An 8-device job (100 $ to leave) and a 3-device one (90 $) on one 8-device node: the relaxation
+    takes the 3-device job whole and 5/8 of the other. The rounding takes the whole one first, so the
+    8-device job no longer fits; read as whole numbers (5/8 as 1) the 8-device job, dearer to leave out,
+    would come first instead."""
+    pools = {"a": cap("a", 8)}
+    jobs = [
+        ProblemJob("big", "t", (cand("big", "a", 8, 1.0),), unplaced_usd=100, rank_usd=1),
+        ProblemJob("mid", "t", (cand("mid", "a", 3, 1.0),), unplaced_usd=90, rank_usd=1),
+    ]
+    got = _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG)
+    assert got is not None
+    assert got[0] == {"big": None, "mid": 0}
+    # the bound: both left out, less the gains of the whole job and of 5/8 of the other
+    assert got[1] / CFG.cost_scale == pytest.approx(100 + 90 - 99 * 5 / 8 - 89)
+
+
+def test_the_search_starts_from_the_best_answer_so_far_as_a_complete_hint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The four jobs only the search packs, as a group with options on two pools, and a 5-device job
+    that finds a whole node only on the dearer pool: CP-SAT is handed the better of the greedy and the
+    rounded answers as a complete hint, every option and the group's pool selector set as that answer
+    has them (for a group named "" too)."""
+    hints: list[tuple[list[int], list[int]]] = []
+    real = cp_model.CpSolver.solve
+
+    def recording(self: cp_model.CpSolver, model: cp_model.CpModel, *args: object, **kw: object) -> object:
+        hint = model.proto.solution_hint
+        hints.append((list(hint.vars), list(hint.values)))
+        return real(self, model, *args, **kw)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", recording)
+    per5 = {"q": PoolCapacity("q", 10, 2, 5), "p": PoolCapacity("p", 10, 2, 5)}
+    for group in ("g", ""):
+        jobs = [
+            ProblemJob(j, "t", (cand(j, "q", d, 1.0, per_node=5), cand(j, "p", d, 2.0, per_node=5)), 100.0,
+                       group=group)
+            for j, d in zip("abcd", (1, 2, 3, 4), strict=True)
+        ]  # fmt: skip
+        z = (cand("z", "q", 5, 1.0, per_node=5), cand("z", "p", 5, 2.0, per_node=5))
+        jobs.append(ProblemJob("z", "t", z, 100.0))
+        m = _build(jobs, per5, {}, CFG.cost_scale)
+        g = greedy(jobs, per5, {})
+        lp = _lp_round(m, jobs, per5, {}, CFG)
+        assert lp is not None
+        best = lp[0] if objective_usd(jobs, lp[0]) < objective_usd(jobs, g) - 1e-9 else g
+        hints.clear()
+        sol = solve(jobs, per5, {}, CFG)
+        assert sol.status == "optimal" and sol.objective_usd < objective_usd(jobs, best)
+        ((variables, values),) = hints
+        want = [0] * len(m.coef)
+        for job in jobs:
+            idx = best[job.job_id]
+            if idx is not None:
+                want[m.first[job.job_id] + idx] = 1
+                if job.group is not None:
+                    want[m.selector[(job.group, job.options[idx].pool)]] = 1
+        assert variables == list(range(len(m.coef))) and values == want, group
+        # a selector is set, and an option past a job's first
+        assert any(want[m.n_options :]) and any(i for i in best.values())
