@@ -19,6 +19,7 @@ from trainyard.cost import model as cm
 from trainyard.cost.quote import QuoteOption
 from trainyard.cost.sweep import (
     Rung,
+    SimOutcome,
     SimTrial,
     estimate_search,
     promotes,
@@ -639,3 +640,160 @@ def test_the_trials_are_quoted_with_the_params_and_clock_given() -> None:
 
 def test_promotes_with_nothing_recorded() -> None:
     assert promotes(1.0, [], 2, "minimize") and promotes(1.0, [], 2, "maximize")
+
+
+def _uneven_trials() -> list[SimTrial]:
+    """Five trials, each slower and with a longer start-up than the one before, decisions at 25 and 50."""
+    return [SimTrial(1.0, 5.0 * i, 1.0 + 0.25 * i, 100, (25, 50)) for i in range(5)]
+
+
+def test_the_search_estimate_is_the_mean_over_the_rank_orders() -> None:
+    """``estimate_search`` averages ``simulate_asha`` over every rank order (a trial's value at each rung
+    is its rank): the mean cost and hours, the dearest outcome, the share the budget cut short, and
+    whether the budget acted anywhere (a trial waited, was skipped or cancelled) even when no outcome was
+    cut."""
+    tr = _uneven_trials()
+    orders = rank_orders(5, 0)
+    free = estimate_search(tr, reduction_factor=2, max_parallel=2, budget_usd=None)
+    assert not free.budget_acted and free.budget_stop_share == 0.0
+    for share, budget in ((0.5, 1.2 * free.expected_cost_usd), (0.0, 1.65 * free.expected_cost_usd)):
+        values = [[[float(o[i])] * 2 for i in range(5)] for o in orders]
+        outs = [simulate_asha(tr, v, reduction_factor=2, max_parallel=2, budget_usd=budget) for v in values]
+        est = estimate_search(tr, reduction_factor=2, max_parallel=2, budget_usd=budget)
+        assert est.outcomes == len(orders) == 120
+        assert est.expected_cost_usd == pytest.approx(sum(o.cost_usd for o in outs) / 120)
+        assert est.expected_hours == pytest.approx(sum(o.hours for o in outs) / 120)
+        assert est.max_cost_usd == max(o.cost_usd for o in outs)
+        assert est.budget_stop_share == pytest.approx(share) == sum(o.cut_by_budget for o in outs) / 120
+        assert est.budget_acted and any(o.budget_waited for o in outs)
+    assert not outs[-1].cut_by_budget and not outs[-1].budget_waited  # the last order: the budget never acted
+
+
+def test_sampled_rank_orders_follow_the_seed() -> None:
+    """Past ``samples`` orders the estimate draws them from the seed (0 by default): the same seed gives
+    the same estimate every time, another seed other orders."""
+    tr = _uneven_trials()
+
+    def est(**kw: Any) -> float:
+        return estimate_search(
+            tr, reduction_factor=2, max_parallel=2, budget_usd=None, samples=2, **kw
+        ).expected_cost_usd
+
+    by_seed = [est(seed=s) for s in range(5)]
+    assert by_seed == [est(seed=s) for s in range(5)] and est() == by_seed[0] and len(set(by_seed)) > 2
+    # the sweep's seed reaches them through the group quote the same way
+    s = sweep(
+        parameters={"workload.seed": {"values": [0, 1, 2, 3, 4]}},
+        early_stopping={"reduction_factor": 2, "min_fraction": 0.25},
+    )
+    opts = {f"s-t{i:03d}": [_option("a", 2.0 + 1.5 * i, usd_per_step=0.002 + 0.0005 * i)] for i in range(5)}
+    quoted = [
+        quote_sweep(s.model_copy(update={"seed": k}), quoter=_quoter(opts), samples=2).expected_cost_usd
+        for k in range(5)
+    ]
+    again = [
+        quote_sweep(s.model_copy(update={"seed": k}), quoter=_quoter(opts), samples=2).expected_cost_usd
+        for k in range(5)
+    ]
+    assert quoted == again and len(set(quoted)) > 2
+
+
+def test_an_infeasible_sweep_quote_says_so_in_full() -> None:
+    """The quote of a sweep a trial cannot run: its name and budget, infinite cost and hours, ``feasible``
+    False (not merely falsy), and every trial with the spec it was quoted on."""
+    two = sweep(parameters={"workload.seed": {"values": [0, 1]}}, budget_usd=50.0)
+    q = quote_sweep(two, quoter=_quoter({"s-t000": [_option("a", 2.0)], "s-t001": []}))
+    doc = q.to_dict()
+    assert (doc["sweep"], doc["budget_usd"], doc["feasible"]) == ("s", 50.0, False)
+    assert doc["expected_cost_usd"] == doc["max_cost_usd"] == doc["expected_hours"] == math.inf
+    assert [t.spec for t in q.trials] == [spec for _, spec in trial_specs(two)]
+    # over its budget: feasible is False too
+    over = quote_sweep(
+        two.model_copy(update={"budget_usd": 1.0}),
+        quoter=_quoter({"s-t000": [_option("a", 2.0)], "s-t001": [_option("a", 2.0)]}),
+    )
+    assert over.to_dict()["feasible"] is False and over.reason.startswith("the search is expected to cost")
+    assert [t.spec.name for t in over.trials] == ["s-t000", "s-t001"]
+
+
+def test_the_quoter_is_handed_the_pools() -> None:
+    seen: list[Any] = []
+
+    def quoter(spec: Any, pools: Any) -> list[QuoteOption]:
+        seen.append(pools)
+        return [_option("a", 2.0)]
+
+    pools = [POOL]
+    quote_sweep(sweep(parameters={"workload.seed": {"values": [0, 1]}}), pools, quoter=quoter)
+    assert len(seen) == 2 and all(p is pools for p in seen)
+
+
+def test_an_outcome_the_budget_never_stopped_says_false() -> None:
+    tr = [SimTrial(1.0, 0.0, 1.0, 100, (50,))] * 2
+    out = simulate_asha(tr, [[1], [2]], reduction_factor=2, max_parallel=2, budget_usd=None)
+    assert out.budget_stopped is False and out.budget_waited is False
+    assert rank_orders(1, 3) == [(0,)]  # one trial: its one order
+
+
+def test_admission_and_the_budget_stop_on_small_mixed_sweeps() -> None:
+    """Small sweeps where one rule decides the outcome: a running trial's spend counts from its own start
+    (a trial started later is not charged for the time before it), a rest below $1 is not rounded up, a
+    trial with one step done already projects its pace, a rung falls at its step times the step time,
+    and the stop falls 5 s of spend before the budget minus what is already spent."""
+    T = SimTrial
+    # the 4th trial is admitted when the 1st ends (trial 2 started later: its own spend is $2.50), then
+    # cancelled by the budget at 18 of its 20 steps
+    tr = [
+        T(1.0, 0.0, 0.5, 10),
+        T(1.0, 0.0, 0.5, 20, (5, 10), 15.0),
+        T(1.0, 0.0, 0.5, 40),
+        T(2.0, 0.0, 2.0, 20, (5, 10), 60.0),
+    ]
+    out = simulate_asha(
+        tr, [[], [2.0, 3.0], [], [2.0, 0.0]], reduction_factor=None, max_parallel=2, budget_usd=120.0
+    )
+    assert out == SimOutcome(
+        110.0,
+        47.5 / 3600,
+        (10, 20, 40, 18),
+        ("completed", "completed", "completed", "cancelled"),
+        True,
+        False,
+    )
+    # no trial waits: what the running trials have left is exactly what they were predicted
+    tr = [T(2.0, 10.0, 0.5, 20, (5, 10), 60.0), T(1.0, 0.0, 2.0, 10, (5,)), T(2.0, 0.0, 0.5, 20, (10,), 60.0)]
+    out = simulate_asha(
+        tr, [[3.0, 2.0], [2.0], [2.0]], reduction_factor=None, max_parallel=2, budget_usd=120.0
+    )
+    assert out == SimOutcome(80.0, 30.0 / 3600, (20, 10, 20), ("completed",) * 3, False, False)
+    # one step done counts: a trial waits for the budget
+    tr = [
+        T(2.0, 0.0, 0.5, 10, (5,), 15.0),
+        T(1.0, 0.0, 0.5, 10, (5,), 60.0),
+        T(2.0, 0.0, 2.0, 10, (5,)),
+        T(1.0, 0.0, 2.0, 10, (), 60.0),
+    ]
+    out = simulate_asha(tr, [[2.0], [3.0], [0.0], []], reduction_factor=2, max_parallel=2, budget_usd=120.0)
+    assert out == SimOutcome(
+        72.5, 32.5 / 3600, (10, 5, 10, 10), ("completed", "stopped", "completed", "completed"), False, True
+    )
+    # rungs at step x step time: trial 2 stops at its first rung (5 steps of 1 s), the others are cancelled
+    tr = [T(1.0, 0.0, 0.5, 40, (5, 10)), T(2.0, 0.0, 2.0, 10), T(2.0, 0.0, 1.0, 20, (5, 10), 15.0)]
+    out = simulate_asha(tr, [[2.0, 1.0], [], [3.0, 0.0]], reduction_factor=2, max_parallel=3, budget_usd=80.0)
+    assert (out.cost_usd, out.steps, out.states, out.budget_stopped) == (
+        65.0, (36, 9, 5), ("cancelled", "cancelled", "stopped"), True,
+    )  # fmt: skip
+    assert out.hours == pytest.approx(18.333333333333332 / 3600)
+    # a $20 trial at $2/s under a $30 budget: stopped 5 s of spend early, at $20 spent... its last step
+    out = simulate_asha(
+        [T(2.0, 0.0, 1.0, 10, (5,))], [[3.0]], reduction_factor=2, max_parallel=3, budget_usd=30.0
+    )
+    assert out.states == ("cancelled",) and out.budget_stopped and out.cost_usd == 20.0 and out.steps == (10,)
+
+
+def test_a_skipped_trial_without_a_step_time_trained_no_step() -> None:
+    """A trial the budget skips trained 0 steps, also one whose step time is 0 (a trial that counts as
+    done at once once it runs)."""
+    tr = [SimTrial(1.0, 0.0, 0.0, 10, (), predicted_usd=100.0)]
+    out = simulate_asha(tr, [[]], reduction_factor=None, max_parallel=1, budget_usd=50.0)
+    assert out.states == ("skipped",) and out.steps == (0,) and out.cost_usd == 0.0 and out.budget_waited
