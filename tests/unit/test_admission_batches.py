@@ -5,6 +5,7 @@ batch that does not fit or fails writing nothing, and every admission then decid
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -39,14 +40,8 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sqlite_template(tmp_path_factory.mktemp("admission") / "template.sqlite", [("t1", "acme")])
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        shutil.copy(template, tmp_path / "db.sqlite")
-        d = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
-        yield d
-        d.dispose()
-        return
+@contextlib.contextmanager
+def _postgres() -> Iterator[Database]:
     with postgres_database() as url:
         d = Database(url)
         d.upgrade()
@@ -56,6 +51,24 @@ def db(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Iterat
             )
         yield d
         d.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        shutil.copy(template, tmp_path / "db.sqlite")
+        d = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+        yield d
+        d.dispose()
+        return
+    with _postgres() as d:
+        yield d
+
+
+@pytest.fixture
+def postgres_db() -> Iterator[Database]:
+    with _postgres() as d:
+        yield d
 
 
 def budget(
@@ -350,11 +363,13 @@ def test_a_lone_admission_on_sqlite_gives_the_other_threads_one_turn_and_no_more
     assert time.monotonic() - started < 2.5  # no sleep: five admissions well within their 5 x 0.5 s
 
 
-def test_on_postgresql_an_admission_alone_or_in_a_batch_is_one_statement_in_autocommit(db: Database) -> None:
+@pytest.mark.postgres
+def test_on_postgresql_an_admission_alone_or_in_a_batch_is_one_statement_in_autocommit(
+    postgres_db: Database,
+) -> None:
     """No BEGIN and COMMIT round trips around it: the reservation, the jobs and their events are one
     statement, atomic on its own (psycopg sends BEGIN only outside autocommit)."""
-    if db.dialect != "postgresql":
-        pytest.skip("PostgreSQL's one-statement admission")
+    db = postgres_db
     b = budget(db, "b1", 10.0)
     sent: list[tuple[str, bool]] = []
 
