@@ -7,10 +7,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
-# `mutation`: the same examples on every run (a mutant is killed by a behaviour, not by a lucky draw)
-settings.register_profile("mutation", derandomize=True, deadline=None, print_blob=False)
+# `mutation`: the same examples on every run (a mutant is killed by a behaviour, not by a lucky draw), no
+# example database, and no shrinking: a mutant is killed by the first failing example, and shrinking it
+# (up to 30 s a mutant) would change nothing but the report nobody reads
+settings.register_profile(
+    "mutation",
+    derandomize=True,
+    deadline=None,
+    print_blob=False,
+    database=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Ray fixes a process's authentication mode when it first loads ``ray._raylet`` (RayConfig reads
