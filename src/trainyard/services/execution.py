@@ -179,9 +179,7 @@ class Supervisor:
             tenants = {t.id: t for t in TenantRepo(s).list()}
             capped = {tid: lim.max_concurrent_jobs for tid, lim in limits.items() if lim.max_concurrent_jobs}
             if capped:
-                active: dict[str, int] = {}
-                for j in JobRepo(s).list(states=[st.value for st in ACTIVE_STATES], limit=100_000):
-                    active[j.tenant_id] = active.get(j.tenant_id, 0) + 1
+                active = JobRepo(s).counts_by_tenant([st.value for st in ACTIVE_STATES])
                 room = {tid: cap - active.get(tid, 0) for tid, cap in capped.items()}
                 kept = []
                 for j in queued:  # oldest first: each tenant's oldest jobs take its free slots
@@ -562,7 +560,7 @@ class Supervisor:
 
     def _failure_restarts(self, s: Session, job_id: str) -> int:
         """Restarts after failures so far (preemptions are not failures and do not use up the budget)."""
-        return sum(1 for e in EventRepo(s).list(job_id, limit=1_000_000) if e.kind == "restart")
+        return EventRepo(s).count(job_id, "restart")
 
     def _record_restart(self, s: Session, job: Job, classification: str, reason: str, n: int) -> None:
         EventRepo(s).append(
@@ -740,8 +738,8 @@ class Supervisor:
         }
         if not spot:
             return 0
-        with self.db.session() as s:
-            running = JobRepo(s).list(states=[JobState.RUNNING.value], limit=100_000)
+        with self.db.session() as s:  # every running job (each holds devices, so capacity bounds them)
+            running = JobRepo(s).list(states=[JobState.RUNNING.value], limit=None)
         hits = 0
         for job in sorted(running, key=lambda j: j.id):
             pool = spot.get(job.placement.pool) if job.placement else None
@@ -757,10 +755,11 @@ class Supervisor:
         return hits
 
     # ---- cancellation ----------------------------------------------------------------------------
-    def sweep_cancelled(self, limit: int = 100_000) -> int:
+    def sweep_cancelled(self, limit: int | None = None) -> int:
         """Stop the workers of jobs cancelled while they held capacity, and charge the attempt (at most
-        ``limit`` a call; the rest on the next). Only cancelled jobs whose attempt is still open are read:
-        cancelled jobs stay cancelled, so a cap on all of them would skip an old job cancelled late."""
+        ``limit`` a call, the rest on the next; None: all of them, which capacity bounds, since each one's
+        open attempt holds devices). Only cancelled jobs whose attempt is still open are read: cancelled
+        jobs stay cancelled, so a cap on all of them would skip an old job cancelled late."""
         with self.db.session() as s:
             cancelled = JobRepo(s).list(states=[JobState.CANCELLED.value], attempt_open=True, limit=limit)
         for job in cancelled:
@@ -782,9 +781,9 @@ class Supervisor:
         """After a restart (clean or kill -9): adopt live workers, requeue the rest. Idempotent."""
         counts = {"adopted": 0, "requeued": 0, "cancelled_stopped": 0}
         with self.db.session() as s:
-            active = JobRepo(s).list(
+            active = JobRepo(s).list(  # all of them: each holds or held devices, so capacity bounds them
                 states=[JobState.STARTING.value, JobState.RUNNING.value, JobState.PREEMPTED.value],
-                limit=100_000,
+                limit=None,
             )
         for job in active:
             adopted = False

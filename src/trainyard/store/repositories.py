@@ -308,12 +308,13 @@ class JobRepo:
         name: str | None = None,
         before_seq: int | None = None,
         after_seq: int | None = None,
-        limit: int = 50,
+        limit: int | None = 50,
         newest_first: bool = True,
         attempt_open: bool = False,
     ) -> builtins.list[Job]:
-        """Jobs matching every filter given, by sequence, at most ``limit``. ``attempt_open`` keeps only jobs
-        whose current attempt is not closed (``attempt_started_at_s`` set: started, not yet charged)."""
+        """Jobs matching every filter given, by sequence, at most ``limit`` (None: all). ``attempt_open``
+        keeps only jobs whose current attempt is not closed (``attempt_started_at_s`` set: started, not yet
+        charged)."""
         q = select(JobRow)
         if attempt_open:
             q = q.where(JobRow.attempt_started_at_s.is_not(None))
@@ -329,6 +330,15 @@ class JobRepo:
             q = q.where(JobRow.seq > after_seq)
         q = q.order_by(JobRow.seq.desc() if newest_first else JobRow.seq.asc()).limit(limit)
         return [_job(r) for r in self.s.scalars(q)]
+
+    def counts_by_tenant(self, states: Sequence[str]) -> dict[str, int]:
+        """How many jobs each tenant has in ``states`` (one GROUP BY; tenants with none are left out)."""
+        rows = self.s.execute(
+            select(JobRow.tenant_id, func.count())
+            .where(JobRow.state.in_(list(states)))
+            .group_by(JobRow.tenant_id)
+        )
+        return {str(t): int(n) for t, n in rows}
 
     def count(self, *, tenant_id: str | None = None, states: Sequence[str] | None = None) -> int:
         q = select(func.count()).select_from(JobRow)
@@ -410,6 +420,15 @@ class EventRepo:
             self.s.connection().execute(
                 _INSERT_SAME_EVENT, {"ids": list(job_ids), "kind": kind, "data": data, "time_s": time_s}
             )
+
+    def count(self, job_id: str, kind: str) -> int:
+        """How many events of ``kind`` the job has (one COUNT, no event loaded)."""
+        q = (
+            select(func.count())
+            .select_from(JobEventRow)
+            .where(JobEventRow.job_id == job_id, JobEventRow.kind == kind)
+        )
+        return int(self.s.scalar(q) or 0)
 
     def list(self, job_id: str, *, after_id: int = 0, limit: int = 1000) -> builtins.list[JobEvent]:
         q = (
