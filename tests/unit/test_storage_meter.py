@@ -121,6 +121,22 @@ def test_a_hand_computed_day_of_a_dataset_and_a_removed_checkpoint() -> None:
     assert math.isclose(usd_per_gb_hour(0.023), 0.023 / 730)
 
 
+def test_a_changed_interval_length_bills_every_second_once_under_new_keys() -> None:
+    """Hourly billing up to T0 + 5 h, then two-hourly: the first new interval, [T0 + 4 h, T0 + 6 h),
+    began before the last billed end; only its part after T0 + 5 h is charged, keyed by T0 + 5 h (its
+    own start is the key of an hour billed already, which the ledger would refuse as a duplicate)."""
+    h = 3600.0
+    t0 = math.floor(T0 / (2 * h)) * 2 * h  # on both grids
+    ds = StoredResource("dataset", "1", "t1", 10**9, t0)  # 1 GB
+    hourly = list(accruals([ds], after_s=t0, now_s=t0 + 5 * h, interval_s=h))
+    two_hourly = list(accruals([ds], after_s=t0 + 5 * h, now_s=t0 + 8.5 * h, interval_s=2 * h))
+    assert [(a.interval_start_s - t0) / h for a in two_hourly] == [5.0, 6.0]
+    assert [a.gb_hours for a in two_hourly] == pytest.approx([1.0, 2.0])
+    keys = [a.source_key for a in hourly + two_hourly]
+    assert len(set(keys)) == len(keys)  # no charge meets an earlier one's key
+    assert sum(a.gb_hours for a in hourly + two_hourly) == pytest.approx(8.0)  # t0 .. t0 + 8 h, once
+
+
 def test_the_first_tick_bills_at_most_the_backfill_window() -> None:
     old = StoredResource("dataset", "1", "t1", 10**9, T0 - 10 * 365 * 86400.0)
     got = list(accruals([old], after_s=None, now_s=T0, interval_s=3600.0))

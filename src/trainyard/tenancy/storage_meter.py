@@ -5,7 +5,9 @@ interval is over, every resource that existed during it is charged ``bytes / 1e9
 GB-hours, where the overlap is the part of the interval between the resource's creation and its removal.
 Each charge is one ledger entry whose ``source_key`` is ``storage:<kind>:<resource>:<interval start>``,
 so a tick that is repeated (a restart, a second server process, a clock that went back) writes nothing
-twice: the database refuses the duplicate.
+twice: the database refuses the duplicate. After ``storage_accrual_interval_s`` changes, the first new
+interval can begin before the end of the last one billed; it is charged from that end on, and keyed by
+it, so neither that part is billed twice nor does its key meet an old interval's.
 
 Sizes come from what the store already records, never from walking the storage: a dataset version's
 ``bytes``, a model version's ``doc.bytes`` (measured at registration) and each checkpoint's ``bytes``
@@ -89,10 +91,13 @@ def accruals(
             k += 1
             if b > end or (after_s is not None and b <= after_s):
                 continue
-            overlap = min(b, hi) - max(a, r.created_s)
+            # an interval that began before the last billed end (only when the interval length changed
+            # since) is charged from that end on, under that end's key: its earlier part is billed already
+            start = a if after_s is None else max(a, after_s)
+            overlap = min(b, hi) - max(start, r.created_s)
             if overlap <= 0:
                 continue
-            yield Accrual(r, a, b, r.bytes / BYTES_PER_GB * overlap / 3600.0)
+            yield Accrual(r, start, b, r.bytes / BYTES_PER_GB * overlap / 3600.0)
 
 
 def usd_per_gb_hour(price_usd_per_gb_month: float) -> float:
