@@ -701,6 +701,13 @@ def test_the_save_reports_the_time_training_waited(tmp_path: Path, monkeypatch: 
     mgr.close()
 
 
+def test_by_default_the_last_three_steps_are_kept(tmp_path: Path) -> None:
+    mgr = _manager(tmp_path, keep_best=False)
+    for step in range(1, 6):
+        _save(mgr, step)
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["step-3", "step-4", "step-5"]
+
+
 def test_retention_with_ties_unknown_losses_torn_steps_and_keep_best_off(tmp_path: Path) -> None:
     events: list = []
     mgr = _manager(tmp_path / "a", events, keep_last=1)
