@@ -644,6 +644,61 @@ def test_the_step_directory_entry_is_made_durable_at_commit(
     mgr.close()
 
 
+def test_the_stall_of_an_async_save_adds_the_wait_for_staging_to_the_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What training waited: the save's own setup, then (overlapping staging) the wait in wait_staged.
+    A clock that moves 0.25 s at every reading makes both 0.25 s."""
+    import threading
+    import time as real_time
+
+    from trainyard.runtime import checkpoint
+
+    readings: list[float] = []
+
+    class Clock:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(real_time, name)
+
+        def perf_counter(self) -> float:
+            readings.append(100.0 + 0.25 * len(readings))
+            return readings[-1]
+
+    monkeypatch.setattr(checkpoint, "time", Clock())
+    mgr = _manager(tmp_path)
+    entered, release, waited = threading.Event(), threading.Event(), threading.Event()
+    real_stage, real_commit = mgr._stager.stage, mgr._commit
+
+    def stage(state):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert release.wait(60)
+        return real_stage(state)
+
+    def commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        assert waited.wait(60)  # the trainer's wait is counted before the result is made
+        return real_commit(*args, **kwargs)
+
+    mgr._stager.stage = stage  # type: ignore[method-assign]
+    mgr._commit = commit  # type: ignore[method-assign]
+    mgr.save(3, _state(3.0), {}, overlap_staging=True)  # readings 0 and 1: a setup of 0.25 s
+    assert entered.wait(60)
+
+    def wait_staged() -> None:
+        mgr.wait_staged()  # readings 2 and 3: a wait of 0.25 s
+        waited.set()
+
+    waiter = threading.Thread(target=wait_staged)
+    waiter.start()
+    deadline = real_time.monotonic() + 60
+    while len(readings) < 3:  # the waiter is in wait_staged, blocked on the copy
+        assert real_time.monotonic() < deadline
+        real_time.sleep(0.001)
+    release.set()
+    waiter.join(60)
+    res = mgr.wait()
+    assert res is not None and res.stage_s == 0.5
+
+
 def test_an_async_save_returns_once_staged_and_overlap_staging_waits_in_wait_staged(tmp_path: Path) -> None:
     import threading
 
