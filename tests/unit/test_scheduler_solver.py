@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -945,3 +947,50 @@ def test_the_search_starts_from_the_best_answer_so_far_as_a_complete_hint(
         assert variables == list(range(len(m.coef))) and values == want, group
         # a selector is set, and an option past a job's first
         assert any(want[m.n_options :]) and any(i for i in best.values())
+
+
+class _Relaxation:
+    """A stand-in for HiGHS that answers the relaxation with given values (its noise, here)."""
+
+    def __init__(self, x: list[float]) -> None:
+        self.x, self.calls = x, 0
+
+    def __call__(self, c, **kw):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return SimpleNamespace(status=0, x=np.asarray(self.x), fun=float(np.dot(c, self.x)))
+
+
+def test_relaxation_values_a_millionth_apart_are_ties_broken_by_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One node of 4 devices, two 4-device jobs: the rounding takes the larger LP value first, but values
+    within its noise tolerance (1e-6) are ties, and then the cheaper option goes first."""
+    import trainyard.schedule.solver as solver_module
+
+    pools = {"p": cap("p", 4, 4)}
+    jobs = [
+        ProblemJob("A", "t", (cand("A", "p", 4, 2.0, per_node=4),), 10.0),
+        ProblemJob("B", "t", (cand("B", "p", 4, 1.0, per_node=4),), 10.0),
+    ]
+    m = _build(jobs, pools, {}, CFG.cost_scale)
+    for x, placed in (([0.5000004, 0.5], "B"), ([0.500002, 0.5], "A"), ([0.5, 0.5000004], "B")):
+        fake = _Relaxation(x)
+        monkeypatch.setattr(solver_module, "linprog", fake)
+        got = _lp_round(m, jobs, pools, {}, CFG)
+        assert fake.calls == 1 and got is not None
+        assert {j for j, k in got[0].items() if k is not None} == {placed}, x
+
+
+def test_the_relaxation_is_solved_with_presolve_and_its_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainyard.schedule.solver as solver_module
+
+    seen: list[dict[str, object]] = []
+    real = solver_module.linprog
+
+    def recording(*args, **kw):  # type: ignore[no-untyped-def]
+        seen.append(kw["options"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(solver_module, "linprog", recording)
+    pools = {"p": cap("p", 8)}
+    jobs = [ProblemJob("A", "t", (cand("A", "p", 2, 1.0),), 10.0)]
+    assert _lp_round(_build(jobs, pools, {}, CFG.cost_scale), jobs, pools, {}, CFG) is not None
+    assert seen == [{"maxiter": CFG.lp_iteration_limit, "time_limit": CFG.lp_wall_limit_s, "presolve": True}]
