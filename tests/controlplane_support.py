@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -55,6 +55,30 @@ def postgres_database() -> Iterator[str]:
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@contextmanager
+def postgres_db(tenants: tuple[tuple[str, str], ...] = ()) -> Iterator[Any]:
+    """A migrated ``Database`` on a fresh PostgreSQL database (:func:`postgres_database`), with a tenant row
+    for each ``(id, name)`` of ``tenants``; disposed and dropped afterwards."""
+    from sqlalchemy import Table, insert
+
+    from trainyard.store.db import Database
+    from trainyard.store.models import TenantRow
+
+    with postgres_database() as url:
+        db = Database(url)
+        db.upgrade()
+        if tenants:
+            with db.engine.begin() as c:
+                c.execute(
+                    insert(cast(Table, TenantRow.__table__)),
+                    [{"id": t, "name": n, "created_at_s": 0.0} for t, n in tenants],
+                )
+        try:
+            yield db
+        finally:
+            db.dispose()
 
 
 @contextmanager

@@ -65,10 +65,11 @@ class Logged:
         return out
 
 
-def job_services(path: Path, now_s: float) -> tuple[Database, Clock, PoolService, JobService]:
-    """A database at ``path`` (a copy of a template), a manual clock at ``now_s``, and the pool and job
-    services on them (no catalog, no quotes): what the supervisor and scheduler tests build on."""
-    db = Database(f"sqlite:///{path}")
+def job_services(path: Path | str, now_s: float) -> tuple[Database, Clock, PoolService, JobService]:
+    """A database at ``path`` (a copy of a template; a ``str`` is a database URL), a manual clock at
+    ``now_s``, and the pool and job services on them (no catalog, no quotes): what the supervisor and
+    scheduler tests build on."""
+    db = Database(path if isinstance(path, str) else f"sqlite:///{path}")
     clock = Clock(now_s)
     pools = PoolService(db, clock)
     jobs = JobService(

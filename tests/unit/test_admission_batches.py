@@ -5,7 +5,6 @@ batch that does not fit or fails writing nothing, and every admission then decid
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 import time
@@ -17,12 +16,12 @@ import pytest
 from service_support import sqlite_template
 from sqlalchemy import Table, event, insert, select
 
-from controlplane_support import postgres_database
+from controlplane_support import postgres_db as pg_database
 from trainyard.services.domain import Job
 from trainyard.services.lifecycle import JobState
 from trainyard.store.db import Database
 from trainyard.store.governance_models import BudgetPeriodRow, BudgetReservationRow, BudgetRow
-from trainyard.store.models import JobEventRow, JobRow, TenantRow
+from trainyard.store.models import JobEventRow, JobRow
 from trainyard.tenancy import admission, ledger
 from trainyard.tenancy.admission import ALONE, REFUSED, BatchedAdmissions
 
@@ -40,19 +39,6 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sqlite_template(tmp_path_factory.mktemp("admission") / "template.sqlite", [("t1", "acme")])
 
 
-@contextlib.contextmanager
-def _postgres() -> Iterator[Database]:
-    with postgres_database() as url:
-        d = Database(url)
-        d.upgrade()
-        with d.engine.begin() as c:
-            c.execute(
-                insert(cast(Table, TenantRow.__table__)), {"id": "t1", "name": "acme", "created_at_s": 0.0}
-            )
-        yield d
-        d.dispose()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Iterator[Database]:
     if request.param == "sqlite":
@@ -61,13 +47,13 @@ def db(request: pytest.FixtureRequest, template: Path, tmp_path: Path) -> Iterat
         yield d
         d.dispose()
         return
-    with _postgres() as d:
+    with pg_database((("t1", "acme"),)) as d:
         yield d
 
 
 @pytest.fixture
 def postgres_db() -> Iterator[Database]:
-    with _postgres() as d:
+    with pg_database((("t1", "acme"),)) as d:
         yield d
 
 

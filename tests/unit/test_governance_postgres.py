@@ -11,12 +11,11 @@ from typing import cast
 import pytest
 from sqlalchemy import Table, insert
 
-from controlplane_support import postgres_database
+from controlplane_support import postgres_db
 from trainyard.services.domain import Principal
 from trainyard.services.governance import GovernanceService
 from trainyard.store.db import Database
 from trainyard.store.governance_models import BudgetRow
-from trainyard.store.models import TenantRow
 from trainyard.tenancy import ledger
 
 pytestmark = pytest.mark.postgres
@@ -42,14 +41,8 @@ def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[Database]:
-    with postgres_database() as url:
-        db = Database(url)
-        db.upgrade()
+    with postgres_db((("pa", "pa"), ("pb", "pb"))) as db:
         with db.engine.begin() as c:
-            c.execute(
-                insert(cast(Table, TenantRow.__table__)),
-                [{"id": t, "name": t, "created_at_s": 0.0} for t in ("pa", "pb")],
-            )
             c.execute(  # written last first
                 insert(cast(Table, BudgetRow.__table__)),
                 [
@@ -59,7 +52,6 @@ def pg() -> Iterator[Database]:
                 ],
             )  # fmt: skip
         yield db
-        db.dispose()
 
 
 def test_budgets_are_listed_by_tenant_tag_key_tag_value_and_period_whatever_order_they_were_written(

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from sqlalchemy import Connection, Table, insert, select, update
 
-from controlplane_support import postgres_database
+from controlplane_support import postgres_db
 from trainyard.services.domain import Job
 from trainyard.services.lifecycle import JobState
 from trainyard.store.db import Database
@@ -39,11 +39,8 @@ def _statements_built_by_each_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[Database]:
-    with postgres_database() as url:
-        db = Database(url)
-        db.upgrade()
+    with postgres_db() as db:
         yield db
-        db.dispose()
 
 
 _tenants = iter(range(1000))

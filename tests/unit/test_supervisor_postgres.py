@@ -11,24 +11,20 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from service_support import Clock, add_job
-from sqlalchemy import Table, insert, text
+from service_support import add_job, job_services
+from sqlalchemy import text
 
-from controlplane_support import postgres_database
+from controlplane_support import postgres_db
 from fakes import FakeExecutor
 from trainyard.catalog.pools import Pool
 from trainyard.errors import StorageError
 from trainyard.executors.base import ExecutorEvent
 from trainyard.services.domain import Job, Placement
 from trainyard.services.execution import Supervisor
-from trainyard.services.jobs import JobService
 from trainyard.services.lifecycle import JobState
-from trainyard.services.pools import PoolService
-from trainyard.store.db import Database
-from trainyard.store.models import TenantRow
 from trainyard.store.repositories import EventRepo, JobRepo
 
 pytestmark = pytest.mark.postgres
@@ -41,30 +37,15 @@ CANCEL = "UPDATE jobs SET state = 'cancelled', reason = 'cancelled by the user' 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with postgres_database() as url:
-        db = Database(url)
-        db.upgrade()
-        with db.engine.begin() as c:
-            c.execute(
-                insert(cast(Table, TenantRow.__table__)), [{"id": "t1", "name": "acme", "created_at_s": 0.0}]
-            )
-        db.dispose()
-        yield url
+    with postgres_db((("t1", "acme"),)) as db:
+        db.dispose()  # each test's services open their own
+        yield db.url
 
 
 class Env:
     def __init__(self, url: str, runs: Path) -> None:
         self.url = url
-        self.db = Database(url)
-        self.clock = Clock(NOW)
-        self.pools = PoolService(self.db, self.clock)
-        self.jobs = JobService(
-            self.db,
-            quoter=lambda spec, pools: [],
-            live_pools=self.pools.pools,
-            clock=self.clock,
-            with_catalog=False,
-        )
+        self.db, self.clock, self.pools, self.jobs = job_services(url, NOW)
         self.ex = FakeExecutor(clock=NOW)
         self.sup = Supervisor(
             self.db,

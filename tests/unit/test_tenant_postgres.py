@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controlplane_support import postgres_database
+from controlplane_support import postgres_db
 from trainyard.errors import AuthenticationError
 from trainyard.services.domain import TenantLimits
 from trainyard.services.tenants import TenantService
@@ -23,11 +23,8 @@ T0 = 1_800_000_000.0
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[Database]:
-    with postgres_database() as url:
-        db = Database(url)
-        db.upgrade()
+    with postgres_db() as db:
         yield db
-        db.dispose()
 
 
 def test_a_key_revoked_while_its_lookup_reads_is_not_cached_after_an_earlier_revocation(
