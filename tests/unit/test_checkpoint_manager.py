@@ -1101,3 +1101,32 @@ def test_quarantine_moves_the_whole_step_on_any_file_system(tmp_path: Path) -> N
     finally:
         fs.rm("/qjob", recursive=True)
         mgr.close()
+
+
+def test_retention_deletes_a_step_whose_manifest_cannot_be_read_and_goes_on_past_it(tmp_path: Path) -> None:
+    """Newest first: step 40's manifest is not JSON. It is torn (older than the current step), so it goes,
+    and the older steps behind it are still sorted: the last two readable ones stay, the rest go."""
+    mgr = _manager(tmp_path, keep_last=10)
+    for step in (10, 20, 30, 40, 50):
+        _save(mgr, step)
+    mgr.close()
+    (tmp_path / "job" / "step-40" / MANIFEST).write_text("{not json")
+    mgr = _manager(tmp_path, keep_last=2, keep_best=False)
+    assert sorted(mgr.apply_retention(current_step=50)) == [10, 20, 40]
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["step-30", "step-50"]
+    mgr.close()
+
+
+def test_a_retention_that_fails_does_not_fail_the_committed_save(tmp_path: Path) -> None:
+    events: list = []
+    mgr = _manager(tmp_path, events)
+
+    def failing(**kw: object) -> list[int]:
+        raise OSError("the storage refused the delete")
+
+    mgr.apply_retention = failing  # type: ignore[method-assign]
+    _save(mgr, 1)
+    (ck,) = [d for k, d in events if k == "checkpoint"]
+    assert ck["step"] == 1 and ck["removed_steps"] == []
+    assert _load(mgr) == (1, 1.0)
+    mgr.close()
