@@ -305,6 +305,7 @@ class Simulator:
         self.config = config or SimConfig()
         self._start_s = 0.0
         self._end_s: float | None = None
+        self._results: dict[float, SimResult] = {}  # by seconds billed past the run's end
         self.policy = policy
         self.timer = timer
         self.book = book if book is not None else OptionBook()
@@ -488,7 +489,7 @@ class Simulator:
         for ps in self.pools.values():
             self._close_capacity_window(ps)
         self._end_s = end
-        return self._result(end, cfg.committed_span_s)
+        return self.result(cfg.committed_span_s)
 
     @property
     def span_s(self) -> float:
@@ -502,7 +503,12 @@ class Simulator:
         ``committed_span_s`` seconds; the run itself does not change."""
         if self._end_s is None:
             raise RuntimeError("the simulation has not run yet")
-        return self._result(self._end_s, committed_span_s)
+        # one result (and one bound LP) per distinct span past the run's end
+        beyond_s = max(0.0, (committed_span_s or 0.0) - (self._end_s - self._start_s))
+        got = self._results.get(beyond_s)
+        if got is None:
+            got = self._results[beyond_s] = self._result(self._end_s, beyond_s)
+        return got
 
     def _finished(self) -> bool:
         return self._done == len(self.jobs) or self._give_up
@@ -883,7 +889,8 @@ class Simulator:
         )
 
     # ---- result ------------------------------------------------------------------------------------
-    def _result(self, end: float, committed_span_s: float | None) -> SimResult:
+    def _result(self, end: float, beyond_s: float) -> SimResult:
+        """The result with committed spend and the bound's capacities over the run plus ``beyond_s``."""
         outcomes = []
         for job_id in self.order:
             job = self.jobs[job_id]
@@ -911,9 +918,7 @@ class Simulator:
 
         stats = []
         committed = 0.0
-        # past the run's end a pool keeps the capacity it had then
-        beyond_s = max(0.0, (committed_span_s or 0.0) - (end - self._start_s))
-        span_capacity = {}
+        span_capacity = {}  # past the run's end a pool keeps the capacity it had then
         for ps in self.pools.values():
             span_capacity[ps.base.name] = ps.capacity_device_s + ps.capacity * beyond_s
             if ps.market == "reserved":

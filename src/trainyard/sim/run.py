@@ -24,17 +24,21 @@ def simulate(
 ) -> SimResult:
     """Run ``jobs`` on ``pools`` under ``policy`` (``trainyard``, ``cheapest-hourly``, ``fastest`` or
     ``on-demand-only``). Equal inputs and seed give equal results (solver timings aside)."""
+    return _simulator(jobs, pools, policy, config, spot_traces, scheduler_config, timer).run()
+
+
+def _simulator(
+    jobs: Sequence[TraceJob],
+    pools: Sequence[Pool],
+    policy: str,
+    config: SimConfig | None,
+    spot_traces: Mapping[str, SpotTrace] | None,
+    scheduler_config: Any,
+    timer: Callable[[], float] | None,
+) -> Simulator:
     book = OptionBook()
-    sim = Simulator(
-        jobs,
-        pools,
-        make_policy(policy, book, scheduler_config),
-        config,
-        spot_traces=spot_traces,
-        book=book,
-        timer=timer,
-    )
-    return sim.run()
+    policy_ = make_policy(policy, book, scheduler_config)
+    return Simulator(jobs, pools, policy_, config, spot_traces=spot_traces, book=book, timer=timer)
 
 
 def run_policies(
@@ -51,16 +55,7 @@ def run_policies(
     committed span (``Simulator.result``)."""
     sims = {}
     for policy in policies:
-        book = OptionBook()
-        sim = Simulator(
-            jobs,
-            pools,
-            make_policy(policy, book, scheduler_config),
-            config,
-            spot_traces=spot_traces,
-            book=book,
-            timer=timer,
-        )
+        sim = _simulator(jobs, pools, policy, config, spot_traces, scheduler_config, timer)
         sim.run()
         sims[policy] = sim
     return sims
