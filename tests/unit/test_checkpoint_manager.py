@@ -7,6 +7,7 @@ import json
 import os
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -861,7 +862,8 @@ def test_committed_lists_the_steps_with_a_readable_manifest_newest_first(tmp_pat
 
 def test_only_step_directories_are_listed_in_numeric_order(tmp_path: Path) -> None:
     job = tmp_path / "job"
-    for name in ("step-2", "step-10", "step-9", "quarantined-step-3-17", "step-x", "step-5.tmp", "xstep-4"):
+    steps = ("step-2", "step-10", "step-9")
+    for name in (*steps, "quarantined-step-3-17", "step-x", "step-5.tmp", "xstep-4", "step-7X"):
         (job / name).mkdir(parents=True)
     url = f"file://{job}"
     assert CheckpointManager.list_step_dirs(url) == [
@@ -872,6 +874,45 @@ def test_only_step_directories_are_listed_in_numeric_order(tmp_path: Path) -> No
     assert CheckpointManager.list_step_dirs(f"file://{tmp_path / 'none'}") == []
     (tmp_path / "afile").write_text("x")
     assert CheckpointManager.list_step_dirs(f"file://{tmp_path / 'afile'}") == []
+
+
+def test_steps_are_listed_on_object_storage_and_where_directories_end_in_a_slash() -> None:
+    """fsspec's object stores and memory file system list entries as dicts by default, and some stores
+    (HTTP listings among them) name a directory with a trailing slash: the steps are found either way."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class SlashFS(MemoryFileSystem):
+        """A memory store whose listings name directories with a trailing slash."""
+
+        protocol = "slashmem"
+        store: ClassVar[dict] = {}
+        pseudo_dirs: ClassVar[list[str]] = [""]
+
+        @classmethod
+        def _strip_protocol(cls, path):  # type: ignore[no-untyped-def]
+            return super()._strip_protocol(str(path).removeprefix("slashmem://"))
+
+        def ls(self, path, detail=True, **kwargs):  # type: ignore[no-untyped-def]
+            out = super().ls(path, detail=True, **kwargs)
+            named = [dict(e, name=e["name"] + "/" if e["type"] == "directory" else e["name"]) for e in out]
+            return named if detail else [e["name"] for e in named]
+
+    fsspec.register_implementation("slashmem", SlashFS, clobber=True)
+    mem = fsspec.filesystem("memory")
+    slash = fsspec.filesystem("slashmem")
+    try:
+        for fs, proto in ((mem, "memory"), (slash, "slashmem")):
+            for step in (3, 12):
+                fs.pipe(f"/lsjob/step-{step}/manifest.json", b"{}")
+            fs.pipe("/lsjob/notes/step-4", b"")
+            assert CheckpointManager.list_step_dirs(f"{proto}:///lsjob") == [
+                (12, f"{proto}:///lsjob/step-12"),
+                (3, f"{proto}:///lsjob/step-3"),
+            ], proto
+    finally:
+        mem.rm("/lsjob", recursive=True)
+        SlashFS.store.clear()
 
 
 def test_verify_names_what_is_wrong(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
