@@ -727,9 +727,18 @@ def test_an_async_save_returns_once_staged_and_overlap_staging_waits_in_wait_sta
     res = mgr.wait()
     assert res is not None and res.step == 3 and not mgr.save_in_flight and mgr.wait() is None
     assert _load(mgr) == (3, 3.0)
-    # without overlap_staging, save() itself returns only after the copy
+    # without overlap_staging (the default), save() itself returns only after the copy
+    entered.clear()
+    release.clear()
     state = _state(4.0)
-    mgr.save(4, state, {})
+    saver = threading.Thread(target=mgr.save, args=(4, state, {}))
+    saver.start()
+    assert entered.wait(60)
+    saver.join(0.5)
+    assert saver.is_alive()  # save blocks while the copy is being made
+    release.set()
+    saver.join(60)
+    assert not saver.is_alive()
     state["model"]["w"].fill_(-1.0)
     mgr.wait()
     assert _load(mgr) == (4, 4.0)
